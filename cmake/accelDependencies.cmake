@@ -1,0 +1,58 @@
+# Finds what accel's headers need and decides ACCEL_WITH_CUDA. Used by the project itself and, installed
+# beside accelConfig.cmake, by every consumer, so both make the same decision on the same machine.
+include_guard(GLOBAL)
+include(CMakeFindDependencyMacro)
+
+if(NOT DEFINED ACCEL_WITH_CUDA)
+  set(ACCEL_WITH_CUDA AUTO)
+endif()
+
+# LibTorch. The pinned torch wheel carries the C++ headers, the libraries and this CMake config; point
+# CMAKE_PREFIX_PATH at `python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'`.
+find_dependency(Torch 2)
+find_dependency(range-v3)
+find_dependency(Boost 1.74)   # Boost.Hana is header-only: Boost::headers is enough
+
+set(_accel_torch_cuda FALSE)
+if(TARGET torch_cuda OR TARGET torch_cuda_library OR CAFFE2_USE_CUDA)
+  set(_accel_torch_cuda TRUE)
+endif()
+if(ACCEL_WITH_CUDA STREQUAL "AUTO")
+  set(_accel_cuda OFF)
+  if(_accel_torch_cuda)
+    find_package(CUDAToolkit QUIET)
+    if(CUDAToolkit_FOUND)
+      set(_accel_cuda ON)
+    endif()
+  endif()
+else()
+  set(_accel_cuda ${ACCEL_WITH_CUDA})
+  if(_accel_cuda AND NOT _accel_torch_cuda)
+    message(FATAL_ERROR "accel: ACCEL_WITH_CUDA=ON, but the LibTorch found at ${Torch_DIR} has no CUDA. "
+                        "Install a CUDA build of torch or configure with -DACCEL_WITH_CUDA=OFF.")
+  endif()
+  if(_accel_cuda)
+    find_package(CUDAToolkit REQUIRED)
+  endif()
+endif()
+set(ACCEL_CUDA_ENABLED ${_accel_cuda})
+message(STATUS "accel: LibTorch ${Torch_VERSION} (CUDA build: ${_accel_torch_cuda}); ACCEL_WITH_CUDA=${ACCEL_CUDA_ENABLED}")
+
+# Attaches the dependencies to `target`. In the project's own build they are wrapped in BUILD_INTERFACE, so
+# the exported target carries no machine paths; the installed config attaches them again on the consumer's side.
+function(accel_link_dependencies target)
+  set(libs ${TORCH_LIBRARIES} range-v3::range-v3 Boost::headers)
+  set(defs ACCEL_WITH_CUDA=0)
+  if(ACCEL_CUDA_ENABLED)
+    list(APPEND libs CUDA::cudart)
+    set(defs ACCEL_WITH_CUDA=1)
+  endif()
+  if(ARGV1 STREQUAL "BUILD")
+    list(TRANSFORM libs PREPEND "$<BUILD_INTERFACE:")
+    list(TRANSFORM libs APPEND ">")
+    list(TRANSFORM defs PREPEND "$<BUILD_INTERFACE:")
+    list(TRANSFORM defs APPEND ">")
+  endif()
+  target_link_libraries(${target} INTERFACE ${libs})
+  target_compile_definitions(${target} INTERFACE ${defs})
+endfunction()

@@ -1,0 +1,132 @@
+#pragma once
+//! \file
+//! `Config<Policies...>`: the policies of an `Accelerator`, resolved into one plain struct.
+//!
+//! \code
+//! using C = accel::Config<accel::batches::split, accel::dist::gloo>;
+//! static_assert(C::split_batches && C::even_batches && !C::dispatch);
+//! static_assert(std::same_as<C::dist, accel::dist::gloo>);
+//! \endcode
+//!
+//! Policies may come in any order; a missing slot takes its default:
+//! `dist::from_env`, `batches::per_process`, `tail::even`, `loading::sharded`, `place::device`, and
+//! `rng::sync<rng::generator>` (or `rng::none` under `loading::dispatched`, where only rank 0 samples).
+//! Whether the combination is valid is `diagnose<Policies...>()`; `Accelerator` turns a problem into one
+//! `static_assert` that names it and says how to fix it.
+
+#include <accel/detail/resolve.hpp>
+#include <accel/policy/batches.hpp>
+#include <accel/policy/dist.hpp>
+#include <accel/policy/loading.hpp>
+#include <accel/policy/place.hpp>
+#include <accel/policy/rng.hpp>
+#include <accel/policy/slots.hpp>
+#include <accel/policy/tail.hpp>
+
+#include <type_traits>
+
+#ifndef ACCEL_WITH_CUDA
+#define ACCEL_WITH_CUDA 0
+#endif
+
+namespace accel {
+
+namespace detail {
+
+template <class Rng> struct rng_kinds;
+template <class... Ks> struct rng_kinds<rng::sync<Ks...>> {
+  template <class K> static constexpr int count = (0 + ... + int(std::is_same_v<K, Ks>));
+  static constexpr bool all_known = (rng::Kind<Ks> && ...);
+  static constexpr bool unique = ((count<Ks> == 1) && ...);
+  static constexpr bool empty = sizeof...(Ks) == 0;
+};
+template <> struct rng_kinds<rng::none> {
+  template <class K> static constexpr int count = 0;
+  static constexpr bool all_known = true, unique = true, empty = true;
+};
+
+}  // namespace detail
+
+//! Policies resolved: one type per slot plus the flags the rest of the library reads.
+template <class... Ps>
+struct Config {
+  using dist = detail::pick_t<slot::distributed, accel::dist::from_env, Ps...>;
+  using batching = detail::pick_t<slot::batching, batches::per_process, Ps...>;
+  using tail = detail::pick_t<slot::tail, accel::tail::even, Ps...>;
+  using loading = detail::pick_t<slot::loading, accel::loading::sharded, Ps...>;
+  using rng = detail::pick_t<slot::rng,
+                             std::conditional_t<std::is_same_v<loading, accel::loading::dispatched>, accel::rng::none,
+                                                accel::rng::sync<accel::rng::generator>>,
+                             Ps...>;
+  using place = detail::pick_t<slot::placement, accel::place::device, Ps...>;
+
+  static constexpr bool split_batches = std::is_same_v<batching, batches::split>;
+  static constexpr bool even_batches = std::is_same_v<tail, accel::tail::even>;
+  static constexpr bool dispatch = std::is_same_v<loading, accel::loading::dispatched>;
+  static constexpr bool sync_torch_rng = detail::rng_kinds<rng>::template count<accel::rng::torch> > 0;
+  static constexpr bool sync_cuda_rng = detail::rng_kinds<rng>::template count<accel::rng::cuda> > 0;
+  static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
+  static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
+  static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
+  //! Whether this configuration may run on a GPU (then ACCEL_WITH_CUDA selects the CUDA specialisations).
+  static constexpr bool may_use_cuda = bool(ACCEL_WITH_CUDA) && !std::is_same_v<dist, accel::dist::gloo>;
+};
+
+//! What is wrong with a list of policies (the first problem found), or `none`.
+enum class ConfigProblem {
+  none,
+  not_a_policy,
+  duplicate_distributed,
+  duplicate_batching,
+  duplicate_tail,
+  duplicate_loading,
+  duplicate_rng,
+  duplicate_placement,
+  rng_sync_not_a_kind,
+  rng_sync_repeated_kind,
+  nccl_without_cuda_build,
+  rng_cuda_without_cuda_build,
+  rng_cuda_without_gpu_engine,
+  async_without_cuda_build,
+  async_with_gloo,
+  dispatched_without_processes,
+  dispatched_with_uneven_tail,
+  dispatched_with_generator_sync,
+  dispatched_without_placement,
+};
+
+template <class... Ps>
+consteval ConfigProblem diagnose() {
+  using P = ConfigProblem;
+  if (!detail::all_policies<Ps...>) return P::not_a_policy;
+  if (detail::count_in_slot<slot::distributed, Ps...> > 1) return P::duplicate_distributed;
+  if (detail::count_in_slot<slot::batching, Ps...> > 1) return P::duplicate_batching;
+  if (detail::count_in_slot<slot::tail, Ps...> > 1) return P::duplicate_tail;
+  if (detail::count_in_slot<slot::loading, Ps...> > 1) return P::duplicate_loading;
+  if (detail::count_in_slot<slot::rng, Ps...> > 1) return P::duplicate_rng;
+  if (detail::count_in_slot<slot::placement, Ps...> > 1) return P::duplicate_placement;
+
+  using C = Config<Ps...>;
+  using kinds = detail::rng_kinds<typename C::rng>;
+  constexpr bool explicit_rng = detail::count_in_slot<slot::rng, Ps...> == 1;
+  constexpr bool explicit_tail = detail::count_in_slot<slot::tail, Ps...> == 1;
+  constexpr bool cpu_engine = std::is_same_v<typename C::dist, dist::gloo> || std::is_same_v<typename C::dist, dist::none>;
+  if (!kinds::all_known) return P::rng_sync_not_a_kind;
+  if (!kinds::unique) return P::rng_sync_repeated_kind;
+  if (std::is_same_v<typename C::dist, dist::nccl> && !ACCEL_WITH_CUDA) return P::nccl_without_cuda_build;
+  if (C::sync_cuda_rng && !ACCEL_WITH_CUDA) return P::rng_cuda_without_cuda_build;
+  if (C::sync_cuda_rng && cpu_engine) return P::rng_cuda_without_gpu_engine;
+  if (C::async_placement && !ACCEL_WITH_CUDA) return P::async_without_cuda_build;
+  if (C::async_placement && std::is_same_v<typename C::dist, dist::gloo>) return P::async_with_gloo;
+  if (C::dispatch && std::is_same_v<typename C::dist, dist::none>) return P::dispatched_without_processes;
+  if (C::dispatch && explicit_tail && !C::even_batches) return P::dispatched_with_uneven_tail;
+  if (C::dispatch && explicit_rng && C::sync_generator) return P::dispatched_with_generator_sync;
+  if (C::dispatch && !C::device_placement) return P::dispatched_without_placement;
+  return P::none;
+}
+
+//! Whether `Ps...` is a valid configuration.
+template <class... Ps>
+concept ValidConfig = (diagnose<Ps...>() == ConfigProblem::none);
+
+}  // namespace accel

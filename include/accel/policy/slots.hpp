@@ -1,0 +1,51 @@
+#pragma once
+//! \file
+//! The six slots of an accel configuration, and what makes a type a policy.
+//!
+//! A *policy* is an empty tag type with a nested `slot` type naming the one slot it fills. An
+//! `Accelerator<Policies...>` takes at most one policy per slot, in any order; an empty slot takes its
+//! default (see `config.hpp`).
+//!
+//! | slot          | tags                                   | Accelerate equivalent                           |
+//! |---------------|----------------------------------------|-------------------------------------------------|
+//! | `distributed` | `dist::none, gloo, nccl, from_env`     | `DistributedType` (NO / MULTI_CPU / MULTI_GPU)  |
+//! | `batching`    | `batches::per_process, split`          | `DataLoaderConfiguration.split_batches`         |
+//! | `tail`        | `tail::even, uneven`                   | `DataLoaderConfiguration.even_batches`          |
+//! | `loading`     | `loading::sharded, dispatched`         | `DataLoaderConfiguration.dispatch_batches`      |
+//! | `rng`         | `rng::sync<kinds...>, rng::none`       | `Accelerator(rng_types=[...])`                  |
+//! | `placement`   | `place::none, device, async`           | `device_placement` (+ `non_blocking`)           |
+
+#include <concepts>
+#include <string_view>
+#include <type_traits>
+
+namespace accel::slot {
+
+struct distributed { static constexpr std::string_view name = "distributed"; };
+struct batching    { static constexpr std::string_view name = "batching"; };
+struct tail        { static constexpr std::string_view name = "tail"; };
+struct loading     { static constexpr std::string_view name = "loading"; };
+struct rng         { static constexpr std::string_view name = "rng"; };
+struct placement   { static constexpr std::string_view name = "placement"; };
+
+}  // namespace accel::slot
+
+namespace accel {
+
+//! The slot a type fills, or `void` when the type is not a policy.
+template <class T> struct slot_of { using type = void; };
+template <class T> requires requires { typename T::slot; } struct slot_of<T> { using type = typename T::slot; };
+template <class T> using slot_of_t = typename slot_of<T>::type;
+
+//! A type is a policy when its `slot` is one of the six slots above.
+template <class T>
+concept Policy = std::is_empty_v<T> &&
+    (std::same_as<slot_of_t<T>, slot::distributed> || std::same_as<slot_of_t<T>, slot::batching> ||
+     std::same_as<slot_of_t<T>, slot::tail> || std::same_as<slot_of_t<T>, slot::loading> ||
+     std::same_as<slot_of_t<T>, slot::rng> || std::same_as<slot_of_t<T>, slot::placement>);
+
+//! A policy of one given slot: `PolicyOf<dist::gloo, slot::distributed>`.
+template <class T, class Slot>
+concept PolicyOf = Policy<T> && std::same_as<slot_of_t<T>, Slot>;
+
+}  // namespace accel

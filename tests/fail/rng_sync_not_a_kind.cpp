@@ -1,0 +1,4 @@
+// expected-error: accel::rng::sync<\.\.\.>: every argument must be accel::rng::torch, accel::rng::cuda or accel::rng::generator
+#include <accel/accel.hpp>
+struct Acc : accel::Accelerator<accel::rng::sync<accel::dist::gloo>> {};
+Acc acc;
