@@ -1,0 +1,265 @@
+#pragma once
+//! \file
+//! Sharding plans: which positions of an epoch each process gets, batch by batch, as pure index math.
+//!
+//! A plan needs no communicator: every rank, every test and `accel-plan` compute the same answer. Data
+//! flows plan -> transport -> placement; this file is the first step only.
+//!
+//! ## The padded stream
+//! Every fixed-batch-size path of Accelerate (BatchSamplerShard, IterableDatasetShard, the dispatcher, and
+//! each of them after skipping) hands out *contiguous runs of one stream of positions*. Positions
+//! `0 .. n-1` are the epoch's samples in sampling order; positions `>= n` are padding that repeats the
+//! start of the epoch: position `p >= n` is sample `(p - n) % wrap`, where `wrap` is the size of the pool
+//! Accelerate pads from (the first round of batches, the first chunk, or the first `N` samples of the
+//! first global batch). So a batch is `[begin, end)`; its real samples are the positions below `n` and
+//! always come first; the rest are the padding duplicates that `gather_for_metrics` must drop.
+//!
+//! | function            | Accelerate                                                      |
+//! |---------------------|-----------------------------------------------------------------|
+//! | `batch_plan`        | `BatchSampler(sampler, batch_size, drop_last)` (no sharding)    |
+//! | `shard_plan`        | `BatchSamplerShard` over that batch sampler                      |
+//! | `iterable_plan`     | `IterableDatasetShard` + the per-process `DataLoader` batching  |
+//! | `dispatch_plan`     | `DataLoaderDispatcher` (what each rank keeps of rank 0's batch) |
+//! | `loader_plan`       | what `prepare_data_loader` yields on one process                |
+//! | `BatchPlan::skip`   | `SkipBatchSampler` / `skip_first_batches`                       |
+//!
+//! Deliberate differences (README, "Differences from Accelerate"): `size()` is always the number of batches
+//! really yielded (Accelerate's `len` overstates in split mode, Q4/Q5, and goes negative after skipping too
+//! far); an empty epoch yields nothing on every path (the dispatcher raises); padding stays known after
+//! skipping (Q8).
+
+#include <accel/error.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace accel::plan {
+
+//! How one process takes part in an epoch; the data-loading half of an `Accelerator`'s configuration
+//! plus the user's `DataLoader` settings.
+struct ShardSpec {
+  std::int64_t batch_size = 1;  //!< the user's `batch_size` (global under `split_batches`)
+  bool drop_last = false;       //!< the user's `drop_last`
+  int num_processes = 1;
+  int process_index = 0;
+  bool split_batches = false;
+  bool even_batches = true;
+};
+
+//! Stream positions `[begin, end)` of one batch.
+struct Span {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  [[nodiscard]] constexpr std::int64_t size() const noexcept { return end - begin; }
+  friend constexpr bool operator==(Span, Span) = default;
+};
+
+//! The batches one process yields in one epoch: `size()` batches, batch `j` covering `span(j)`.
+//! O(1) memory, O(1) per batch; copying is cheap.
+class BatchPlan {
+ public:
+  constexpr BatchPlan() = default;
+
+  //! Number of batches this process yields.
+  [[nodiscard]] constexpr std::int64_t size() const noexcept { return count_; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return count_ == 0; }
+  //! Number of real samples in the epoch (positions below this are real).
+  [[nodiscard]] constexpr std::int64_t samples() const noexcept { return n_; }
+
+  //! Stream positions of batch `j` (0 <= j < size()).
+  [[nodiscard]] constexpr Span span(std::int64_t j) const noexcept {
+    const std::int64_t k = j + skipped_;
+    if (k == total_ - 1 && has_last_) return last_;
+    const std::int64_t begin = k * stride_ + offset_;
+    return {std::min(begin, limit_), std::min(begin + width_, limit_)};
+  }
+  //! The sample (position in the epoch's order, `0 .. samples()-1`) at stream position `pos`.
+  [[nodiscard]] constexpr std::int64_t sample(std::int64_t pos) const noexcept {
+    return pos < n_ ? pos : (pos - n_) % wrap_;
+  }
+  //! How many leading entries of batch `j` are real samples; the others are padding duplicates.
+  [[nodiscard]] constexpr std::int64_t real(std::int64_t j) const noexcept {
+    const Span s = span(j);
+    return std::clamp<std::int64_t>(n_ - s.begin, 0, s.size());
+  }
+  //! Accelerate's `end_of_dataloader`: true exactly on the last batch.
+  [[nodiscard]] constexpr bool end_of_dataloader(std::int64_t j) const noexcept { return j + 1 == count_; }
+
+  //! The plan without its first `k` batches (`SkipBatchSampler(k)`); padding marks are kept.
+  [[nodiscard]] BatchPlan skip(std::int64_t k) const {
+    detail::require(k >= 0, "accel: cannot skip a negative number of batches (" + std::to_string(k) +
+                                "); pass the number of batches already consumed, 0 or more");
+    BatchPlan p = *this;
+    const std::int64_t dropped = std::min(k, count_);
+    p.skipped_ += dropped;
+    p.count_ -= dropped;
+    return p;
+  }
+  [[nodiscard]] constexpr std::int64_t skipped() const noexcept { return skipped_; }
+
+  friend constexpr bool operator==(const BatchPlan&, const BatchPlan&) = default;
+
+  //! Batches `j` at `j * stride + offset`, `width` wide, clipped to `limit`; the last one may be overridden.
+  struct Layout {
+    std::int64_t samples, wrap, count, stride, offset, width, limit;
+  };
+  static constexpr BatchPlan affine(Layout l) noexcept {
+    BatchPlan p;
+    p.n_ = l.samples;
+    p.wrap_ = std::max<std::int64_t>(l.wrap, 1);
+    p.count_ = p.total_ = l.count;
+    p.stride_ = l.stride;
+    p.offset_ = l.offset;
+    p.width_ = l.width;
+    p.limit_ = l.limit;
+    return p;
+  }
+  constexpr BatchPlan with_last(Span last) const noexcept {
+    BatchPlan p = *this;
+    p.has_last_ = true;
+    p.last_ = last;
+    return p;
+  }
+
+ private:
+  std::int64_t n_ = 0, wrap_ = 1, count_ = 0, total_ = 0, skipped_ = 0;
+  std::int64_t stride_ = 0, offset_ = 0, width_ = 0, limit_ = 0;
+  bool has_last_ = false;
+  Span last_{};
+};
+
+namespace detail {
+
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+constexpr std::int64_t unbounded = INT64_MAX / 4;
+
+inline void validate(const ShardSpec& s, std::int64_t n) {
+  using accel::detail::require;
+  require(n >= 0, "accel: the dataset length is negative (" + std::to_string(n) + ")");
+  require(s.batch_size >= 1, "accel: batch_size must be at least 1 (got " + std::to_string(s.batch_size) + ")");
+  require(s.num_processes >= 1,
+          "accel: num_processes must be at least 1 (got " + std::to_string(s.num_processes) +
+              "); check WORLD_SIZE or the launcher's --nproc-per-node");
+  require(s.process_index >= 0 && s.process_index < s.num_processes,
+          "accel: process_index " + std::to_string(s.process_index) + " is out of range for " +
+              std::to_string(s.num_processes) + " processes; it must be in [0, " +
+              std::to_string(s.num_processes) + ")");
+}
+
+inline void require_split_divisible(const ShardSpec& s, bool allow_one) {
+  if (!s.split_batches || s.batch_size % s.num_processes == 0) return;
+  if (allow_one && s.batch_size == 1) return;
+  accel::detail::require(false, "accel: under batches::split the batch size (" + std::to_string(s.batch_size) +
+                                    ") must be a round multiple of the number of processes (" +
+                                    std::to_string(s.num_processes) +
+                                    "); use a batch size divisible by it, or batches::per_process");
+}
+
+}  // namespace detail
+
+//! `BatchSampler(order, batch_size, drop_last)`: the user's loader on one process, no padding.
+inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_t n) {
+  detail::validate({.batch_size = batch_size, .drop_last = drop_last}, n);
+  const std::int64_t count = drop_last ? n / batch_size : detail::ceil_div(n, batch_size);
+  return BatchPlan::affine({.samples = n, .wrap = 1, .count = count, .stride = batch_size, .offset = 0,
+                            .width = batch_size, .limit = n});
+}
+
+// [accelerate:data_loader.py BatchSamplerShard._iter_with_no_split / _iter_with_split]
+//! `BatchSamplerShard(BatchSampler(order, B, drop_last), N, r, split, even)`. Pads even with one process,
+//! exactly like Accelerate's class (the prepared loader does not shard at all then: see `loader_plan`).
+inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
+  detail::validate(s, n);
+  detail::require_split_divisible(s, /*allow_one=*/false);
+  const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
+  const std::int64_t L = s.drop_last ? n / B : detail::ceil_div(n, B);  // batches of the user's sampler
+  const std::int64_t full = n / B;
+  const bool short_last = !s.drop_last && n % B != 0;
+  if (!s.split_batches) {
+    // Batch j of this process is the user's batch j*N + r; an even tail keeps going past the data, with the
+    // padding cursor running on over the first round of batches (`wrap` = min(n, N*B)).
+    std::int64_t count = 0;
+    if (s.drop_last) count = L / N;
+    else if (s.even_batches) count = detail::ceil_div(L, N);
+    else count = L / N + (r < L % N ? 1 : 0);
+    const bool padded = !s.drop_last && s.even_batches;
+    return BatchPlan::affine({.samples = n, .wrap = std::min(n, N * B), .count = count, .stride = N * B,
+                              .offset = r * B, .width = B, .limit = padded ? detail::unbounded : n});
+  }
+  // Split: every user batch of exactly B samples is cut into N slices of B/N; a short last batch is
+  // completed from the first batch (even) or cut as it is (uneven: ranks past its end get nothing).
+  const std::int64_t per = B / N;
+  std::int64_t count = full;
+  if (short_last) {
+    if (s.even_batches) count += 1;
+    else if (n % B > r * per) count += 1;
+  }
+  return BatchPlan::affine({.samples = n, .wrap = std::min(n, B), .count = count, .stride = B, .offset = r * per,
+                            .width = per, .limit = s.even_batches ? detail::unbounded : n});
+}
+
+// [accelerate:data_loader.py IterableDatasetShard.__iter__]
+//! `IterableDatasetShard` followed by the per-process `DataLoader` that batches its samples: chunks of
+//! `R = B` (split) or `B*N` samples, this process owning `B/N` (split) or `B` consecutive ones of each.
+//! The last chunk is completed by repeating the first chunk (`wrap` = min(n, R)) unless `drop_last`.
+//! Like Accelerate, split with `batch_size == 1` and several processes yields nothing; `prepare()`
+//! refuses that configuration before it gets here.
+inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
+  detail::validate(s, n);
+  detail::require_split_divisible(s, /*allow_one=*/true);
+  const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
+  const std::int64_t chunk = s.split_batches ? B : B * N;
+  const std::int64_t per = s.split_batches ? B / N : B;
+  const std::int64_t chunks = s.drop_last ? n / chunk : detail::ceil_div(n, chunk);
+  return BatchPlan::affine({.samples = n, .wrap = std::min(n, chunk), .count = per > 0 ? chunks : 0,
+                            .stride = chunk, .offset = r * per, .width = per, .limit = detail::unbounded});
+}
+
+// [accelerate:data_loader.py DataLoaderDispatcher._fetch_batches / __iter__]
+//! What rank r keeps of each global batch that rank 0 reads and sends. A global batch is N user batches
+//! (one under split); each rank keeps the slice `[r*per, (r+1)*per)` with `per = observed / N`. The last
+//! global batch, when its size is not a multiple of N and `drop_last` is off, gets the first N samples of the
+//! epoch appended and `per + 1` (so slices are re-cut evenly and may be short or empty).
+inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
+  detail::validate(s, n);
+  detail::require_split_divisible(s, /*allow_one=*/true);
+  const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
+  const std::int64_t inner = s.drop_last ? n / B : detail::ceil_div(n, B);
+  const std::int64_t global = s.split_batches ? B : N * B;
+  std::int64_t steps = inner;
+  if (!s.split_batches) steps = s.drop_last ? inner / N : detail::ceil_div(inner, N);
+  if (steps == 0) return {};
+  const std::int64_t first = std::min({N, global, n});  // the padding Accelerate appends
+  const std::int64_t per = global / N;
+  const BatchPlan full = BatchPlan::affine({.samples = n, .wrap = first, .count = steps, .stride = global,
+                                            .offset = r * per, .width = per, .limit = detail::unbounded});
+  const std::int64_t start = (steps - 1) * global;
+  const std::int64_t observed = std::min(global, n - start);
+  const bool pad = !s.drop_last && observed % N != 0;
+  const std::int64_t last_per = observed / N + (pad ? 1 : 0);
+  const std::int64_t end = start + observed + (pad ? first : 0);
+  const std::int64_t b = std::min(start + r * last_per, end);
+  return full.with_last({b, std::min(b + last_per, end)});
+}
+
+//! Which loading path `loader_plan` follows.
+enum class Loading { sharded, iterable, dispatched };
+
+//! What `prepare_data_loader` yields on one process for a loader of `n` samples (map-style: sharded;
+//! an iterable dataset: iterable; `loading::dispatched`: dispatched). One process is not sharded at all.
+inline BatchPlan loader_plan(const ShardSpec& s, std::int64_t n, Loading loading) {
+  detail::validate(s, n);
+  switch (loading) {
+    case Loading::dispatched: return dispatch_plan(s, n);
+    case Loading::iterable:
+      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n);
+      return iterable_plan(s, n);
+    case Loading::sharded:
+      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n);
+      return shard_plan(s, n);
+  }
+  return {};
+}
+
+}  // namespace accel::plan
