@@ -43,6 +43,10 @@ set(ACCEL_CUDA_ENABLED ${_accel_cuda})
 get_filename_component(_accel_site_packages "${Torch_DIR}/../../../.." ABSOLUTE)
 file(GLOB ACCEL_TORCH_CUDA_LIBDIRS LIST_DIRECTORIES true "${_accel_site_packages}/nvidia/*/lib")
 file(GLOB _accel_wheel_cudart "${_accel_site_packages}/nvidia/*/lib/libcudart.so.[0-9]*")
+if(_accel_wheel_cudart AND TARGET torch::cudart)
+  list(GET _accel_wheel_cudart 0 _accel_cudart)
+  set_property(TARGET torch::cudart PROPERTY INTERFACE_LINK_LIBRARIES "${_accel_cudart}")
+endif()
 message(STATUS "accel: LibTorch ${Torch_VERSION} (CUDA build: ${_accel_torch_cuda}); ACCEL_WITH_CUDA=${ACCEL_CUDA_ENABLED}")
 
 # Attaches the dependencies to `target`. In the project's own build they are wrapped in BUILD_INTERFACE, so

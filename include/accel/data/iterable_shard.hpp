@@ -1,0 +1,147 @@
+#pragma once
+//! \file
+//! `IterableShard`: Accelerate's `IterableDatasetShard` over any input range of samples, streamed.
+//!
+//! The source is read in chunks of `R = batch_size` (split) or `batch_size * num_processes` samples; this
+//! process keeps `batch_size / num_processes` (split) or `batch_size` consecutive samples of each chunk. A
+//! last, incomplete chunk is completed by repeating the first chunk, unless `drop_last`. Each yielded
+//! sample says whether it is such a padding duplicate. Memory: two chunks.
+
+#include <accel/error.hpp>
+
+#include <range/v3/range/concepts.hpp>
+
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <vector>
+
+namespace accel::data {
+
+struct IterableShardOptions {
+  std::int64_t batch_size = 1;
+  bool drop_last = false;
+  int num_processes = 1;
+  int process_index = 0;
+  bool split_batches = false;
+};
+
+template <class T>
+struct ShardSample {
+  T value;
+  bool padding = false;
+};
+
+// [accelerate:data_loader.py IterableDatasetShard.__iter__]
+template <std::ranges::input_range Source>
+class IterableShard : public std::ranges::view_interface<IterableShard<Source>> {
+  using T = std::ranges::range_value_t<Source>;
+  using Options = IterableShardOptions;
+
+  struct Pass {
+    Pass(std::shared_ptr<Source> s, const Options& o) : source(std::move(s)), opt(o),
+        it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
+      chunk = opt.split_batches ? opt.batch_size : opt.batch_size * opt.num_processes;
+      per = opt.split_batches ? opt.batch_size / opt.num_processes : opt.batch_size;
+      buffer.reserve(std::size_t(chunk));
+    }
+    std::shared_ptr<Source> source;
+    Options opt;
+    std::ranges::iterator_t<Source> it;
+    std::ranges::sentinel_t<Source> last;
+    std::int64_t chunk, per;
+    std::vector<T> buffer, first;
+    std::size_t yield_from = 0, yield_to = 0;  // owned positions of `buffer` still to yield
+    std::int64_t real_end = 0;                 // positions of `buffer` below this are real samples
+    bool finished = false;
+    ShardSample<T> current{};
+
+    void own(std::int64_t real) {
+      yield_from = std::size_t(opt.process_index * per);
+      yield_to = std::size_t(opt.process_index * per + per);
+      real_end = real;
+    }
+    bool refill() {
+      buffer.clear();
+      while (it != last) {
+        buffer.push_back(*it);
+        ++it;
+        if (std::int64_t(buffer.size()) == chunk) {
+          if (first.empty()) first = buffer;
+          own(chunk);
+          return true;
+        }
+      }
+      if (finished) return false;
+      finished = true;
+      if (opt.drop_last || buffer.empty()) return false;
+      if (first.empty()) first = buffer;
+      const auto real = std::int64_t(buffer.size());
+      while (std::int64_t(buffer.size()) < chunk) buffer.insert(buffer.end(), first.begin(), first.end());
+      own(real);
+      return true;
+    }
+    bool advance() {
+      while (yield_from >= yield_to)
+        if (!refill()) return false;
+      current = {buffer[yield_from], std::int64_t(yield_from) >= real_end};
+      ++yield_from;
+      return true;
+    }
+  };
+
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = ShardSample<T>;
+    using difference_type = std::ptrdiff_t;
+    using reference = const ShardSample<T>&;
+    iterator() = default;
+    explicit iterator(std::shared_ptr<Pass> p) : pass_(std::move(p)) {
+      if (!pass_->advance()) pass_.reset();
+    }
+    const ShardSample<T>& operator*() const { return pass_->current; }
+    iterator& operator++() {
+      if (!pass_->advance()) pass_.reset();
+      return *this;
+    }
+    iterator operator++(int) { auto t = *this; ++*this; return t; }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.pass_ == b.pass_; }
+    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.pass_ == nullptr; }
+
+   private:
+    std::shared_ptr<Pass> pass_;
+  };
+
+  IterableShard() = default;
+  IterableShard(Source source, Options opt) : source_(std::make_shared<Source>(std::move(source))), opt_(opt) {
+    using accel::detail::require;
+    require(opt.batch_size >= 1, "accel::data::IterableShard: batch_size must be at least 1");
+    require(opt.num_processes >= 1, "accel::data::IterableShard: num_processes must be at least 1");
+    require(opt.process_index >= 0 && opt.process_index < opt.num_processes,
+            "accel::data::IterableShard: process_index " + std::to_string(opt.process_index) + " is out of range for " +
+                std::to_string(opt.num_processes) + " processes");
+    require(!opt.split_batches || opt.batch_size == 1 || opt.batch_size % opt.num_processes == 0,
+            "accel::data::IterableShard: under batches::split the batch size (" + std::to_string(opt.batch_size) +
+                ") must be a round multiple of the number of processes (" + std::to_string(opt.num_processes) + ")");
+  }
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(source_, opt_)); }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  std::shared_ptr<Source> source_;
+  Options opt_;
+};
+
+template <class S>
+IterableShard(S&&, IterableShardOptions) -> IterableShard<std::views::all_t<S>>;
+
+}  // namespace accel::data
+
+template <class S>
+inline constexpr bool ranges::enable_view<accel::data::IterableShard<S>> = true;

@@ -1,0 +1,136 @@
+#pragma once
+//! \file
+//! `planned_batches(plan, order)`: a process's batches as a lazy, random-access, sized range.
+//!
+//! \code
+//! auto order = accel::data::IndexOrder::sequential(10);
+//! auto plan = accel::plan::shard_plan({.batch_size = 3, .num_processes = 3, .process_index = 0}, 10);
+//! for (const auto& batch : accel::data::planned_batches(plan, order)) {
+//!   for (std::int64_t i : batch.indices()) ...;       // dataset indices, padding included
+//!   batch.real();                                     // how many leading entries are real samples
+//!   batch.end_of_dataloader();                        // true on the last batch
+//! }
+//! \endcode
+//! Nothing is allocated per batch: a batch is two integers and two pointers; its indices are computed on
+//! access. The view must outlive the batches it yields (like `std::string_view`).
+
+#include <accel/data/plan.hpp>
+#include <accel/data/sampler.hpp>
+
+#include <range/v3/range/concepts.hpp>
+
+#include <compare>
+#include <cstdint>
+#include <iterator>
+#include <ranges>
+
+namespace accel::data {
+
+//! One planned batch: which dataset indices, how many are real, whether it ends the epoch.
+class PlannedBatch {
+ public:
+  PlannedBatch() = default;
+  PlannedBatch(const plan::BatchPlan* p, const IndexOrder* o, std::int64_t j)
+      : plan_(p), order_(o), j_(j), span_(p->span(j)) {}
+
+  //! Position of this batch in the process's epoch (0-based, counting skipped batches out).
+  [[nodiscard]] std::int64_t number() const noexcept { return j_; }
+  [[nodiscard]] std::int64_t size() const noexcept { return span_.size(); }
+  //! Leading entries that are real samples; the rest are padding duplicates.
+  [[nodiscard]] std::int64_t real() const noexcept { return plan_->real(j_); }
+  [[nodiscard]] std::int64_t padding() const noexcept { return size() - real(); }
+  [[nodiscard]] bool end_of_dataloader() const noexcept { return plan_->end_of_dataloader(j_); }
+  //! Dataset index of entry `i`.
+  [[nodiscard]] std::int64_t operator[](std::int64_t i) const noexcept {
+    return (*order_)[plan_->sample(span_.begin + i)];
+  }
+  //! The dataset indices, as a sized random-access view.
+  [[nodiscard]] auto indices() const noexcept {
+    return std::views::iota(std::int64_t{0}, size()) |
+           std::views::transform([b = *this](std::int64_t i) { return b[i]; });
+  }
+  //! Copies the dataset indices into `out` (resized; no allocation once its capacity suffices).
+  template <class Vec>
+  void indices_into(Vec& out) const {
+    out.resize(static_cast<std::size_t>(size()));
+    const auto& order = *order_;
+    const std::int64_t n = plan_->samples();
+    std::int64_t pos = span_.begin;
+    if (order.is_sequential() && span_.end <= n) {
+      for (auto& x : out) x = pos++;
+      return;
+    }
+    for (auto& x : out) x = order[plan_->sample(pos++)];
+  }
+
+ private:
+  const plan::BatchPlan* plan_ = nullptr;
+  const IndexOrder* order_ = nullptr;
+  std::int64_t j_ = 0;
+  plan::Span span_{};
+};
+
+//! A plan applied to an epoch's order: a sized random-access view of `PlannedBatch`es.
+class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::random_access_iterator_tag;
+    using iterator_category = std::random_access_iterator_tag;
+    using value_type = PlannedBatch;
+    using difference_type = std::ptrdiff_t;
+    using reference = PlannedBatch;
+
+    iterator() = default;
+    iterator(const PlannedBatches* v, std::int64_t j) : v_(v), j_(j) {}
+    PlannedBatch operator*() const { return PlannedBatch(&v_->plan_, &v_->order_, j_); }
+    PlannedBatch operator[](difference_type k) const { return *(*this + k); }
+    iterator& operator++() { ++j_; return *this; }
+    iterator operator++(int) { auto t = *this; ++j_; return t; }
+    iterator& operator--() { --j_; return *this; }
+    iterator operator--(int) { auto t = *this; --j_; return t; }
+    iterator& operator+=(difference_type k) { j_ += k; return *this; }
+    iterator& operator-=(difference_type k) { j_ -= k; return *this; }
+    friend iterator operator+(iterator i, difference_type k) { return i += k; }
+    friend iterator operator+(difference_type k, iterator i) { return i += k; }
+    friend iterator operator-(iterator i, difference_type k) { return i -= k; }
+    friend difference_type operator-(const iterator& a, const iterator& b) { return a.j_ - b.j_; }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.j_ == b.j_; }
+    friend auto operator<=>(const iterator& a, const iterator& b) { return a.j_ <=> b.j_; }
+
+   private:
+    const PlannedBatches* v_ = nullptr;
+    std::int64_t j_ = 0;
+  };
+
+  PlannedBatches() = default;
+  PlannedBatches(plan::BatchPlan p, IndexOrder o) : plan_(p), order_(std::move(o)) {
+    accel::detail::require(p.samples() <= order_.size(),
+                           "accel: the plan covers " + std::to_string(p.samples()) + " samples but the order has only " +
+                               std::to_string(order_.size()) + "; build both from the same dataset length");
+  }
+  // The iterators point into this object: copies must not share them.
+  PlannedBatches(const PlannedBatches& o) : plan_(o.plan_), order_(o.order_) {}
+  PlannedBatches& operator=(const PlannedBatches& o) { plan_ = o.plan_; order_ = o.order_; return *this; }
+
+  [[nodiscard]] iterator begin() const { return {this, 0}; }
+  [[nodiscard]] iterator end() const { return {this, plan_.size()}; }
+  [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(plan_.size()); }
+  [[nodiscard]] const plan::BatchPlan& plan() const noexcept { return plan_; }
+  [[nodiscard]] const IndexOrder& order() const noexcept { return order_; }
+
+ private:
+  plan::BatchPlan plan_;
+  IndexOrder order_;
+};
+
+//! `plan` applied to `order` (the epoch's sampling order).
+inline PlannedBatches planned_batches(plan::BatchPlan plan, IndexOrder order) { return {plan, std::move(order)}; }
+
+static_assert(std::ranges::random_access_range<PlannedBatches> && std::ranges::sized_range<PlannedBatches>);
+static_assert(std::ranges::view<PlannedBatches>);
+
+}  // namespace accel::data
+
+template <>
+inline constexpr bool ranges::enable_view<accel::data::PlannedBatches> = true;

@@ -1,0 +1,380 @@
+// Sharding plans: against Python Accelerate's vectors (seeded shuffles, upstream expectations), against
+// the streaming implementations of the same algorithms, and on a randomised grid of properties.
+#include "support.hpp"
+
+#include <accel/data/batch_sampler_shard.hpp>
+#include <accel/data/iterable_shard.hpp>
+#include <accel/data/plan.hpp>
+#include <accel/data/plan_view.hpp>
+#include <accel/data/sampler.hpp>
+
+#include <ATen/Context.h>
+#include <catch2/catch.hpp>
+#include <range/v3/view/enumerate.hpp>
+#include <range/v3/view/take.hpp>
+#include <range/v3/view/transform.hpp>
+
+#include <map>
+#include <random>
+#include <ranges>
+#include <vector>
+
+namespace {
+
+using accel::plan::BatchPlan;
+using accel::plan::Loading;
+using accel::plan::ShardSpec;
+namespace data = accel::data;
+using Batches = std::vector<std::vector<std::int64_t>>;
+
+Batches batches_of(const BatchPlan& p, const data::IndexOrder& order) {
+  Batches out;
+  for (const auto& b : data::planned_batches(p, order)) {
+    std::vector<std::int64_t> v;
+    b.indices_into(v);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+Batches batches_of(const BatchPlan& p) { return batches_of(p, data::IndexOrder::sequential(p.samples())); }
+
+Batches as_batches(const nlohmann::json& j) { return j.get<Batches>(); }
+
+}  // namespace
+
+TEST_CASE("seeded shuffles are bit-identical to Python Accelerate's", "[plan][shuffle][golden]") {
+  const auto file = accel_test::golden("shuffles.json");
+  std::size_t checked = 0;
+  for (const auto& c : file.at("cases")) {
+    const int N = c.at("num_processes");
+    const std::int64_t n = c.at("n");
+    const bool replacement = c.at("replacement");
+    const auto mode = c.at("sampler") == "seedable" ? data::Shuffle::seedable : data::Shuffle::synchronized;
+    std::optional<std::uint64_t> data_seed;
+    if (!c.at("data_seed").is_null()) data_seed = c.at("data_seed").get<std::uint64_t>();
+    data::RandomSamplerOptions opts{.replacement = replacement,
+                                    .num_samples = replacement ? std::optional<std::int64_t>(n + 5) : std::nullopt};
+    for (const auto& proc : c.at("processes")) {
+      const int r = proc.at("process_index");
+      // Every rank of a job starts from the job's seed.
+      at::manual_seed(c.at("seed").get<std::uint64_t>());
+      data::ShuffledOrders orders(n, N, mode, data_seed, opts);
+      const ShardSpec spec{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"), .num_processes = N,
+                           .process_index = r, .split_batches = c.at("split_batches"), .even_batches = c.at("even_batches")};
+      const auto& epochs = proc.at("epochs");
+      for (std::size_t e = 0; e < epochs.size(); ++e) {
+        const auto order = orders.next(static_cast<std::int64_t>(e));
+        const auto p = accel::plan::loader_plan(spec, order.size(), Loading::sharded);
+        INFO("case " << c.dump().substr(0, 160) << " rank " << r << " epoch " << e);
+        REQUIRE(batches_of(p, order) == as_batches(epochs[e]));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 5000);
+}
+
+TEST_CASE("SeedableRandomSampler: epoch e is seeded with initial_seed + e", "[plan][shuffle]") {
+  at::manual_seed(5);
+  data::SeedableRandomSampler a(50);  // initial seed from the global generator
+  data::SeedableRandomSampler b(50, 5);
+  CHECK(a.initial_seed() == 5);
+  for (std::int64_t e = 0; e < 3; ++e) {
+    a.set_epoch(e);
+    b.set_epoch(e);
+    const auto oa = a.order(), ob = b.order();
+    const auto direct = data::RandomSampler(50, data::make_generator(5 + e)).next_epoch();
+    for (std::int64_t i = 0; i < 50; ++i) {
+      REQUIRE(oa[i] == ob[i]);
+      REQUIRE(oa[i] == direct[i]);
+    }
+  }
+  a.set_epoch(0);
+  data::SeedableRandomSampler c(50, 6);
+  const auto o0 = a.order(), o1 = c.order();
+  bool differs = false;
+  for (std::int64_t i = 0; i < 50; ++i) differs |= o0[i] != o1[i];
+  CHECK(differs);
+}
+
+TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
+  const auto file = accel_test::golden("accelerate_tests_expectations.json");
+  std::map<std::string, int> seen;
+  for (const auto& e : file.at("entries")) {
+    const std::string kind = e.at("kind");
+    INFO(e.at("source").get<std::string>());
+    if (kind == "batch_sampler_shard") {
+      const auto& expected = e.at("expected");
+      for (int r = 0; r < int(expected.size()); ++r) {
+        const ShardSpec s{.batch_size = e.at("batch_size"), .drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
+                          .process_index = r, .split_batches = e.at("split_batches"), .even_batches = e.at("even_batches")};
+        const auto p = accel::plan::shard_plan(s, e.at("n"));
+        CHECK(batches_of(p) == as_batches(expected[r]));
+        if (e.value("len_checked", false)) CHECK(p.size() == std::int64_t(expected[r].size()));
+      }
+    } else if (kind == "batch_sampler_shard_varying") {
+      const auto in = as_batches(e.at("batches_in"));
+      const auto& expected = e.at("expected");
+      for (int r = 0; r < int(expected.size()); ++r) {
+        data::BatchSamplerShard shard(in, {.drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
+                                           .process_index = r, .even_batches = e.at("even_batches")});
+        Batches got;
+        for (const auto& b : shard) got.push_back(b.indices);
+        CHECK(got == as_batches(expected[r]));
+      }
+    } else if (kind == "batch_sampler_shard_error") {
+      if (e.contains("batches_in")) {
+        CHECK_THROWS_WITH((data::BatchSamplerShard(as_batches(e.at("batches_in")),
+                                                   {.num_processes = e.at("num_processes"), .split_batches = true})),
+                          Catch::Contains("batches::split needs a batch sampler with a fixed batch_size"));
+      } else {
+        CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = e.at("batch_size"), .num_processes = e.at("num_processes"),
+                                                   .split_batches = true}, e.at("n")),
+                          Catch::Contains("must be a round multiple of the number of processes"));
+      }
+    } else if (kind == "skip_batch_sampler" || kind == "skip_data_loader" || kind == "skip_first_batches") {
+      const auto p = accel::plan::batch_plan(e.at("batch_size"), e.at("drop_last"), e.at("n")).skip(e.at("num_batches"));
+      CHECK(batches_of(p) == as_batches(e.at("expected")));
+    } else if (kind == "end_of_dataloader_shard" || kind == "end_of_dataloader_dispatcher") {
+      const auto p = accel::plan::loader_plan({.batch_size = e.at("batch_size")}, e.at("n"),
+                                              kind == "end_of_dataloader_shard" ? Loading::sharded : Loading::dispatched);
+      std::vector<bool> flags;
+      for (std::int64_t j = 0; j < p.size(); ++j) flags.push_back(p.end_of_dataloader(j));
+      CHECK(flags == e.at("expected_end_of_dataloader").get<std::vector<bool>>());
+    } else if (kind == "batch_sizes_2proc") {
+      for (int r = 0; r < 2; ++r) {
+        const auto p = accel::plan::loader_plan({.batch_size = e.at("batch_size"), .num_processes = 2, .process_index = r,
+                                                 .even_batches = e.at("even_batches")}, e.at("n"), Loading::sharded);
+        std::vector<std::int64_t> sizes;
+        for (std::int64_t j = 0; j < p.size(); ++j) sizes.push_back(p.span(j).size());
+        CHECK(sizes == e.at("expected_batch_sizes")[r].get<std::vector<std::int64_t>>());
+      }
+    } else if (kind == "iterable_property") {
+      // Checked on the randomised grid below ("iterable shards interleave back into the stream").
+    } else {
+      FAIL("unknown expectation kind " << kind);
+    }
+    ++seen[kind];
+  }
+  CHECK(seen.at("batch_sampler_shard") == 36);
+  CHECK(seen.at("batch_sampler_shard_varying") == 8);
+}
+
+namespace {
+
+// Every index of one process's epoch, with its padding flag, from the closed-form plan.
+struct Yield {
+  Batches batches;
+  std::vector<std::int64_t> real;
+};
+Yield yield_of(const BatchPlan& p) {
+  Yield y;
+  for (std::int64_t j = 0; j < p.size(); ++j) {
+    const auto s = p.span(j);
+    std::vector<std::int64_t> v;
+    for (auto pos = s.begin; pos < s.end; ++pos) v.push_back(p.sample(pos));
+    y.batches.push_back(std::move(v));
+    y.real.push_back(p.real(j));
+  }
+  return y;
+}
+
+ShardSpec random_spec(std::mt19937_64& rng, bool small) {
+  const int N = small ? int(rng() % 5) + 1 : int(rng() % 64) + 1;
+  std::int64_t B = small ? std::int64_t(rng() % 7) + 1 : std::int64_t(rng() % 100) + 1;
+  const bool split = rng() % 3 == 0;
+  if (split) B = N * (std::int64_t(rng() % (small ? 3 : 8)) + 1);
+  return {.batch_size = B, .drop_last = rng() % 3 == 0, .num_processes = N, .process_index = 0,
+          .split_batches = split, .even_batches = rng() % 2 == 0};
+}
+
+}  // namespace
+
+TEST_CASE("the closed-form shard plan equals Accelerate's streaming algorithm", "[plan][property]") {
+  std::mt19937_64 rng(1234);
+  for (int trial = 0; trial < 1500; ++trial) {
+    ShardSpec s = random_spec(rng, /*small=*/true);
+    const std::int64_t n = std::int64_t(rng() % 60);
+    Batches base;
+    for (const auto& b : data::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n), data::IndexOrder::sequential(n))) {
+      std::vector<std::int64_t> v;
+      b.indices_into(v);
+      base.push_back(v);
+    }
+    for (int r = 0; r < s.num_processes; ++r) {
+      s.process_index = r;
+      const auto closed = yield_of(accel::plan::shard_plan(s, n));
+      data::BatchSamplerShard shard(base, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
+                                           .process_index = r, .split_batches = s.split_batches, .even_batches = s.even_batches});
+      Batches got;
+      std::vector<std::int64_t> real;
+      for (const auto& b : shard) {
+        got.push_back(b.indices);
+        real.push_back(b.real);
+      }
+      INFO("n=" << n << " B=" << s.batch_size << " N=" << s.num_processes << " r=" << r << " split=" << s.split_batches
+                << " even=" << s.even_batches << " drop_last=" << s.drop_last);
+      REQUIRE(got == closed.batches);
+      REQUIRE(real == closed.real);
+    }
+  }
+}
+
+TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves back into the stream", "[plan][property]") {
+  std::mt19937_64 rng(99);
+  for (int trial = 0; trial < 800; ++trial) {
+    auto s = random_spec(rng, /*small=*/true);
+    const std::int64_t n = std::int64_t(rng() % 50);
+    const auto source = std::views::iota(std::int64_t{0}, n);
+    std::vector<Yield> all;
+    for (int r = 0; r < s.num_processes; ++r) {
+      s.process_index = r;
+      const auto closed = yield_of(accel::plan::iterable_plan(s, n));
+      std::vector<std::int64_t> flat, flat_closed;
+      std::vector<bool> pad, pad_closed;
+      for (const auto& x : data::IterableShard(source, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
+                                                        .process_index = r, .split_batches = s.split_batches})) {
+        flat.push_back(x.value);
+        pad.push_back(x.padding);
+      }
+      for (std::size_t j = 0; j < closed.batches.size(); ++j)
+        for (std::size_t i = 0; i < closed.batches[j].size(); ++i) {
+          flat_closed.push_back(closed.batches[j][i]);
+          pad_closed.push_back(std::int64_t(i) >= closed.real[j]);
+        }
+      REQUIRE(flat == flat_closed);
+      REQUIRE(pad == pad_closed);
+      all.push_back(closed);
+    }
+    // Upstream's property: equal lengths; interleaving the shards reproduces the stream, cycled when padded.
+    const std::int64_t per = s.split_batches ? s.batch_size / s.num_processes : s.batch_size;
+    for (const auto& y : all) REQUIRE(y.batches.size() == all[0].batches.size());
+    std::vector<std::int64_t> interleaved;
+    for (std::size_t j = 0; j < all[0].batches.size(); ++j)
+      for (const auto& y : all) interleaved.insert(interleaved.end(), y.batches[j].begin(), y.batches[j].end());
+    for (std::size_t i = 0; i < interleaved.size(); ++i)
+      if (std::int64_t(i) < n) REQUIRE(interleaved[i] == std::int64_t(i));
+      else REQUIRE(interleaved[i] == (std::int64_t(i) - n) % std::min(n, s.split_batches ? s.batch_size : s.batch_size * s.num_processes));
+    if (per > 0 && !s.drop_last) REQUIRE(std::int64_t(interleaved.size()) >= n);
+  }
+}
+
+TEST_CASE("plan properties on a randomised grid (n up to 1e5, up to 64 processes)", "[plan][property]") {
+  std::mt19937_64 rng(2024);
+  for (int trial = 0; trial < 400; ++trial) {
+    auto s = random_spec(rng, /*small=*/false);
+    const std::int64_t n = trial % 10 == 0 ? std::int64_t(rng() % 40) : std::int64_t(rng() % 100001);
+    for (const auto loading : {Loading::sharded, Loading::iterable, Loading::dispatched}) {
+      if (loading != Loading::sharded && s.split_batches && s.batch_size == 1) continue;
+      std::vector<std::int64_t> seen(std::size_t(n), 0);
+      std::int64_t first_size = -1;
+      bool sizes_equal = true;
+      std::int64_t dropped_tail = 0;
+      for (int r = 0; r < s.num_processes; ++r) {
+        s.process_index = r;
+        const auto p = accel::plan::loader_plan(s, n, loading);
+        if (first_size < 0) first_size = p.size();
+        sizes_equal &= p.size() == first_size;
+        std::int64_t yielded = 0;
+        for (std::int64_t j = 0; j < p.size(); ++j, ++yielded) {
+          const auto span = p.span(j);
+          const auto real = p.real(j);
+          REQUIRE(p.end_of_dataloader(j) == (j + 1 == p.size()));
+          for (auto pos = span.begin; pos < span.end; ++pos) {
+            const auto idx = p.sample(pos);
+            REQUIRE(idx >= 0);
+            REQUIRE(idx < n);
+            // Real samples come first; a duplicate is always marked as padding.
+            if (pos - span.begin < real) ++seen[std::size_t(idx)];
+          }
+        }
+        REQUIRE(yielded == p.size());
+      }
+      INFO("n=" << n << " B=" << s.batch_size << " N=" << s.num_processes << " split=" << s.split_batches
+                << " even=" << s.even_batches << " drop_last=" << s.drop_last << " loading=" << int(loading));
+      // No sample is ever real twice: duplicates appear only where the plan marks padding.
+      for (auto k : seen) REQUIRE(k <= 1);
+      if (!s.drop_last) {
+        // Without drop_last nothing is lost: the union of the shards covers the dataset...
+        for (auto k : seen) REQUIRE(k == 1);
+      } else {
+        // ...with drop_last only the tail that does not fill a round is dropped.
+        for (auto k : seen) dropped_tail += 1 - k;
+        const std::int64_t round = s.split_batches ? s.batch_size : s.batch_size * s.num_processes;
+        REQUIRE(dropped_tail < round + (loading == Loading::sharded && !s.split_batches ? s.batch_size * s.num_processes : 0));
+      }
+      // Even tails (and every dispatched / iterable epoch) give every process the same number of batches.
+      if (s.even_batches || loading != Loading::sharded || s.num_processes == 1 || s.drop_last) {
+        if (!(loading == Loading::sharded && s.split_batches && !s.even_batches)) REQUIRE(sizes_equal);
+      }
+    }
+  }
+}
+
+TEST_CASE("an empty dataset yields nothing on every path", "[plan]") {
+  for (const auto loading : {Loading::sharded, Loading::iterable, Loading::dispatched})
+    for (int N : {1, 2, 3})
+      for (bool split : {false, true}) {
+        const auto p = accel::plan::loader_plan({.batch_size = 6, .num_processes = N, .process_index = N - 1, .split_batches = split}, 0, loading);
+        CHECK(p.size() == 0);
+        CHECK(p.empty());
+      }
+}
+
+TEST_CASE("skipping counts batches of the prepared loader and keeps the padding marks", "[plan][skip]") {
+  // n=10, B=3, N=2, rank 1: [3,4,5] [9,0*,1*]; skipping 1 keeps the padding of the last batch (Q8 fixed).
+  const auto p = accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 1}, 10, Loading::sharded);
+  const auto skipped = p.skip(1);
+  REQUIRE(skipped.size() == 1);
+  CHECK(batches_of(skipped) == Batches{{9, 0, 1}});
+  CHECK(skipped.real(0) == 1);
+  CHECK(skipped.end_of_dataloader(0));
+  CHECK(p.skip(5).size() == 0);
+  CHECK(p.skip(0) == p);
+  // Dispatched: a skip is a step of the prepared loader, not 1/N of one (Q9 fixed).
+  const auto d = accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 0}, 10, Loading::dispatched);
+  CHECK(batches_of(d) == Batches{{0, 1, 2}, {6, 7}});
+  CHECK(batches_of(d.skip(1)) == Batches{{6, 7}});
+}
+
+TEST_CASE("bad parameters are clear errors", "[plan][errors]") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 3, .num_processes = 2, .split_batches = true}, 10),
+                    Contains("under batches::split the batch size (3) must be a round multiple of the number of processes (2)"));
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 1, .num_processes = 2, .split_batches = true}, 10),
+                    Contains("round multiple"));
+  CHECK_THROWS_WITH(accel::plan::dispatch_plan({.batch_size = 3, .num_processes = 2, .split_batches = true}, 10),
+                    Contains("round multiple"));
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 3, .num_processes = 0}, 10),
+                    Contains("num_processes must be at least 1 (got 0)"));
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 3, .num_processes = 2, .process_index = 2}, 10),
+                    Contains("process_index 2 is out of range for 2 processes"));
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 3, .num_processes = 2, .process_index = -1}, 10),
+                    Contains("process_index -1 is out of range"));
+  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 0}, 10), Contains("batch_size must be at least 1 (got 0)"));
+  CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, -1), Contains("dataset length is negative"));
+  CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, 10).skip(-1), Contains("cannot skip a negative number of batches (-1)"));
+  CHECK_THROWS_WITH(data::planned_batches(accel::plan::batch_plan(2, false, 10), data::IndexOrder::sequential(5)),
+                    Contains("the plan covers 10 samples but the order has only 5"));
+  CHECK_THROWS_AS(accel::plan::shard_plan({.batch_size = 3, .num_processes = 0}, 10), accel::InvalidArgument);
+}
+
+TEST_CASE("planned batches compose with std::views and range-v3", "[plan][ranges]") {
+  const auto view = data::planned_batches(
+      accel::plan::shard_plan({.batch_size = 3, .num_processes = 3, .process_index = 0}, 10), data::IndexOrder::sequential(10));
+  STATIC_REQUIRE(std::ranges::random_access_range<decltype(view)>);
+  CHECK(view.size() == 2);
+  std::vector<std::int64_t> reals;
+  for (const auto& b : view | std::views::take(5)) reals.push_back(b.real());
+  CHECK(reals == std::vector<std::int64_t>{3, 1});
+  std::vector<std::pair<std::size_t, std::int64_t>> firsts;
+  for (auto [i, first] : view | ranges::views::take(5) | ranges::views::transform([](const data::PlannedBatch& b) { return b[0]; }) |
+                             ranges::views::enumerate)
+    firsts.emplace_back(i, first);
+  CHECK(firsts == std::vector<std::pair<std::size_t, std::int64_t>>{{0, 0}, {1, 9}});
+  std::vector<std::int64_t> last;
+  for (auto x : view[1].indices()) last.push_back(x);
+  CHECK(last == std::vector<std::int64_t>{9, 0, 1});
+  CHECK(view[1].padding() == 2);
+}
