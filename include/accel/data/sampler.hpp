@@ -43,6 +43,8 @@ class IndexOrder {
     return list_ ? (*list_)[static_cast<std::size_t>(i)] : i;
   }
   [[nodiscard]] bool is_sequential() const noexcept { return list_ == nullptr; }
+  //! The drawn indices, or nullptr for the identity.
+  [[nodiscard]] const std::int64_t* data() const noexcept { return list_ ? list_->data() : nullptr; }
 
  private:
   IndexOrder(std::int64_t n, std::shared_ptr<const std::vector<std::int64_t>> list) : n_(n), list_(std::move(list)) {}

@@ -1,0 +1,49 @@
+"""Turns Google Benchmark JSON into build/bench/results.json entries.
+
+A benchmark named BM_<work>_accel is paired with BM_<work>_<baseline> from the same run; the entry's ratio
+is accel time / baseline time (median of the repetitions). Other fields: the counters of the accel side.
+    python report.py BASELINE_LABELS_JSON results.json bench1.json [bench2.json ...]
+"""
+import json
+import sys
+
+
+def medians(path):
+    out = {}
+    for b in json.load(open(path))["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            out[b["run_name"].split("/")[0]] = b
+    return out
+
+
+def main():
+    labels = json.loads(sys.argv[1])
+    results_path = sys.argv[2]
+    try:
+        results = json.load(open(results_path))
+    except (OSError, ValueError):
+        results = []
+    for path in sys.argv[3:]:
+        runs = medians(path)
+        for name, accel in runs.items():
+            if not name.endswith("_accel"):
+                continue
+            work = name[: -len("_accel")]
+            for base_name, base in runs.items():
+                suffix = base_name[len(work) + 1:]
+                if base_name.startswith(work + "_") and suffix != "accel":
+                    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+                    a = accel["real_time"] * scale[accel["time_unit"]]
+                    b = base["real_time"] * scale[base["time_unit"]]
+                    entry = {"name": work.removeprefix("BM_"), "accel_seconds": a,
+                             "baseline": labels.get(suffix, suffix), "baseline_seconds": b, "ratio": a / b}
+                    entry.update({k: v for k, v in accel.items() if k in ("batches", "bytes_per_batch")})
+                    results = [r for r in results if not (r["name"] == entry["name"] and r["baseline"] == entry["baseline"])]
+                    results.append(entry)
+    json.dump(results, open(results_path, "w"), indent=2)
+    for r in results:
+        print(f'{r["name"]:<32} accel {r["accel_seconds"]:.3e} s  {r["baseline"]:<28} {r["baseline_seconds"]:.3e} s  ratio {r["ratio"]:.3f}')
+
+
+if __name__ == "__main__":
+    main()
