@@ -55,7 +55,7 @@ configure() {
     local launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     cmake -S "$ACCEL_ROOT" -B "$ACCEL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DPython3_EXECUTABLE="$ACCEL_VENV/bin/python" "${launcher[@]}" \
+      -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DACCEL_VENV="$ACCEL_VENV" "${launcher[@]}" \
       -DACCEL_BUILD_TESTS=ON -DACCEL_BUILD_TOOLS=ON -DACCEL_BUILD_EXAMPLES=ON -DACCEL_BUILD_BENCHMARKS=ON "$@"
   fi
 }

@@ -1,0 +1,54 @@
+import os
+
+from conan import ConanFile
+from conan.tools.build import check_min_cppstd
+from conan.tools.files import copy
+from conan.tools.layout import basic_layout
+
+
+class AccelConan(ConanFile):
+    name = "accel"
+    version = "0.1.0"
+    description = "Accelerate-style distributed training loops for LibTorch, configured at compile time"
+    license = "Apache-2.0"
+    topics = ("libtorch", "distributed", "data-loading", "header-only")
+    package_type = "header-library"
+    settings = "os", "arch", "compiler", "build_type"
+    options = {"with_cuda": [True, False]}
+    default_options = {"with_cuda": False}
+    exports_sources = "include/*", "cmake/accelDependencies.cmake", "LICENSE"
+    no_copy_source = True
+    implements = ["auto_header_only"]
+
+    def requirements(self):
+        # LibTorch is not a Conan package: consumers find it with find_package(Torch) (its wheel carries the
+        # CMake config), as test_package does.
+        self.requires("range-v3/0.12.0")
+        self.requires("boost/1.74.0", options={"header_only": True})
+
+    def validate(self):
+        check_min_cppstd(self, "20")
+
+    def layout(self):
+        basic_layout(self)
+
+    def package(self):
+        copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
+        copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
+        cmake_dir = os.path.join(self.package_folder, "lib", "cmake", "accel")
+        copy(self, "accelDependencies.cmake", os.path.join(self.source_folder, "cmake"), cmake_dir)
+        # The build module does on the consumer's side what the installed accelConfig.cmake does: find LibTorch
+        # (its pip wheel needs link fixes), range-v3 and Boost.Hana, and set ACCEL_WITH_CUDA from the option.
+        with open(os.path.join(cmake_dir, "accel-conan.cmake"), "w") as f:
+            f.write("set(ACCEL_WITH_CUDA %s)\n" % ("ON" if self.options.with_cuda else "OFF"))
+            f.write("include(${CMAKE_CURRENT_LIST_DIR}/accelDependencies.cmake)\n")
+            f.write("accel_link_dependencies(accel::accel)\n")
+
+    def package_info(self):
+        self.cpp_info.bindirs = []
+        self.cpp_info.libdirs = []
+        self.cpp_info.set_property("cmake_file_name", "accel")
+        self.cpp_info.set_property("cmake_target_name", "accel::accel")
+        # ACCEL_WITH_CUDA is defined by the build module, from the with_cuda option.
+        self.cpp_info.set_property("cmake_build_modules", [os.path.join("lib", "cmake", "accel", "accel-conan.cmake")])
+        self.cpp_info.builddirs = [os.path.join("lib", "cmake", "accel")]
