@@ -1,0 +1,108 @@
+#pragma once
+//! \file
+//! Typed serialisation for `broadcast_object` / `gather_object`: no pickling of arbitrary objects. Supported:
+//! arithmetic types and enums, `std::string`, `std::vector`, `std::array`, `std::pair`/`std::tuple`,
+//! `std::map`/`std::unordered_map`, `std::optional`, and structs with `accel_fields` (see structure.hpp).
+//! Host byte order: every process of a job runs the same binary on the same kind of machine.
+
+#include <accel/comm/structure.hpp>
+#include <accel/error.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace accel::comm {
+
+template <class T>
+void serialize(const T& x, std::vector<std::uint8_t>& out);
+template <class T>
+void deserialize(T& x, std::span<const std::uint8_t>& in);
+
+namespace detail {
+inline void put_size(std::size_t n, std::vector<std::uint8_t>& out) {
+  const auto v = static_cast<std::uint64_t>(n);
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
+}
+inline std::size_t get_size(std::span<const std::uint8_t>& in) {
+  std::uint64_t v = 0;
+  accel::detail::require(in.size() >= sizeof v, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
+  std::memcpy(&v, in.data(), sizeof v);
+  in = in.subspan(sizeof v);
+  return static_cast<std::size_t>(v);
+}
+}  // namespace detail
+
+template <class T>
+void serialize(const T& x, std::vector<std::uint8_t>& out) {
+  if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&x);
+    out.insert(out.end(), p, p + sizeof x);
+  } else if constexpr (std::same_as<T, std::string>) {
+    detail::put_size(x.size(), out);
+    out.insert(out.end(), x.begin(), x.end());
+  } else if constexpr (is_tuple_like<T>::value) {
+    std::apply([&](const auto&... e) { (serialize(e, out), ...); }, x);
+  } else if constexpr (is_vector_like<T>::value || is_map_like<T>::value) {
+    detail::put_size(x.size(), out);
+    for (const auto& e : x) serialize(e, out);
+  } else if constexpr (is_optional<T>::value) {
+    serialize(static_cast<std::uint8_t>(x.has_value()), out);
+    if (x) serialize(*x, out);
+  } else if constexpr (Described<T>) {
+    std::apply([&](const auto&... e) { (serialize(e, out), ...); }, accel_fields(x));
+  } else {
+    static_assert(sizeof(T) == 0, "accel::broadcast_object: this type cannot be serialised; use arithmetic types, "
+                                  "strings, containers, or give your struct an accel_fields overload");
+  }
+}
+
+template <class T>
+void deserialize(T& x, std::span<const std::uint8_t>& in) {
+  if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+    accel::detail::require(in.size() >= sizeof x, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
+    std::memcpy(&x, in.data(), sizeof x);
+    in = in.subspan(sizeof x);
+  } else if constexpr (std::same_as<T, std::string>) {
+    const auto n = detail::get_size(in);
+    accel::detail::require(in.size() >= n, "accel: broadcast_object: truncated string");
+    x.assign(reinterpret_cast<const char*>(in.data()), n);
+    in = in.subspan(n);
+  } else if constexpr (is_tuple_like<T>::value) {
+    std::apply([&](auto&... e) { (deserialize(e, in), ...); }, x);
+  } else if constexpr (is_vector_like<T>::value && requires { x.resize(0); }) {
+    x.resize(detail::get_size(in));
+    for (auto& e : x) deserialize(e, in);
+  } else if constexpr (is_vector_like<T>::value) {  // std::array
+    accel::detail::require(detail::get_size(in) == x.size(), "accel: broadcast_object: array size differs between ranks");
+    for (auto& e : x) deserialize(e, in);
+  } else if constexpr (is_map_like<T>::value) {
+    const auto n = detail::get_size(in);
+    x.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      std::pair<typename T::key_type, typename T::mapped_type> kv;
+      deserialize(kv, in);
+      x.emplace(std::move(kv));
+    }
+  } else if constexpr (is_optional<T>::value) {
+    std::uint8_t has = 0;
+    deserialize(has, in);
+    if (has) {
+      typename T::value_type v{};
+      deserialize(v, in);
+      x = std::move(v);
+    } else {
+      x.reset();
+    }
+  } else if constexpr (Described<T>) {
+    std::apply([&](auto&... e) { (deserialize(e, in), ...); }, accel_fields(x));
+  } else {
+    static_assert(sizeof(T) == 0, "accel::broadcast_object: this type cannot be serialised");
+  }
+}
+
+}  // namespace accel::comm

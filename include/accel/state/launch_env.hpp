@@ -1,0 +1,189 @@
+#pragma once
+//! \file
+//! Which process this is: rank, world size, local rank and rendezvous address, read from the launcher's
+//! environment. A pure function of an environment lookup, so every launcher and every kind of garbage is
+//! testable without starting processes.
+//!
+//! ## Precedence (first match wins, per field)
+//! 1. explicit `LaunchOverrides` (constructor arguments) — always win (Accelerate lets an environment
+//!    variable win over an argument; accel does not, DESIGN "Q2");
+//! 2. torchrun and accel-launch: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`;
+//! 3. Open MPI (`mpirun`): `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`;
+//! 4. SLURM (`srun`): `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE`; the master address
+//!    is `MASTER_ADDR` or else the first host of `SLURM_JOB_NODELIST`, the port `MASTER_PORT` or else
+//!    `20000 + SLURM_JOB_ID % 20000` (every task of a job computes the same one);
+//! 5. nothing set: one process.
+//! The family is chosen by its rank variable (`RANK`, then `OMPI_COMM_WORLD_RANK`, then `SLURM_PROCID`).
+//! Under MPI and SLURM on a single node, the master address defaults to 127.0.0.1 and the port to 29500.
+
+#include <accel/error.hpp>
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace accel {
+
+//! Arguments that override the environment (all optional).
+struct LaunchOverrides {
+  std::optional<int> rank, world_size, local_rank, local_world_size;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+
+//! Where this process stands in the job.
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "none";  //!< "none", "torchrun", "mpi", "slurm", "arguments"
+  //! torchrun's agent already hosts the rendezvous store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  //! rank 0 connects to it instead of starting one.
+  bool agent_store = false;
+  [[nodiscard]] bool distributed() const noexcept { return world_size > 1; }
+};
+
+//! Reads one environment variable; `std::nullopt` when unset.
+using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
+
+//! The process environment.
+inline std::optional<std::string> process_env(std::string_view name) {
+  if (const char* v = std::getenv(std::string(name).c_str())) return std::string(v);
+  return std::nullopt;
+}
+
+namespace detail {
+
+inline int parse_int(std::string_view name, const std::string& value, std::string_view hint) {
+  int out = 0;
+  const char* first = value.data();
+  const char* last = first + value.size();
+  while (first < last && *first == ' ') ++first;
+  auto [p, ec] = std::from_chars(first, last, out);
+  if (ec != std::errc() || p != last || first == last)
+    throw InvalidArgument("accel: environment variable " + std::string(name) + "='" + value +
+                          "' is not an integer; " + std::string(hint));
+  return out;
+}
+
+//! The first host of a SLURM node list: "node[01-04,07],gpu9" -> "node01"; "a,b" -> "a".
+inline std::string first_slurm_host(std::string_view list) {
+  std::string host;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') break;
+    if (c == '[') {
+      std::size_t j = i + 1;
+      while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
+      return host;
+    }
+    host += c;
+  }
+  return host;
+}
+
+}  // namespace detail
+
+//! Reads the launcher's variables (see the file comment for the precedence) and validates them.
+inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const LaunchOverrides& over = {}) {
+  LaunchEnv out;
+  auto get_int = [&](std::string_view name, std::string_view hint) -> std::optional<int> {
+    auto v = env(name);
+    if (!v || v->empty()) return std::nullopt;
+    return detail::parse_int(name, *v, hint);
+  };
+  const char* hint_torchrun = "the launcher (accel-launch, torchrun) sets it to a number";
+  std::string rank_var = "rank", size_var = "world size";
+  bool needs_master = false;
+
+  if (env("RANK")) {
+    out.launcher = "torchrun";
+    out.rank = get_int("RANK", hint_torchrun).value_or(0);
+    out.world_size = get_int("WORLD_SIZE", hint_torchrun).value_or(1);
+    out.local_rank = get_int("LOCAL_RANK", hint_torchrun).value_or(out.rank);
+    out.local_world_size = get_int("LOCAL_WORLD_SIZE", hint_torchrun).value_or(out.world_size);
+    rank_var = "RANK", size_var = "WORLD_SIZE";
+    needs_master = true;
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    const char* hint = "mpirun sets it to a number";
+    out.launcher = "mpi";
+    out.rank = get_int("OMPI_COMM_WORLD_RANK", hint).value_or(0);
+    out.world_size = get_int("OMPI_COMM_WORLD_SIZE", hint).value_or(1);
+    out.local_rank = get_int("OMPI_COMM_WORLD_LOCAL_RANK", hint).value_or(out.rank);
+    out.local_world_size = get_int("OMPI_COMM_WORLD_LOCAL_SIZE", hint).value_or(out.world_size);
+    rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE";
+  } else if (env("SLURM_PROCID")) {
+    const char* hint = "srun sets it to a number";
+    out.launcher = "slurm";
+    out.rank = get_int("SLURM_PROCID", hint).value_or(0);
+    out.world_size = get_int("SLURM_NTASKS", hint).value_or(1);
+    out.local_rank = get_int("SLURM_LOCALID", hint).value_or(0);
+    // SLURM_NTASKS_PER_NODE may be "4" or "4(x2)"; the leading number is this node's count.
+    if (auto v = env("SLURM_NTASKS_PER_NODE"); v && !v->empty())
+      out.local_world_size = detail::parse_int("SLURM_NTASKS_PER_NODE", v->substr(0, v->find('(')), hint);
+    else
+      out.local_world_size = out.world_size;
+    rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS";
+    if (!env("MASTER_ADDR")) {
+      if (auto nodes = env("SLURM_JOB_NODELIST") ? env("SLURM_JOB_NODELIST") : env("SLURM_NODELIST"); nodes && !nodes->empty())
+        out.master_addr = detail::first_slurm_host(*nodes);
+    }
+    if (!env("MASTER_PORT")) {
+      if (auto job = get_int("SLURM_JOB_ID", hint)) out.master_port = 20000 + *job % 20000;
+    }
+  }
+  if (auto a = env("MASTER_ADDR"); a && !a->empty()) out.master_addr = *a;
+  if (auto s = env("TORCHELASTIC_USE_AGENT_STORE")) out.agent_store = (*s == "True" || *s == "true" || *s == "1");
+  if (auto p = get_int("MASTER_PORT", "set it to a free TCP port (1-65535) on the master node")) out.master_port = *p;
+  else if (needs_master && out.world_size > 1 && !over.master_port)
+    throw InvalidArgument("accel: WORLD_SIZE=" + std::to_string(out.world_size) +
+                          " but MASTER_PORT is not set; set MASTER_PORT (and MASTER_ADDR) to the rendezvous "
+                          "address, or start the job with accel-launch, which sets both");
+  if (needs_master && out.world_size > 1 && !env("MASTER_ADDR") && !over.master_addr &&
+      out.local_world_size != out.world_size)
+    throw InvalidArgument("accel: the job spans several nodes (WORLD_SIZE=" + std::to_string(out.world_size) +
+                          ", LOCAL_WORLD_SIZE=" + std::to_string(out.local_world_size) +
+                          ") but MASTER_ADDR is not set; set it to the address of the node running rank 0");
+
+  // Explicit arguments win over the environment.
+  bool overridden = false;
+  auto apply = [&](auto& field, const auto& value) {
+    if (value) field = *value, overridden = true;
+  };
+  apply(out.rank, over.rank);
+  apply(out.world_size, over.world_size);
+  apply(out.local_rank, over.local_rank);
+  apply(out.local_world_size, over.local_world_size);
+  apply(out.master_addr, over.master_addr);
+  apply(out.master_port, over.master_port);
+  if (over.rank) rank_var = "rank argument";
+  if (over.world_size) size_var = "world_size argument";
+  if (overridden && out.launcher == "none") out.launcher = "arguments";
+  if (over.world_size && !over.local_world_size && out.launcher == "arguments") out.local_world_size = out.world_size;
+  if (over.rank && !over.local_rank && out.launcher == "arguments") out.local_rank = out.rank;
+
+  using detail::require;
+  require(out.world_size >= 1, "accel: " + size_var + "=" + std::to_string(out.world_size) + " must be at least 1");
+  require(out.rank >= 0 && out.rank < out.world_size,
+          "accel: " + rank_var + "=" + std::to_string(out.rank) + " is out of range for " + size_var + "=" +
+              std::to_string(out.world_size) + "; ranks go from 0 to " + std::to_string(out.world_size - 1));
+  require(out.local_world_size >= 1 && out.local_world_size <= out.world_size,
+          "accel: the local world size (" + std::to_string(out.local_world_size) + ") must be between 1 and " + size_var +
+              " (" + std::to_string(out.world_size) + ")");
+  require(out.local_rank >= 0 && out.local_rank < out.local_world_size,
+          "accel: the local rank (" + std::to_string(out.local_rank) + ") is out of range for a local world size of " +
+              std::to_string(out.local_world_size));
+  require(out.master_port >= 1 && out.master_port <= 65535,
+          "accel: MASTER_PORT=" + std::to_string(out.master_port) + " is out of range; use a TCP port between 1 and 65535");
+  require(!out.master_addr.empty(), "accel: MASTER_ADDR is empty; set it to the address of the node running rank 0");
+  return out;
+}
+
+}  // namespace accel

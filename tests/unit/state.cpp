@@ -1,0 +1,159 @@
+// Process state without processes: launcher environments, garbage, one-process collectives, serialisation.
+#include <accel/comm/collectives.hpp>
+#include <accel/comm/serialize.hpp>
+#include <accel/state/launch_env.hpp>
+#include <accel/state/process_state.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+namespace {
+using Env = std::map<std::string, std::string>;
+accel::EnvLookup lookup(Env env) {
+  return [env = std::move(env)](std::string_view name) -> std::optional<std::string> {
+    auto it = env.find(std::string(name));
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+}
+accel::LaunchEnv detect(Env env, accel::LaunchOverrides over = {}) { return accel::detect_launch_env(lookup(std::move(env)), over); }
+}  // namespace
+
+TEST_CASE("launcher environments", "[state][env]") {
+  SECTION("nothing set: one process") {
+    const auto e = detect({});
+    CHECK(e.world_size == 1);
+    CHECK(e.rank == 0);
+    CHECK(e.launcher == "none");
+    CHECK(!e.distributed());
+  }
+  SECTION("torchrun / accel-launch") {
+    const auto e = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29600"}});
+    CHECK(e.launcher == "torchrun");
+    CHECK((e.rank == 3 && e.world_size == 4 && e.local_rank == 1 && e.local_world_size == 2));
+    CHECK((e.master_addr == "10.1.2.3" && e.master_port == 29600));
+    CHECK(!e.agent_store);
+    CHECK(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}).agent_store);
+  }
+  SECTION("Open MPI") {
+    const auto e = detect({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+    CHECK(e.launcher == "mpi");
+    CHECK((e.rank == 2 && e.world_size == 3 && e.local_rank == 2));
+    CHECK((e.master_addr == "127.0.0.1" && e.master_port == 29500));  // one node: loopback defaults
+  }
+  SECTION("SLURM: master from the node list, port from the job id") {
+    const auto e = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                           {"SLURM_JOB_NODELIST", "gpu[07-08,11],login1"}, {"SLURM_JOB_ID", "123456"}});
+    CHECK(e.launcher == "slurm");
+    CHECK((e.rank == 5 && e.world_size == 8 && e.local_rank == 1 && e.local_world_size == 4));
+    CHECK(e.master_addr == "gpu07");
+    CHECK(e.master_port == 20000 + 123456 % 20000);
+    CHECK(accel::detail::first_slurm_host("a,b") == "a");
+    CHECK(accel::detail::first_slurm_host("node[1-3]") == "node1");
+    const auto explicit_master = detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                         {"MASTER_ADDR", "head"}, {"MASTER_PORT", "4000"}});
+    CHECK((explicit_master.master_addr == "head" && explicit_master.master_port == 4000));
+  }
+  SECTION("torchrun's variables win over MPI's and SLURM's") {
+    const auto e = detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}, {"OMPI_COMM_WORLD_RANK", "0"},
+                           {"SLURM_PROCID", "0"}});
+    CHECK((e.launcher == "torchrun" && e.rank == 1));
+  }
+  SECTION("explicit arguments win over the environment") {
+    const auto e = detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}},
+                          {.rank = 0, .world_size = 3, .master_addr = "127.0.0.2", .master_port = 6000});
+    CHECK((e.rank == 0 && e.world_size == 3 && e.master_addr == "127.0.0.2" && e.master_port == 6000));
+    const auto args_only = detect({}, {.rank = 1, .world_size = 2, .master_port = 7000});
+    CHECK((args_only.launcher == "arguments" && args_only.local_rank == 1 && args_only.local_world_size == 2));
+  }
+}
+
+TEST_CASE("garbage in the environment is a clear error naming the variable", "[state][env][errors]") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(detect({{"RANK", "abc"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}}),
+                    Contains("environment variable RANK='abc' is not an integer"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "2x"}, {"MASTER_PORT", "5000"}}),
+                    Contains("WORLD_SIZE='2x' is not an integer"));
+  CHECK_THROWS_WITH(detect({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}}),
+                    Contains("RANK=2 is out of range for WORLD_SIZE=2; ranks go from 0 to 1"));
+  CHECK_THROWS_WITH(detect({{"RANK", "-1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}}), Contains("RANK=-1 is out of range"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+                    Contains("WORLD_SIZE=2 but MASTER_PORT is not set; set MASTER_PORT (and MASTER_ADDR)"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+                    Contains("MASTER_PORT=70000 is out of range; use a TCP port between 1 and 65535"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}), Contains("MASTER_PORT=0 is out of range"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}}),
+                    Contains("spans several nodes (WORLD_SIZE=4, LOCAL_WORLD_SIZE=2) but MASTER_ADDR is not set"));
+  CHECK_THROWS_WITH(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "5"}, {"MASTER_PORT", "5000"}}),
+                    Contains("the local rank (5) is out of range"));
+  CHECK_THROWS_WITH(detect({{"OMPI_COMM_WORLD_RANK", "x"}}), Contains("OMPI_COMM_WORLD_RANK='x' is not an integer; mpirun sets it"));
+  CHECK_THROWS_WITH(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}), Contains("SLURM_NTASKS=0 must be at least 1"));
+  CHECK_THROWS_WITH(detect({}, {.rank = 3, .world_size = 2}), Contains("rank argument=3 is out of range for world_size argument=2"));
+  CHECK_THROWS_AS(detect({{"RANK", "abc"}}), accel::InvalidArgument);
+}
+
+TEST_CASE("one process: the state and every collective work without communicating", "[state][single]") {
+  accel::ProcessState::reset();
+  accel::ProcessOptions opt;
+  opt.env = lookup({});
+  accel::ProcessState s(opt);
+  CHECK(s.num_processes() == 1);
+  CHECK((s.is_main_process() && s.is_local_main_process() && s.is_last_process()));
+  CHECK(s.distributed_type() == accel::DistributedType::no);
+  CHECK(s.comm() == nullptr);
+  CHECK(!s.use_distributed());
+  s.wait_for_everyone();
+  { auto first = s.main_process_first(); }
+  CHECK(s.on_main_process([] {}));
+  std::vector<int> v{1, 2, 3};
+  CHECK((s.split_between_processes(v, true) == v));  // one process gets everything, no padding
+  CHECK(at::equal(accel::gather(nullptr, at::arange(3)), at::arange(3)));
+  CHECK(accel::gather(nullptr, at::scalar_tensor(5)).dim() == 1);  // 0-dim becomes 1-dim, also with one process
+  CHECK(accel::reduce(nullptr, at::scalar_tensor(2.0), accel::Reduction::mean).item<double>() == 2.0);
+  CHECK(accel::broadcast_object(nullptr, std::string("x")) == "x");
+  CHECK((accel::gather_object(nullptr, 7) == std::vector<int>{7}));
+  const auto g = accel::gather_for_metrics(nullptr, at::arange(4), {.size = {4}, .real = {3}});
+  CHECK(at::equal(g, at::arange(3)));
+  CHECK_THROWS_WITH(accel::gather_for_metrics(nullptr, at::arange(4), {.size = {4, 4}, .real = {4, 4}}),
+                    Catch::Contains("the layout describes 2 ranks, the job has 1"));
+  // dist::none with a multi-process launch is refused.
+  accel::ProcessState::reset();
+  accel::ProcessOptions two;
+  two.engine = accel::Engine::none;
+  two.env = lookup({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}});
+  CHECK_THROWS_WITH(accel::ProcessState(two), Catch::Contains("dist::none runs one process, but the launcher started 2"));
+  accel::ProcessState::reset();
+}
+
+namespace {
+struct Record {
+  std::string name;
+  std::vector<std::optional<double>> values;
+  std::tuple<int, std::map<std::string, std::vector<int>>> extra;
+};
+auto accel_fields(Record& r) { return std::tie(r.name, r.values, r.extra); }
+auto accel_fields(const Record& r) { return std::tie(r.name, r.values, r.extra); }
+}  // namespace
+
+TEST_CASE("typed serialisation round-trips", "[comm][serialize]") {
+  Record in{"metrics", {1.5, std::nullopt, -2.0}, {7, {{"a", {1, 2}}, {"b", {}}}}};
+  std::vector<std::uint8_t> bytes;
+  accel::comm::serialize(in, bytes);
+  Record out;
+  std::span<const std::uint8_t> view(bytes);
+  accel::comm::deserialize(out, view);
+  CHECK(view.empty());
+  CHECK(out.name == in.name);
+  CHECK((out.values == in.values));
+  CHECK((std::get<1>(out.extra) == std::get<1>(in.extra)));
+  std::span<const std::uint8_t> truncated(bytes.data(), 5);
+  Record bad;
+  CHECK_THROWS_WITH(accel::comm::deserialize(bad, truncated), Catch::Contains("truncated"));
+}
