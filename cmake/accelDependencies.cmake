@@ -37,6 +37,23 @@ else()
 endif()
 set(ACCEL_CUDA_ENABLED ${_accel_cuda})
 
+# NCCL for the CUDA specialisations: the one LibTorch loads (the nvidia-nccl wheel) when there is one, its
+# headers with it; else the toolkit's.
+if(ACCEL_CUDA_ENABLED)
+  get_filename_component(_accel_sp "${Torch_DIR}/../../../.." ABSOLUTE)
+  find_path(ACCEL_NCCL_INCLUDE_DIR nccl.h HINTS "${_accel_sp}/nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  find_path(ACCEL_NCCL_INCLUDE_DIR nccl.h)
+  if(EXISTS "${_accel_sp}/nvidia/nccl/lib/libnccl.so.2")
+    set(ACCEL_NCCL_LIBRARY "${_accel_sp}/nvidia/nccl/lib/libnccl.so.2" CACHE FILEPATH "NCCL library")
+  endif()
+  find_library(ACCEL_NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(NOT ACCEL_NCCL_INCLUDE_DIR OR NOT ACCEL_NCCL_LIBRARY)
+    message(FATAL_ERROR "accel: ACCEL_WITH_CUDA is on but NCCL was not found (looked beside LibTorch and in the CUDA "
+                        "toolkit); install NCCL or configure with -DACCEL_WITH_CUDA=OFF")
+  endif()
+  message(STATUS "accel: NCCL ${ACCEL_NCCL_LIBRARY}")
+endif()
+
 # A LibTorch from the pip wheel loads the CUDA libraries of the `nvidia-*` wheels beside it (its RUNPATH points
 # there), which may be newer than the system toolkit. Link against those same files, never a second copy: the
 # linker resolves libtorch_cuda's own dependencies there (-rpath-link) and our CUDA runtime is theirs.
@@ -62,6 +79,8 @@ function(accel_link_dependencies target)
     endforeach()
   endif()
   if(ACCEL_CUDA_ENABLED)
+    list(APPEND libs ${ACCEL_NCCL_LIBRARY})
+    target_include_directories(${target} SYSTEM INTERFACE ${ACCEL_NCCL_INCLUDE_DIR})
     if(_accel_wheel_cudart)
       list(GET _accel_wheel_cudart 0 _cudart)
       list(APPEND libs "${_cudart}")

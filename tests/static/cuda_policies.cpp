@@ -2,7 +2,7 @@
 // way a CUDA build of LibTorch does), so it is checked on every machine.
 #undef ACCEL_WITH_CUDA
 #define ACCEL_WITH_CUDA 1
-#include <accel/accel.hpp>
+#include <accel/accelerator.hpp>
 
 namespace {
 using namespace accel;

@@ -1,5 +1,5 @@
 // Policy resolution, checked entirely at compile time: compiling this file is the test.
-#include <accel/accel.hpp>
+#include <accel/accelerator.hpp>
 
 #include <concepts>
 

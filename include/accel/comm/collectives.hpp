@@ -74,7 +74,7 @@ T pad_across_processes(comm::Communicator* comm, const T& x, int64_t dim = 0, do
     if (dim >= t.dim() || dim < -t.dim()) return t;
     const int64_t d = dim < 0 ? dim + t.dim() : dim;
     if (!comm || comm->size() == 1) return t;
-    at::Tensor size = at::full({1}, t.size(d), at::kLong);
+    at::Tensor size = at::full({1}, t.size(d), at::TensorOptions().dtype(at::kLong).device(comm->device()));
     comm->all_reduce(size, comm::ReduceOp::max);
     const int64_t longest = size.item<int64_t>();
     if (longest == t.size(d)) return t;
@@ -128,17 +128,21 @@ T gather_for_metrics(comm::Communicator* comm, const T& x, const GatherLayout& l
 }
 
 namespace detail {
-inline at::Tensor bytes_tensor(const std::vector<std::uint8_t>& bytes) {
+inline at::Tensor bytes_tensor(const std::vector<std::uint8_t>& bytes, c10::Device device) {
   at::Tensor t = at::empty({int64_t(bytes.size())}, at::kByte);
   if (!bytes.empty()) std::memcpy(t.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
-  return t;
+  return t.to(device);
 }
 template <class T>
-T from_bytes(const at::Tensor& t, int64_t n) {
+T from_bytes(const at::Tensor& device_bytes, int64_t n) {
+  const at::Tensor t = device_bytes.cpu();
   T out{};
   std::span<const std::uint8_t> in(t.data_ptr<std::uint8_t>(), std::size_t(n));
   comm::deserialize(out, in);
   return out;
+}
+inline at::Tensor long_tensor(int64_t v, c10::Device device) {
+  return at::full({1}, v, at::TensorOptions().dtype(at::kLong).device(device));
 }
 }  // namespace detail
 
@@ -148,10 +152,11 @@ T broadcast_object(comm::Communicator* comm, const T& value, int from = 0) {
   if (!comm || comm->size() == 1) return value;
   std::vector<std::uint8_t> bytes;
   if (comm->rank() == from) comm::serialize(value, bytes);
-  at::Tensor size = at::full({1}, int64_t(bytes.size()), at::kLong);
+  at::Tensor size = detail::long_tensor(int64_t(bytes.size()), comm->device());
   comm->broadcast(size, from);
   const int64_t n = size.item<int64_t>();
-  at::Tensor data = comm->rank() == from ? detail::bytes_tensor(bytes) : at::empty({n}, at::kByte);
+  at::Tensor data = comm->rank() == from ? detail::bytes_tensor(bytes, comm->device())
+                                         : at::empty({n}, at::TensorOptions().dtype(at::kByte).device(comm->device()));
   comm->broadcast(data, from);
   return comm->rank() == from ? value : detail::from_bytes<T>(data, n);
 }
@@ -162,12 +167,11 @@ std::vector<T> gather_object(comm::Communicator* comm, const T& value) {
   if (!comm || comm->size() == 1) return {value};
   std::vector<std::uint8_t> bytes;
   comm::serialize(value, bytes);
-  at::Tensor size = at::full({1}, int64_t(bytes.size()), at::kLong);
-  const auto sizes = comm->all_gather(size);
+  const auto sizes = comm->all_gather(detail::long_tensor(int64_t(bytes.size()), comm->device()));
   int64_t longest = 0;
   for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
   bytes.resize(std::size_t(longest));
-  const auto parts = comm->all_gather(detail::bytes_tensor(bytes));
+  const auto parts = comm->all_gather(detail::bytes_tensor(bytes, comm->device()));
   std::vector<T> out;
   for (int r = 0; r < comm->size(); ++r) out.push_back(detail::from_bytes<T>(parts[std::size_t(r)], sizes[std::size_t(r)].item<int64_t>()));
   return out;

@@ -173,8 +173,8 @@ class Rendezvous {
   bool stop_ = false;
 };
 
-//! The collectives of one process group. Implemented over a c10d `Backend` (Gloo, or NCCL in
-//! `accel/cuda/`); cheap to share, not to copy.
+//! The collectives of one process group: over a c10d `Backend` (Gloo); `accel/cuda/nccl.hpp` overrides them
+//! with NCCL on accel's own stream. Shared, not copied.
 class Communicator {
  public:
   Communicator(std::unique_ptr<Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
@@ -186,6 +186,8 @@ class Communicator {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
+  //! Where tensors must be for this engine (the CPU for Gloo, the process's GPU for NCCL).
+  [[nodiscard]] virtual c10::Device device() const { return c10::Device(c10::kCPU); }
   [[nodiscard]] const CommOptions& options() const noexcept { return opt_; }
   [[nodiscard]] const c10::intrusive_ptr<c10d::Backend>& backend() const noexcept { return backend_; }
   [[nodiscard]] const Rendezvous& rendezvous() const noexcept { return *rdzv_; }
@@ -193,7 +195,7 @@ class Communicator {
   [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
 
   //! In place: every rank ends with the reduction of every rank's `t`.
-  void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) {
+  virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN;
@@ -201,7 +203,7 @@ class Communicator {
     run("all_reduce", [&] { return backend_->allreduce(v, o); });
   }
   //! In place: every rank ends with `root`'s `t` (shapes and dtypes must already agree).
-  void broadcast(at::Tensor& t, int root = 0) {
+  virtual void broadcast(at::Tensor& t, int root = 0) {
     check_root(root, "broadcast");
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
@@ -210,7 +212,7 @@ class Communicator {
     run("broadcast", [&] { return backend_->broadcast(v, o); });
   }
   //! Every rank's `t`, in rank order (shapes and dtypes must agree).
-  std::vector<at::Tensor> all_gather(const at::Tensor& t) {
+  virtual std::vector<at::Tensor> all_gather(const at::Tensor& t) {
     std::vector<at::Tensor> in{t.contiguous()};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < size_; ++r) out[0].push_back(at::empty_like(in[0]));
@@ -220,7 +222,7 @@ class Communicator {
     return std::move(out[0]);
   }
   //! Returns when every rank has called it.
-  void barrier() {
+  virtual void barrier() {
     c10d::BarrierOptions o;
     o.timeout = opt_.timeout;
     run("barrier", [&] { return backend_->barrier(o); });
@@ -234,13 +236,17 @@ class Communicator {
       auto work = start();
       if (!work->wait(opt_.timeout)) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
-      std::string msg = e.what();
-      if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
-      throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + op + " (collective #" + std::to_string(n) +
-                               ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " + msg + ". " +
-                               rdzv_->census() + ".");
+      fail(op, n, e.what());
     }
   }
+  //! Throws the CommunicationError for collective `n` (`op`), with the census of the other ranks.
+  [[noreturn]] void fail(const char* op, std::uint64_t n, std::string msg) const {
+    if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
+    throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + op + " (collective #" + std::to_string(n) +
+                             ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " + msg + ". " +
+                             rdzv_->census() + ".");
+  }
+  std::uint64_t next_sequence() noexcept { return ++seq_; }
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +
                                                    ", but the job has ranks 0.." + std::to_string(size_ - 1));

@@ -31,9 +31,10 @@ inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g
     std::lock_guard<std::mutex> lock(g.mutex());
     state = g.get_state();
   }
-  comm.broadcast(state, 0);
+  at::Tensor moving = state.to(comm.device());
+  comm.broadcast(moving, 0);
   std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state);
+  g.set_state(moving.cpu());
 }
 }  // namespace detail
 

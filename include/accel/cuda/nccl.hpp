@@ -1,0 +1,197 @@
+#pragma once
+//! \file
+//! CUDA specialisation of the distributed slot: a `Communicator` that drives NCCL directly on accel's own
+//! CUDA stream (the NCCL unique id travels through the rendezvous store), plus the hooks `ProcessState` uses
+//! to see GPUs and build it. Included by <accel/accel.hpp> when ACCEL_WITH_CUDA.
+//!
+//! Note [Never hang on NCCL]: every NCCL call is issued non-blocking; accel polls the stream and the
+//! communicator's async error until `CommOptions::timeout`, then aborts the communicator and throws, so a
+//! dead peer ends every survivor with an error (and a census, see communicator.hpp) instead of a hang.
+
+#if !ACCEL_WITH_CUDA
+#error "<accel/cuda/nccl.hpp> needs ACCEL_WITH_CUDA (a CUDA build of LibTorch and the CUDA toolkit)"
+#endif
+
+#include <accel/comm/communicator.hpp>
+#include <accel/state/launch_env.hpp>
+#include <accel/state/process_state.hpp>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace accel::cuda {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("accel: CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+inline ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: case at::kBool: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default: throw InvalidArgument(std::string("accel: NCCL cannot reduce tensors of type ") + c10::toString(t));
+  }
+}
+
+//! NCCL on one GPU per process, on accel's own stream.
+class NcclCommunicator final : public comm::Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<comm::Rendezvous> rdzv, const LaunchEnv& env, comm::CommOptions opt, int device)
+      : Communicator(std::move(rdzv), {}, env.rank, env.world_size, opt), device_(device) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    // The unique id: drawn by rank 0, shared through the rendezvous store.
+    ncclUniqueId id;
+    auto store = rendezvous().store();
+    if (rank() == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
+      store->set("accel/nccl/id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
+    } else {
+      const auto bytes = store->get("accel/nccl/id");
+      std::memcpy(&id, bytes.data(), sizeof id);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const auto n = next_sequence();
+    check_nccl(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", n);
+    wait_comm("ncclCommInitRank", n);
+  }
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  void all_reduce(at::Tensor& t, comm::ReduceOp op) override {
+    require_cuda(t, "all_reduce");
+    const ncclRedOp_t rop = op == comm::ReduceOp::sum ? ncclSum : op == comm::ReduceOp::max ? ncclMax : ncclMin;
+    launch("all_reduce", [&] {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), rop, comm_, stream_);
+    });
+  }
+  void broadcast(at::Tensor& t, int root) override {
+    require_cuda(t, "broadcast");
+    check_root(root, "broadcast");
+    launch("broadcast", [&] {
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), root, comm_, stream_);
+    });
+  }
+  std::vector<at::Tensor> all_gather(const at::Tensor& t) override {
+    require_cuda(t, "all_gather");
+    const at::Tensor in = t.contiguous();
+    auto shape = in.sizes().vec();
+    shape.insert(shape.begin(), size());
+    at::Tensor out = at::empty(shape, in.options());
+    launch("all_gather", [&] {
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
+    });
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < size(); ++r) parts.push_back(out[r]);
+    return parts;
+  }
+  void barrier() override {
+    at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, device_).dtype(at::kFloat));
+    all_reduce(one, comm::ReduceOp::sum);
+  }
+
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
+
+ private:
+  void require_cuda(const at::Tensor& t, const char* op) const {
+    detail::require(t.is_cuda(), std::string("accel: NCCL ") + op + " needs CUDA tensors; move the tensor to the "
+                                 "process's device (state.device()) first");
+  }
+  void check_nccl(ncclResult_t r, const char* what, std::uint64_t n) const {
+    if (r != ncclSuccess && r != ncclInProgress) fail(what, n, std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
+  }
+  // Waits until the communicator has no operation in progress, or aborts it at the timeout.
+  void wait_comm(const char* what, std::uint64_t n) {
+    const auto deadline = comm::Clock::now() + options().timeout;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      if (comm_) ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) abort_and_fail(what, n, ncclGetErrorString(state));
+      if (comm::Clock::now() > deadline) abort_and_fail(what, n, "timed out");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  // Orders the collective after the work already queued on the caller's stream, runs it on ours, makes the
+  // caller's stream wait for it, and polls for completion against the timeout.
+  template <class Call>
+  void launch(const char* op, Call&& call) {
+    const auto n = next_sequence();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_nccl(call(), op, n);
+    wait_comm(op, n);
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    const auto deadline = comm::Clock::now() + options().timeout;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) abort_and_fail(op, n, cudaGetErrorString(q));
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress) abort_and_fail(op, n, ncclGetErrorString(state));
+      if (comm::Clock::now() > deadline) abort_and_fail(op, n, "timed out");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    check_cuda(cudaStreamWaitEvent(current, done_, 0), "cudaStreamWaitEvent");
+  }
+  [[noreturn]] void abort_and_fail(const char* op, std::uint64_t n, const std::string& why) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    fail(op, n, why);
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+};
+
+//! Connects the launcher's processes with NCCL, one GPU each (`local_rank % device_count`).
+inline std::unique_ptr<comm::Communicator> make_nccl_communicator(const LaunchEnv& env, const comm::CommOptions& opt) {
+  const int gpus = c10::cuda::device_count();
+  detail::require(gpus > 0, "accel: NCCL needs a GPU, and this process sees none");
+  auto rdzv = std::make_unique<comm::Rendezvous>(env, opt);
+  return std::make_unique<NcclCommunicator>(std::move(rdzv), env, opt, env.local_rank % gpus);
+}
+
+namespace detail {
+inline bool register_hooks() {
+  auto& hooks = accel::detail::cuda_hooks();
+  hooks.device_count = [] { return int(c10::cuda::device_count()); };
+  hooks.make_nccl = make_nccl_communicator;
+  return true;
+}
+//! Registers the hooks when any translation unit includes this header.
+inline const bool hooks_registered = register_hooks();
+}  // namespace detail
+
+}  // namespace accel::cuda
