@@ -24,6 +24,12 @@ def main():
     except (OSError, ValueError):
         results = []
     for path in sys.argv[3:]:
+        data = json.load(open(path))
+        if isinstance(data, list):  # entries already in the results format (multi-process benchmarks)
+            for entry in data:
+                results = [r for r in results if not (r["name"] == entry["name"] and r["baseline"] == entry["baseline"])]
+                results.append(entry)
+            continue
         runs = medians(path)
         for name, accel in runs.items():
             if not name.endswith("_accel"):
