@@ -221,6 +221,17 @@ class Communicator {
     run("all_gather", [&] { return backend_->allgather(out, in, o); });
     return std::move(out[0]);
   }
+  //! `root` sends `chunks[r]` to rank r (all chunks the same shape); every rank receives into `out`.
+  virtual void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root = 0) {
+    check_root(root, "scatter");
+    std::vector<at::Tensor> o{out};
+    std::vector<std::vector<at::Tensor>> in;
+    if (rank_ == root) in.push_back(chunks);
+    c10d::ScatterOptions opts;
+    opts.rootRank = root;
+    opts.timeout = opt_.timeout;
+    run("scatter", [&] { return backend_->scatter(o, in, opts); });
+  }
   //! Returns when every rank has called it.
   virtual void barrier() {
     c10d::BarrierOptions o;

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! Nested structures of tensors, as the collectives see them: a tensor, or a `std::tuple`/`std::pair`,
+//! Nested structures of tensors, as the collectives see them: a tensor, `torch::data::Example<>`, or a `std::tuple`/`std::pair`,
 //! `std::vector`, `std::array`, `std::map`/`std::unordered_map` (values), `std::optional` of structures, or a
 //! struct that describes itself with an `accel_fields` overload found by ADL:
 //!
@@ -11,6 +11,7 @@
 //! \endcode
 
 #include <ATen/core/Tensor.h>
+#include <torch/data/example.h>
 
 #include <array>
 #include <concepts>
@@ -35,6 +36,8 @@ template <class K, class V, class... R> struct is_map_like<std::map<K, V, R...>>
 template <class K, class V, class... R> struct is_map_like<std::unordered_map<K, V, R...>> : std::true_type {};
 template <class T> struct is_optional : std::false_type {};
 template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_example : std::false_type {};
+template <> struct is_example<torch::data::Example<>> : std::true_type {};
 
 //! A struct that lists its members with `accel_fields(x)` (a tuple of references).
 template <class T>
@@ -44,7 +47,7 @@ concept Described = requires(T& x) { accel_fields(x); };
 template <class T>
 constexpr bool all_tensor_leaves() {
   using U = std::remove_cvref_t<T>;
-  if constexpr (std::same_as<U, at::Tensor>) return true;
+  if constexpr (std::same_as<U, at::Tensor> || is_example<U>::value) return true;
   else if constexpr (is_tuple_like<U>::value)
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (all_tensor_leaves<std::tuple_element_t<I, U>>() && ...);
@@ -63,6 +66,7 @@ template <class T, class F>
 void for_each_tensor(T&& x, F&& f) {
   using U = std::remove_cvref_t<T>;
   if constexpr (std::same_as<U, at::Tensor>) f(x);
+  else if constexpr (is_example<U>::value) f(x.data), f(x.target);
   else if constexpr (is_tuple_like<U>::value) std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, x);
   else if constexpr (is_vector_like<U>::value) for (auto&& e : x) for_each_tensor(e, f);
   else if constexpr (is_map_like<U>::value) for (auto&& [k, v] : x) for_each_tensor(v, f);
@@ -77,6 +81,7 @@ template <class T, class F>
 std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
   using U = std::remove_cvref_t<T>;
   if constexpr (std::same_as<U, at::Tensor>) return f(x);
+  else if constexpr (is_example<U>::value) return U{f(x.data), f(x.target)};
   else if constexpr (is_tuple_like<U>::value)
     return std::apply([&](const auto&... e) { return U{map_tensors(e, f)...}; }, x);
   else if constexpr (is_vector_like<U>::value) {

@@ -110,6 +110,20 @@ class NcclCommunicator final : public comm::Communicator {
     for (int r = 0; r < size(); ++r) parts.push_back(out[r]);
     return parts;
   }
+  void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root) override {
+    require_cuda(out, "scatter");
+    check_root(root, "scatter");
+    const auto type = nccl_type(out.scalar_type());
+    launch("scatter", [&] {
+      ncclGroupStart();
+      if (rank() == root)
+        for (int r = 0; r < size(); ++r)
+          ncclSend(chunks[std::size_t(r)].data_ptr(), size_t(chunks[std::size_t(r)].numel()), type, r, comm_, stream_);
+      const ncclResult_t res = ncclRecv(out.data_ptr(), size_t(out.numel()), type, root, comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      return res != ncclSuccess ? res : end;
+    });
+  }
   void barrier() override {
     at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, device_).dtype(at::kFloat));
     all_reduce(one, comm::ReduceOp::sum);

@@ -1,0 +1,115 @@
+#pragma once
+//! \file
+//! Datasets, as the loaders see them.
+//!
+//! | concept          | what it needs                                  | examples                                  |
+//! |------------------|------------------------------------------------|-------------------------------------------|
+//! | `MapDataset`     | `size()` and `get(i)` (one sample)             | any class; `RangeDataset` over a vector   |
+//! | `BatchedDataset` | a `MapDataset` with `get_batch(indices)`       | `TensorDataset`: one `index_select` per tensor |
+//! | `IterableDataset`| an input range of samples (no `get`)           | a generator, a file reader                |
+//!
+//! `TorchDataset` adapts LibTorch's `torch::data::datasets::Dataset` (MNIST, ...): `get(size_t)` and an
+//! optional `size()`.
+
+#include <accel/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/tensor.h>
+#include <torch/data/example.h>
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+
+template <class D>
+concept MapDataset = requires(const D& d, std::int64_t i) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get(i);
+};
+
+template <class D>
+concept BatchedDataset = MapDataset<D> && requires(const D& d, std::span<const std::int64_t> idx) { d.get_batch(idx); };
+
+template <class D>
+concept IterableDataset = std::ranges::input_range<D> && !MapDataset<D>;
+
+template <MapDataset D>
+using sample_t = std::remove_cvref_t<decltype(std::declval<const D&>().get(std::int64_t{}))>;
+
+//! `(data, target)` tensors whose first dimension indexes the samples. A batch is gathered with one
+//! `index_select` per tensor: no per-sample tensors are made.
+class TensorDataset {
+ public:
+  using Example = torch::data::Example<>;
+  TensorDataset(at::Tensor data, at::Tensor target) : data_(std::move(data)), target_(std::move(target)) {
+    accel::detail::require(data_.dim() > 0 && target_.dim() > 0 && data_.size(0) == target_.size(0),
+                           "accel::data::TensorDataset: data and target must have the same first dimension (got " +
+                               std::to_string(data_.dim() ? data_.size(0) : 0) + " and " +
+                               std::to_string(target_.dim() ? target_.size(0) : 0) + ")");
+  }
+  [[nodiscard]] std::int64_t size() const noexcept { return data_.size(0); }
+  [[nodiscard]] Example get(std::int64_t i) const {
+    check(i);
+    return {data_[i], target_[i]};
+  }
+  [[nodiscard]] Example get_batch(std::span<const std::int64_t> indices) const {
+    at::Tensor idx = at::empty({std::int64_t(indices.size())}, at::kLong);
+    std::copy(indices.begin(), indices.end(), idx.data_ptr<std::int64_t>());
+    return {at::index_select(data_, 0, idx), at::index_select(target_, 0, idx)};
+  }
+  [[nodiscard]] const at::Tensor& data() const noexcept { return data_; }
+  [[nodiscard]] const at::Tensor& target() const noexcept { return target_; }
+
+ private:
+  void check(std::int64_t i) const {
+    if (i < 0 || i >= size())
+      throw InvalidArgument("accel::data::TensorDataset: index " + std::to_string(i) + " is out of range for " +
+                            std::to_string(size()) + " samples");
+  }
+  at::Tensor data_, target_;
+};
+
+//! Any random-access range (a `std::vector<Sample>`, a view) as a map-style dataset. Holds a copy.
+template <std::ranges::random_access_range R>
+class RangeDataset {
+ public:
+  explicit RangeDataset(R range) : range_(std::move(range)) {}
+  [[nodiscard]] std::int64_t size() const { return std::int64_t(std::ranges::size(range_)); }
+  [[nodiscard]] auto get(std::int64_t i) const {
+    if (i < 0 || i >= size())
+      throw InvalidArgument("accel::data::RangeDataset: index " + std::to_string(i) + " is out of range for " +
+                            std::to_string(size()) + " samples");
+    return std::ranges::begin(range_)[i];
+  }
+
+ private:
+  R range_;
+};
+template <class R>
+RangeDataset(R) -> RangeDataset<R>;
+
+//! LibTorch's `torch::data::datasets::Dataset` (for example `torch::data::datasets::MNIST`) as a map-style
+//! dataset. Its `size()` must be known.
+template <class TorchDs>
+class TorchDataset {
+ public:
+  explicit TorchDataset(TorchDs ds) : ds_(std::move(ds)) {
+    accel::detail::require(ds_.size().has_value(), "accel::data::TorchDataset: the dataset has no size; wrap it as an "
+                                                   "iterable dataset (an input range) instead");
+  }
+  [[nodiscard]] std::int64_t size() const { return std::int64_t(*ds_.size()); }
+  [[nodiscard]] auto get(std::int64_t i) const { return const_cast<TorchDs&>(ds_).get(std::size_t(i)); }
+
+ private:
+  TorchDs ds_;
+};
+
+}  // namespace accel::data

@@ -1,0 +1,84 @@
+#pragma once
+//! \file
+//! `GradientState`: what the training loop's helpers need to know about the loader being iterated — whether
+//! its current batch is the last one (`end_of_dataloader`) and which rows of it are padding (`layout`, for
+//! `gather_for_metrics`). One per process; loaders register while an epoch is in progress, as a stack (nested
+//! loops work). Registration is RAII: an abandoned loop unregisters when its iterator goes (Accelerate leaves
+//! it on the stack, Q16).
+
+#include <accel/comm/collectives.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace accel {
+
+class GradientState {
+ public:
+  //! What a loader publishes about the batch the loop holds.
+  struct LoaderView {
+    bool end_of_dataloader = false;
+    GatherLayout layout;  //!< every rank's rows and real rows of the current batch
+  };
+
+  static GradientState& instance() {
+    static GradientState s;
+    return s;
+  }
+
+  [[nodiscard]] bool in_dataloader() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stack_.empty();
+  }
+  //! True while the loop holds the last batch of the innermost active loader.
+  [[nodiscard]] bool end_of_dataloader() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stack_.empty() && stack_.back()->end_of_dataloader;
+  }
+  //! The current batch's layout of the innermost active loader (empty outside a loader).
+  [[nodiscard]] GatherLayout layout() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stack_.empty() ? GatherLayout{} : stack_.back()->layout;
+  }
+  [[nodiscard]] std::size_t active_loaders() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stack_.size();
+  }
+
+  //! RAII registration of one loader's epoch.
+  class Registration {
+   public:
+    Registration() = default;
+    explicit Registration(GradientState& gs) : gs_(&gs) { gs_->push(&view_); }
+    ~Registration() {
+      if (gs_) gs_->remove(&view_);
+    }
+    Registration(const Registration&) = delete;
+    Registration& operator=(const Registration&) = delete;
+    void update(bool end, GatherLayout layout) {
+      std::lock_guard<std::mutex> lock(gs_->mu_);
+      view_.end_of_dataloader = end;
+      view_.layout = std::move(layout);
+    }
+
+   private:
+    GradientState* gs_ = nullptr;
+    LoaderView view_;
+  };
+
+ private:
+  void push(LoaderView* v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stack_.push_back(v);
+  }
+  void remove(LoaderView* v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stack_.erase(std::remove(stack_.begin(), stack_.end(), v), stack_.end());
+  }
+  mutable std::mutex mu_;
+  std::vector<LoaderView*> stack_;
+};
+
+}  // namespace accel

@@ -1,0 +1,534 @@
+#pragma once
+//! \file
+//! `DataLoader` (the user's loader, usable as it is) and the prepared loaders `ShardedLoader` and
+//! `DispatchedLoader` (Accelerate's `DataLoaderShard` and `DataLoaderDispatcher`).
+//!
+//! \code
+//! accel::data::DataLoader loader(accel::data::TensorDataset(x, y), {.batch_size = 64, .shuffle = true, .workers = 2});
+//! accel::ProcessState state;
+//! auto sharded = accel::data::prepare_data_loader<Acc::config>(loader, state);   // ShardedLoader or DispatchedLoader
+//! for (int epoch = 0; epoch < 3; ++epoch) {
+//!   sharded.set_epoch(epoch);
+//!   for (const auto& batch : sharded) ...;             // batch.data, batch.target on state.device()
+//! }
+//! auto checkpoint = sharded.state_dict();              // resume later with load_state_dict(checkpoint)
+//! \endcode
+//!
+//! Both prepared loaders are cheap, copyable range handles over shared state (copies iterate the same
+//! loader), single-pass per epoch, sized. Every batch is computed from the epoch's plan (data/plan.hpp), so
+//! `end_of_dataloader`, the padding rows of every rank (`GradientState::layout`, for gather_for_metrics),
+//! skipping and resuming need no look-ahead and no extra fetches; with workers, the next batches are prepared
+//! while the loop runs.
+
+#include <accel/comm/collectives.hpp>
+#include <accel/comm/rng.hpp>
+#include <accel/comm/serialize.hpp>
+#include <accel/config.hpp>
+#include <accel/data/collate.hpp>
+#include <accel/data/dataset.hpp>
+#include <accel/data/placement.hpp>
+#include <accel/data/plan.hpp>
+#include <accel/data/plan_view.hpp>
+#include <accel/data/prefetcher.hpp>
+#include <accel/data/sampler.hpp>
+#include <accel/data/gradient_state.hpp>
+#include <accel/state/process_state.hpp>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <vector>
+
+namespace accel::data {
+
+//! The user's loader settings (PyTorch's DataLoader arguments, plus the seedable sampler of Accelerate).
+struct DataLoaderOptions {
+  std::int64_t batch_size = 1;
+  bool shuffle = false;
+  bool drop_last = false;
+  int workers = 0;             //!< threads preparing batches (0: on the loop's thread)
+  int prefetch = 2;            //!< batches prepared ahead, per worker
+  bool seedable = false;       //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
+  std::optional<std::uint64_t> data_seed;
+};
+
+//! What a loader's checkpoint holds: enough for a fresh process to yield exactly the remaining batches.
+struct LoaderState {
+  std::int64_t epoch = 0;                      //!< the epoch in progress (or the next one)
+  std::int64_t batches = 0;                    //!< batches of that epoch already handed to the loop
+  std::vector<std::uint8_t> generator_state;   //!< the sampling generator's state at the start of that epoch
+};
+inline auto accel_fields(LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
+inline auto accel_fields(const LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
+
+//! A dataset plus loader options and a collate function.
+template <MapDataset Dataset, class Collate = DefaultCollate>
+class DataLoader {
+ public:
+  DataLoader(Dataset dataset, DataLoaderOptions options = {}, Collate collate = {})
+      : dataset_(std::make_shared<const Dataset>(std::move(dataset))), options_(options), collate_(std::move(collate)) {
+    accel::detail::require(options_.batch_size >= 1, "accel::data::DataLoader: batch_size must be at least 1 (got " +
+                                                        std::to_string(options_.batch_size) + ")");
+    accel::detail::require(options_.workers >= 0, "accel::data::DataLoader: workers must be 0 or more");
+  }
+  [[nodiscard]] const std::shared_ptr<const Dataset>& dataset() const noexcept { return dataset_; }
+  [[nodiscard]] const DataLoaderOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const Collate& collate() const noexcept { return collate_; }
+  [[nodiscard]] std::int64_t size() const {
+    return plan::batch_plan(options_.batch_size, options_.drop_last, dataset_->size()).size();
+  }
+
+ private:
+  std::shared_ptr<const Dataset> dataset_;
+  DataLoaderOptions options_;
+  Collate collate_;
+};
+
+//! Where a prepared loader runs: its rank among `num_processes`, the communicator (nullptr: one process, or
+//! ranks simulated in one process as Accelerate's `prepare_data_loader(num_processes=, process_index=)`), and
+//! the device batches go to.
+struct PrepareContext {
+  int num_processes = 1;
+  int process_index = 0;
+  comm::Communicator* comm = nullptr;
+  c10::Device device = c10::Device(c10::kCPU);
+  static PrepareContext of(const ProcessState& s) {
+    return {s.num_processes(), s.process_index(), s.comm(), s.device()};
+  }
+};
+
+namespace detail {
+
+//! Fetches the samples of positions of a plan: one `get_batch` when the dataset has it, else `get` per
+//! sample and the collate function. Errors name the sample.
+template <class Dataset, class Collate>
+auto fetch(const Dataset& ds, const Collate& collate, std::span<const std::int64_t> indices) {
+  if constexpr (BatchedDataset<Dataset>) {
+    return ds.get_batch(indices);
+  } else {
+    std::vector<sample_t<Dataset>> samples;
+    samples.reserve(indices.size());
+    for (auto i : indices) samples.push_back(ds.get(i));
+    return collate(samples);
+  }
+}
+//! `fetch`, with a failure reported as which batch of which epoch on which rank, and the original message.
+template <class Dataset, class Collate>
+auto fetch_batch(const Dataset& ds, const Collate& collate, std::span<const std::int64_t> indices, std::int64_t batch,
+                 std::int64_t epoch, int rank) {
+  try {
+    return fetch(ds, collate, indices);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (const auto cut = msg.find("\nException raised from"); cut != std::string::npos) msg.resize(cut);
+    std::string first = indices.empty() ? "" : " (first sample " + std::to_string(indices.front()) + ")";
+    throw Error("accel: rank " + std::to_string(rank) + ": loading batch " + std::to_string(batch) + " of epoch " +
+                std::to_string(epoch) + first + " failed: " + msg);
+  }
+}
+template <class Dataset, class Collate>
+using batch_t = decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
+
+inline std::vector<std::uint8_t> generator_bytes(at::Generator g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  const at::Tensor s = g.get_state();
+  return {s.data_ptr<std::uint8_t>(), s.data_ptr<std::uint8_t>() + s.numel()};
+}
+inline void set_generator_bytes(at::Generator g, const std::vector<std::uint8_t>& bytes) {
+  at::Tensor s = at::empty({std::int64_t(bytes.size())}, at::kByte);
+  std::copy(bytes.begin(), bytes.end(), s.data_ptr<std::uint8_t>());
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(s);
+}
+
+//! The state a prepared loader shares between its copies and iterators.
+template <class Dataset, class Collate, class Config>
+struct LoaderCore {
+  using Batch = batch_t<Dataset, Collate>;
+  std::shared_ptr<const Dataset> dataset;
+  Collate collate;
+  DataLoaderOptions options;
+  PrepareContext ctx;
+  bool dispatch = false;
+  std::optional<ShuffledOrders> orders;  // shuffled loaders
+  std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
+  std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
+  std::optional<std::vector<std::uint8_t>> restore;  // generator state to restore at the next epoch start
+  // The epoch in progress, for state_dict().
+  bool running = false;
+  std::int64_t handed = 0, total = 0;
+  std::vector<std::uint8_t> epoch_start_state;
+
+  [[nodiscard]] plan::ShardSpec spec(int rank) const {
+    return {.batch_size = options.batch_size, .drop_last = options.drop_last, .num_processes = ctx.num_processes,
+            .process_index = rank, .split_batches = Config::split_batches, .even_batches = Config::even_batches};
+  }
+  [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
+    return plan::loader_plan(spec(rank), dataset->size(), dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+  }
+  // The generator the epoch's order is drawn from: the synchronised sampler generator, or (one process, no
+  // sampler generator) the global one. None for sequential and seedable loaders.
+  [[nodiscard]] std::optional<at::Generator> epoch_generator() const {
+    if (!orders || options.seedable) return std::nullopt;
+    if (auto g = orders->generator()) return g;
+    return at::detail::getDefaultCPUGenerator();
+  }
+  // Starts an epoch: restore (resume), synchronise, draw the order.
+  IndexOrder begin_epoch() {
+    auto gen = epoch_generator();
+    if (restore && gen) set_generator_bytes(*gen, *restore);
+    restore.reset();
+    if (!dispatch) {
+      std::optional<at::Generator> sync = orders && !options.seedable ? orders->generator() : std::nullopt;
+      synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
+    }
+    epoch_start_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
+    return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+  }
+  void end_epoch() {
+    running = false;
+    handed = 0;
+    ++epoch;
+  }
+  [[nodiscard]] LoaderState state() const {
+    if (running && handed < total) return {epoch, handed, epoch_start_state};
+    const std::int64_t next = running ? epoch + 1 : epoch;
+    auto gen = epoch_generator();
+    return {next, running ? 0 : skip, restore ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{}};
+  }
+  void load(const LoaderState& s) {
+    accel::detail::require(s.epoch >= 0 && s.batches >= 0, "accel: load_state_dict: a negative epoch or batch count");
+    epoch = s.epoch;
+    skip = s.batches;
+    if (!s.generator_state.empty()) restore = s.generator_state;
+  }
+};
+
+}  // namespace detail
+
+// [accelerate:data_loader.py DataLoaderShard]
+//! Every process reads only its own batches (positions from `plan::loader_plan`), places them, and publishes
+//! `end_of_dataloader` and the padding layout to `GradientState`.
+template <class Dataset, class Collate, class Config>
+class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, Collate, Config>> {
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+
+ public:
+  using Batch = typename Core::Batch;
+
+ private:
+  struct Epoch {
+    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
+      auto& k = *core;
+      const IndexOrder order = k.begin_epoch();
+      for (int r = 0; r < k.ctx.num_processes; ++r) plans.push_back(k.plan_of(r).skip(k.skip));
+      k.skip = 0;
+      mine = plans[std::size_t(k.ctx.process_index)];
+      k.running = true;
+      k.handed = 0;
+      k.total = mine.size() + mine.skipped();
+      k.handed = mine.skipped();
+      view = planned_batches(mine, order);
+      Placement<typename Config::place> place(k.ctx.device);
+      prefetcher.emplace(mine.size(), k.options.workers, k.options.prefetch, [this, place](std::int64_t j) {
+        const auto b = view[std::ptrdiff_t(j)];
+        std::vector<std::int64_t> idx;
+        b.indices_into(idx);
+        return place(detail::fetch_batch(*core->dataset, core->collate, idx, j + mine.skipped(), core->epoch,
+                                         core->ctx.process_index));
+      });
+    }
+    ~Epoch() { prefetcher.reset(); }  // joins the workers before the plan they read goes
+    bool advance() {
+      if (j >= mine.size()) return false;
+      current.emplace(prefetcher->next());
+      GatherLayout layout;
+      for (const auto& p : plans) {
+        const bool has = j < p.size();
+        layout.size.push_back(has ? p.span(j).size() : 0);
+        layout.real.push_back(has ? p.real(j) : 0);
+      }
+      registration.update(mine.end_of_dataloader(j), std::move(layout));
+      ++j;
+      ++core->handed;
+      return true;
+    }
+    std::shared_ptr<Core> core;
+    std::vector<plan::BatchPlan> plans;
+    plan::BatchPlan mine;
+    PlannedBatches view;
+    std::optional<detail::Prefetcher<Batch>> prefetcher;
+    std::optional<Batch> current;
+    std::int64_t j = 0;
+    GradientState::Registration registration;
+  };
+
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using reference = const Batch&;
+    iterator() = default;
+    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
+    const Batch& operator*() const { return *e_->current; }
+    const Batch* operator->() const { return &*e_->current; }
+    iterator& operator++() {
+      step();
+      return *this;
+    }
+    iterator operator++(int) {
+      auto t = *this;
+      step();
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
+    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
+
+   private:
+    void step() {
+      if (!e_->advance()) {
+        e_->core->end_epoch();
+        e_.reset();
+      }
+    }
+    std::shared_ptr<Epoch> e_;
+  };
+
+  ShardedLoader() = default;
+  explicit ShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+  //! Starts an epoch (synchronising the RNGs of `Config::rng` first).
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  //! Batches this process yields per epoch (the number really yielded: Q4 fixed).
+  [[nodiscard]] std::size_t size() const { return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size()); }
+  //! The epoch the next iteration runs (also the seedable sampler's epoch).
+  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
+  //! Samples of one optimizer step across all processes.
+  [[nodiscard]] std::int64_t total_batch_size() const {
+    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+  }
+  [[nodiscard]] std::int64_t total_dataset_length() const { return core_->dataset->size(); }
+  [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
+  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  //! The same loader without the first `k` batches of its next epoch (Accelerate's `skip_first_batches`;
+  //! shares the sampler and the epoch counter, and keeps the padding marks).
+  [[nodiscard]] ShardedLoader skip_first_batches(std::int64_t k) const {
+    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    auto copy = std::make_shared<Core>(*core_);
+    copy->skip += k;
+    return ShardedLoader(copy);
+  }
+  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+// [accelerate:data_loader.py DataLoaderDispatcher]
+//! Rank 0 reads and collates every global batch; every rank receives only its own slice (a scatter: each
+//! rank gets about 1/N of the bytes a broadcast of the whole batch would send). The batch's structure must be
+//! fixed (tensors, `torch::data::Example`, tuples, structs with `accel_fields`); shapes and dtypes travel as
+//! typed metadata; slice sizes come from the plan, which every rank computes alone.
+template <class Dataset, class Collate, class Config>
+class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dataset, Collate, Config>> {
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+
+ public:
+  using Batch = typename Core::Batch;
+  static_assert(TensorStructure<Batch>, "accel::loading::dispatched sends tensors: every leaf of the batch must be a "
+                                        "tensor (collate other fields into tensors, or use loading::sharded)");
+
+ private:
+  struct Meta {
+    std::vector<std::int8_t> dtypes;
+    std::vector<std::vector<std::int64_t>> shapes;  // trailing dimensions
+  };
+  struct Epoch {
+    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
+      auto& k = *core;
+      order = k.begin_epoch();
+      for (int r = 0; r < k.ctx.num_processes; ++r) plans.push_back(k.plan_of(r).skip(k.skip));
+      k.skip = 0;
+      k.running = true;
+      k.total = plans[0].size() + plans[0].skipped();
+      k.handed = plans[0].skipped();
+    }
+    bool advance() {
+      auto& k = *core;
+      const int me = k.ctx.process_index, N = k.ctx.num_processes;
+      if (j >= plans[0].size()) return false;
+      std::int64_t start = INT64_MAX, stop = 0, rows = 0;
+      GatherLayout layout;
+      for (const auto& p : plans) {
+        const auto s = p.span(j);
+        layout.size.push_back(s.size());
+        layout.real.push_back(p.real(j));
+        rows = std::max(rows, s.size());
+        if (s.size() > 0) start = std::min(start, s.begin), stop = std::max(stop, s.end);
+      }
+      if (start == INT64_MAX) start = stop = 0;
+      std::optional<Batch> global;
+      Meta meta;
+      if (me == 0) {
+        std::vector<std::int64_t> idx;
+        for (auto pos = start; pos < stop; ++pos) idx.push_back(order[plans[0].sample(pos)]);
+        if (!idx.empty()) global.emplace(detail::fetch_batch(*k.dataset, k.collate, idx, j + plans[0].skipped(), k.epoch, 0));
+        if (global) for_each_tensor(*global, [&](const at::Tensor& t) {
+          meta.dtypes.push_back(std::int8_t(t.scalar_type()));
+          meta.shapes.push_back(t.sizes().slice(1).vec());
+        });
+      }
+      if (k.ctx.comm && N > 1) {
+        auto m = broadcast_object(k.ctx.comm, std::tuple{meta.dtypes, meta.shapes}, 0);
+        meta.dtypes = std::get<0>(m), meta.shapes = std::get<1>(m);
+      }
+      Batch out{};
+      std::size_t leaf = 0;
+      if (me == 0 && global) out = *global;
+      const auto dev = k.ctx.comm ? k.ctx.comm->device() : c10::Device(c10::kCPU);
+      for_each_tensor(out, [&](at::Tensor& t) {
+        const std::size_t l = leaf++;
+        accel::detail::require(l < meta.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
+        std::vector<std::int64_t> shape{rows};
+        shape.insert(shape.end(), meta.shapes[l].begin(), meta.shapes[l].end());
+        const auto opts = at::TensorOptions().dtype(at::ScalarType(meta.dtypes[l])).device(dev);
+        std::vector<at::Tensor> chunks;
+        if (me == 0) {
+          const at::Tensor src = t.to(dev);
+          for (int r = 0; r < N; ++r) {
+            const auto s = plans[std::size_t(r)].span(j);
+            at::Tensor chunk = at::zeros(shape, opts);
+            if (s.size() > 0) chunk.narrow(0, 0, s.size()).copy_(src.narrow(0, s.begin - start, s.size()));
+            chunks.push_back(chunk);
+          }
+        }
+        at::Tensor mine = at::empty(shape, opts);
+        if (k.ctx.comm && N > 1) k.ctx.comm->scatter(mine, chunks, 0);
+        else mine = chunks.at(std::size_t(me));
+        t = mine.narrow(0, 0, plans[std::size_t(me)].span(j).size());
+      });
+      Placement<typename Config::place> place(k.ctx.device);
+      current.emplace(place(std::move(out)));
+      registration.update(plans[0].end_of_dataloader(j), std::move(layout));
+      ++j;
+      ++k.handed;
+      return true;
+    }
+    std::shared_ptr<Core> core;
+    IndexOrder order;
+    std::vector<plan::BatchPlan> plans;
+    std::optional<Batch> current;
+    std::int64_t j = 0;
+    GradientState::Registration registration;
+  };
+
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using reference = const Batch&;
+    iterator() = default;
+    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
+    const Batch& operator*() const { return *e_->current; }
+    const Batch* operator->() const { return &*e_->current; }
+    iterator& operator++() {
+      step();
+      return *this;
+    }
+    iterator operator++(int) {
+      auto t = *this;
+      step();
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
+    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
+
+   private:
+    void step() {
+      if (!e_->advance()) {
+        e_->core->end_epoch();
+        e_.reset();
+      }
+    }
+    std::shared_ptr<Epoch> e_;
+  };
+
+  DispatchedLoader() = default;
+  explicit DispatchedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const { return std::size_t(core_->plan_of(0).skip(core_->skip).size()); }
+  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
+  //! Samples of one step across all processes (Accelerate's raises here, Q7).
+  [[nodiscard]] std::int64_t total_batch_size() const {
+    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+  }
+  [[nodiscard]] std::int64_t total_dataset_length() const { return core_->dataset->size(); }
+  [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
+  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  //! Without the first `k` steps of the next epoch (a step is a batch of this loader, not 1/N of one: Q9).
+  [[nodiscard]] DispatchedLoader skip_first_batches(std::int64_t k) const {
+    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    auto copy = std::make_shared<Core>(*core_);
+    copy->skip += k;
+    return DispatchedLoader(copy);
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+// [accelerate:data_loader.py prepare_data_loader]
+//! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
+//! DispatchedLoader), statically typed. A shuffled loader's sampler is drawn as Accelerate draws it: a
+//! generator seeded from the global one and synchronised at every epoch, or the seedable sampler.
+template <class Config, class Dataset, class Collate>
+auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx) {
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  const auto& o = loader.options();
+  accel::detail::require(ctx.num_processes >= 1 && ctx.process_index >= 0 && ctx.process_index < ctx.num_processes,
+                         "accel: prepare_data_loader: process_index " + std::to_string(ctx.process_index) +
+                             " is out of range for " + std::to_string(ctx.num_processes) + " processes");
+  accel::detail::require(!Config::split_batches || o.batch_size % ctx.num_processes == 0,
+                         "accel: under batches::split the batch size (" + std::to_string(o.batch_size) +
+                             ") must be a round multiple of the number of processes (" + std::to_string(ctx.num_processes) +
+                             "); use a batch size divisible by it, or batches::per_process");
+  auto core = std::make_shared<Core>();
+  core->dataset = loader.dataset();
+  core->collate = loader.collate();
+  core->options = o;
+  core->ctx = ctx;
+  core->dispatch = Config::dispatch;
+  if (o.shuffle) {
+    // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
+    core->orders.emplace(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
+                         o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
+  }
+  if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
+  else return ShardedLoader<Dataset, Collate, Config>(core);
+}
+
+template <class Config, class Dataset, class Collate>
+auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const ProcessState& state) {
+  return prepare_data_loader<Config>(loader, PrepareContext::of(state));
+}
+
+}  // namespace accel::data
+
+template <class D, class C, class Cfg>
+inline constexpr bool ranges::enable_view<accel::data::ShardedLoader<D, C, Cfg>> = true;
+template <class D, class C, class Cfg>
+inline constexpr bool ranges::enable_view<accel::data::DispatchedLoader<D, C, Cfg>> = true;

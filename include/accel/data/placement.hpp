@@ -1,0 +1,42 @@
+#pragma once
+//! \file
+//! Placement: where a batch is put before the loop sees it, one specialisation per `place` policy.
+//! `place::async` (pinned staging, a copy stream, events) lives in `accel/cuda/placement.hpp`.
+
+#include <accel/comm/structure.hpp>
+#include <accel/policy/place.hpp>
+
+#include <c10/core/Device.h>
+
+namespace accel::data {
+
+template <class Place>
+struct Placement {
+  static_assert(sizeof(Place) == 0, "accel: no placement for this policy; place::async needs <accel/cuda/placement.hpp> "
+                                    "(ACCEL_WITH_CUDA)");
+};
+
+template <>
+struct Placement<place::none> {
+  explicit Placement(c10::Device) {}
+  template <class Batch>
+  Batch operator()(Batch b) const { return b; }
+};
+
+// [accelerate:utils/operations.py send_to_device]
+template <>
+struct Placement<place::device> {
+  explicit Placement(c10::Device d) : device(d) {}
+  template <class Batch>
+  Batch operator()(Batch b) const {
+    if constexpr (TensorStructure<Batch>) {
+      if (device.is_cpu()) return b;
+      return map_tensors(b, [&](const at::Tensor& t) { return t.to(device, /*non_blocking=*/false); });
+    } else {
+      return b;  // not tensors: nothing to move
+    }
+  }
+  c10::Device device;
+};
+
+}  // namespace accel::data
