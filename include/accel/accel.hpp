@@ -8,6 +8,9 @@
 #include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
 #include <accel/data/batch_sampler_shard.hpp>
+#include <accel/data/dataset.hpp>
+#include <accel/data/gradient_state.hpp>
+#include <accel/data/loader.hpp>
 #include <accel/data/iterable_shard.hpp>
 #include <accel/data/plan.hpp>
 #include <accel/data/plan_view.hpp>
@@ -25,5 +28,6 @@
 
 #if ACCEL_WITH_CUDA
 #include <accel/cuda/nccl.hpp>
+#include <accel/cuda/placement.hpp>
 #include <accel/cuda/rng.hpp>
 #endif

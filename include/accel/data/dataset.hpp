@@ -14,6 +14,7 @@
 #include <accel/error.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 #include <torch/data/example.h>
@@ -61,8 +62,8 @@ class TensorDataset {
     return {data_[i], target_[i]};
   }
   [[nodiscard]] Example get_batch(std::span<const std::int64_t> indices) const {
-    at::Tensor idx = at::empty({std::int64_t(indices.size())}, at::kLong);
-    std::copy(indices.begin(), indices.end(), idx.data_ptr<std::int64_t>());
+    // A view of the caller's indices (index_select copies the rows out before it returns).
+    const at::Tensor idx = at::from_blob(const_cast<std::int64_t*>(indices.data()), {std::int64_t(indices.size())}, at::kLong);
     return {at::index_select(data_, 0, idx), at::index_select(target_, 0, idx)};
   }
   [[nodiscard]] const at::Tensor& data() const noexcept { return data_; }

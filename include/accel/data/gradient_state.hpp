@@ -7,9 +7,11 @@
 //! it on the stack, Q16).
 
 #include <accel/comm/collectives.hpp>
+#include <accel/data/plan.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -17,10 +19,22 @@ namespace accel {
 
 class GradientState {
  public:
-  //! What a loader publishes about the batch the loop holds.
+  //! What a loader publishes about the batch the loop holds: whether it is the last, and every rank's plan
+  //! (the layout of the batch is computed from them only when someone asks).
   struct LoaderView {
     bool end_of_dataloader = false;
-    GatherLayout layout;  //!< every rank's rows and real rows of the current batch
+    std::shared_ptr<const std::vector<plan::BatchPlan>> plans;
+    std::int64_t batch = 0;
+    [[nodiscard]] GatherLayout layout() const {
+      GatherLayout out;
+      if (!plans) return out;
+      for (const auto& p : *plans) {
+        const bool has = batch < p.size();
+        out.size.push_back(has ? p.span(batch).size() : 0);
+        out.real.push_back(has ? p.real(batch) : 0);
+      }
+      return out;
+    }
   };
 
   static GradientState& instance() {
@@ -40,7 +54,7 @@ class GradientState {
   //! The current batch's layout of the innermost active loader (empty outside a loader).
   [[nodiscard]] GatherLayout layout() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return stack_.empty() ? GatherLayout{} : stack_.back()->layout;
+    return stack_.empty() ? GatherLayout{} : stack_.back()->layout();
   }
   [[nodiscard]] std::size_t active_loaders() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -57,10 +71,11 @@ class GradientState {
     }
     Registration(const Registration&) = delete;
     Registration& operator=(const Registration&) = delete;
-    void update(bool end, GatherLayout layout) {
+    void update(bool end, std::shared_ptr<const std::vector<plan::BatchPlan>> plans, std::int64_t batch) {
       std::lock_guard<std::mutex> lock(gs_->mu_);
       view_.end_of_dataloader = end;
-      view_.layout = std::move(layout);
+      if (view_.plans != plans) view_.plans = std::move(plans);
+      view_.batch = batch;
     }
 
    private:

@@ -154,7 +154,7 @@ struct LoaderCore {
   DataLoaderOptions options;
   PrepareContext ctx;
   bool dispatch = false;
-  std::optional<ShuffledOrders> orders;  // shuffled loaders
+  std::shared_ptr<ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
   std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
   std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
   std::optional<std::vector<std::uint8_t>> restore;  // generator state to restore at the next epoch start
@@ -225,9 +225,11 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
     Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
       auto& k = *core;
       const IndexOrder order = k.begin_epoch();
-      for (int r = 0; r < k.ctx.num_processes; ++r) plans.push_back(k.plan_of(r).skip(k.skip));
+      auto all = std::make_shared<std::vector<plan::BatchPlan>>();
+      for (int r = 0; r < k.ctx.num_processes; ++r) all->push_back(k.plan_of(r).skip(k.skip));
+      plans = std::move(all);
       k.skip = 0;
-      mine = plans[std::size_t(k.ctx.process_index)];
+      mine = (*plans)[std::size_t(k.ctx.process_index)];
       k.running = true;
       k.handed = 0;
       k.total = mine.size() + mine.skipped();
@@ -236,7 +238,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
       Placement<typename Config::place> place(k.ctx.device);
       prefetcher.emplace(mine.size(), k.options.workers, k.options.prefetch, [this, place](std::int64_t j) {
         const auto b = view[std::ptrdiff_t(j)];
-        std::vector<std::int64_t> idx;
+        thread_local std::vector<std::int64_t> idx;  // one index buffer per thread, reused batch after batch
         b.indices_into(idx);
         return place(detail::fetch_batch(*core->dataset, core->collate, idx, j + mine.skipped(), core->epoch,
                                          core->ctx.process_index));
@@ -246,19 +248,14 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
     bool advance() {
       if (j >= mine.size()) return false;
       current.emplace(prefetcher->next());
-      GatherLayout layout;
-      for (const auto& p : plans) {
-        const bool has = j < p.size();
-        layout.size.push_back(has ? p.span(j).size() : 0);
-        layout.real.push_back(has ? p.real(j) : 0);
-      }
-      registration.update(mine.end_of_dataloader(j), std::move(layout));
+      Placement<typename Config::place>(core->ctx.device).hand_over(*current);
+      registration.update(mine.end_of_dataloader(j), plans, j);
       ++j;
       ++core->handed;
       return true;
     }
     std::shared_ptr<Core> core;
-    std::vector<plan::BatchPlan> plans;
+    std::shared_ptr<const std::vector<plan::BatchPlan>> plans;
     plan::BatchPlan mine;
     PlannedBatches view;
     std::optional<detail::Prefetcher<Batch>> prefetcher;
@@ -356,7 +353,10 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
     Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
       auto& k = *core;
       order = k.begin_epoch();
-      for (int r = 0; r < k.ctx.num_processes; ++r) plans.push_back(k.plan_of(r).skip(k.skip));
+      auto all = std::make_shared<std::vector<plan::BatchPlan>>();
+      for (int r = 0; r < k.ctx.num_processes; ++r) all->push_back(k.plan_of(r).skip(k.skip));
+      shared_plans = all;
+      plans = *all;
       k.skip = 0;
       k.running = true;
       k.total = plans[0].size() + plans[0].skipped();
@@ -367,11 +367,8 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
       const int me = k.ctx.process_index, N = k.ctx.num_processes;
       if (j >= plans[0].size()) return false;
       std::int64_t start = INT64_MAX, stop = 0, rows = 0;
-      GatherLayout layout;
       for (const auto& p : plans) {
         const auto s = p.span(j);
-        layout.size.push_back(s.size());
-        layout.real.push_back(p.real(j));
         rows = std::max(rows, s.size());
         if (s.size() > 0) start = std::min(start, s.begin), stop = std::max(stop, s.end);
       }
@@ -418,13 +415,15 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
       });
       Placement<typename Config::place> place(k.ctx.device);
       current.emplace(place(std::move(out)));
-      registration.update(plans[0].end_of_dataloader(j), std::move(layout));
+      place.hand_over(*current);
+      registration.update(plans[0].end_of_dataloader(j), shared_plans, j);
       ++j;
       ++k.handed;
       return true;
     }
     std::shared_ptr<Core> core;
     IndexOrder order;
+    std::shared_ptr<const std::vector<plan::BatchPlan>> shared_plans;
     std::vector<plan::BatchPlan> plans;
     std::optional<Batch> current;
     std::int64_t j = 0;
@@ -514,8 +513,8 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
   core->dispatch = Config::dispatch;
   if (o.shuffle) {
     // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
-    core->orders.emplace(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
-                         o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
+    core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
+                                                    o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
   }
   if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
   else return ShardedLoader<Dataset, Collate, Config>(core);

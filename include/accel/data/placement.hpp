@@ -16,11 +16,15 @@ struct Placement {
                                     "(ACCEL_WITH_CUDA)");
 };
 
+//! Every placement: `operator()(batch)` runs where the batch is prepared (a worker thread, with workers),
+//! `hand_over(batch)` on the loop's thread when the loop receives it.
 template <>
 struct Placement<place::none> {
   explicit Placement(c10::Device) {}
   template <class Batch>
   Batch operator()(Batch b) const { return b; }
+  template <class Batch>
+  void hand_over(Batch&) const {}
 };
 
 // [accelerate:utils/operations.py send_to_device]
@@ -36,6 +40,8 @@ struct Placement<place::device> {
       return b;  // not tensors: nothing to move
     }
   }
+  template <class Batch>
+  void hand_over(Batch&) const {}
   c10::Device device;
 };
 

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <future>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -35,21 +37,26 @@ class IndexOrder {
   IndexOrder() = default;
   static IndexOrder sequential(std::int64_t n) { return IndexOrder(n, nullptr); }
   static IndexOrder of(std::vector<std::int64_t> indices) {
-    const auto n = static_cast<std::int64_t>(indices.size());
-    return IndexOrder(n, std::make_shared<const std::vector<std::int64_t>>(std::move(indices)));
+    auto list = std::make_shared<const std::vector<std::int64_t>>(std::move(indices));
+    const auto* p = list->data();
+    return IndexOrder(static_cast<std::int64_t>(list->size()), std::shared_ptr<const std::int64_t>(list, p));
+  }
+  //! A 1-d int64 tensor of indices, kept alive and read in place (no copy).
+  static IndexOrder of(at::Tensor indices) {
+    indices = indices.contiguous();
+    auto keep = std::make_shared<const at::Tensor>(indices);
+    return IndexOrder(indices.numel(), std::shared_ptr<const std::int64_t>(keep, indices.data_ptr<std::int64_t>()));
   }
   [[nodiscard]] std::int64_t size() const noexcept { return n_; }
-  [[nodiscard]] std::int64_t operator[](std::int64_t i) const noexcept {
-    return list_ ? (*list_)[static_cast<std::size_t>(i)] : i;
-  }
+  [[nodiscard]] std::int64_t operator[](std::int64_t i) const noexcept { return list_ ? list_.get()[i] : i; }
   [[nodiscard]] bool is_sequential() const noexcept { return list_ == nullptr; }
   //! The drawn indices, or nullptr for the identity.
-  [[nodiscard]] const std::int64_t* data() const noexcept { return list_ ? list_->data() : nullptr; }
+  [[nodiscard]] const std::int64_t* data() const noexcept { return list_.get(); }
 
  private:
-  IndexOrder(std::int64_t n, std::shared_ptr<const std::vector<std::int64_t>> list) : n_(n), list_(std::move(list)) {}
+  IndexOrder(std::int64_t n, std::shared_ptr<const std::int64_t> list) : n_(n), list_(std::move(list)) {}
   std::int64_t n_ = 0;
-  std::shared_ptr<const std::vector<std::int64_t>> list_;
+  std::shared_ptr<const std::int64_t> list_;  // aliases the owner (a vector or a tensor)
 };
 
 namespace detail {
@@ -76,6 +83,9 @@ inline at::Generator synchronized_generator() {
 struct RandomSamplerOptions {
   bool replacement = false;
   std::optional<std::int64_t> num_samples;  //!< default: the dataset's length
+  //! Advance the generator past the end of each epoch like PyTorch's lazy sampler does (needed when the
+  //! generator lives on to the next epoch; pointless for a generator used for one epoch only).
+  bool advance_after_epoch = true;
 };
 
 // [torch:utils/data/sampler.py RandomSampler.__iter__]
@@ -86,24 +96,47 @@ class RandomSampler {
   using Options = RandomSamplerOptions;
   RandomSampler(std::int64_t n, at::Generator generator, Options options = {})
       : n_(n), num_samples_(options.num_samples.value_or(n)), replacement_(options.replacement),
-        generator_(std::move(generator)) {
+        advance_(options.advance_after_epoch), generator_(std::move(generator)) {
     accel::detail::require(n >= 0, "accel::data::RandomSampler: the dataset length is negative");
     accel::detail::require(num_samples_ >= 0, "accel::data::RandomSampler: num_samples must be 0 or more");
     accel::detail::require(n > 0 || num_samples_ == 0,
                            "accel::data::RandomSampler: cannot draw samples from an empty dataset");
   }
+  RandomSampler(const RandomSampler&) = delete;
+  RandomSampler& operator=(const RandomSampler&) = delete;
+  ~RandomSampler() { settle(); }
+
   [[nodiscard]] std::int64_t size() const noexcept { return num_samples_; }
-  [[nodiscard]] const at::Generator& generator() const noexcept { return generator_; }
+  //! The generator, with every draw of the epochs so far applied.
+  [[nodiscard]] const at::Generator& generator() {
+    settle();
+    return generator_;
+  }
 
   //! The next epoch's order (advances the generator).
   IndexOrder next_epoch() {
+    settle();
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    if (!replacement_ && n_ > 0 && num_samples_ == n_) {
+      // The usual case, without copies: one permutation. PyTorch's sampler then draws one more permutation
+      // when the epoch is consumed to the end (and drops it); that only advances the generator, so it runs on
+      // a clone in the background and its state is taken over before the generator is next used.
+      at::Tensor perm = at::randperm(n_, generator_, opts);
+      if (!advance_) return IndexOrder::of(perm);
+      at::Generator clone = generator_.clone();
+      const std::int64_t n = n_;
+      pending_ = std::async(std::launch::async, [clone, n]() mutable {
+        (void)at::randperm(n, clone, at::TensorOptions().dtype(at::kLong));
+        return clone;
+      });
+      return IndexOrder::of(perm);
+    }
     std::vector<std::int64_t> out;
     out.reserve(static_cast<std::size_t>(num_samples_));
     auto append = [&](const at::Tensor& t) {
       auto v = detail::to_vector(t);
       out.insert(out.end(), v.begin(), v.end());
     };
-    const auto opts = at::TensorOptions().dtype(at::kLong);
     if (replacement_) {
       for (std::int64_t i = 0; i < num_samples_ / 32; ++i) append(at::randint(n_, {32}, generator_, opts));
       append(at::randint(n_, {num_samples_ % 32}, generator_, opts));
@@ -116,9 +149,16 @@ class RandomSampler {
   }
 
  private:
+  void settle() {
+    if (!pending_.valid()) return;
+    at::Generator advanced = pending_.get();
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(advanced.get_state());
+  }
   std::int64_t n_, num_samples_;
-  bool replacement_;
+  bool replacement_, advance_;
   at::Generator generator_;
+  std::future<at::Generator> pending_;
 };
 
 // [accelerate:data_loader.py SeedableRandomSampler]
@@ -139,7 +179,9 @@ class SeedableRandomSampler {
 
   //! The order of the current epoch (does not advance the epoch: the loader calls `set_epoch`).
   [[nodiscard]] IndexOrder order() const {
-    RandomSampler sampler(n_, make_generator(initial_seed_ + static_cast<std::uint64_t>(epoch_)), options_);
+    auto once = options_;
+    once.advance_after_epoch = false;
+    RandomSampler sampler(n_, make_generator(initial_seed_ + static_cast<std::uint64_t>(epoch_)), once);
     return sampler.next_epoch();
   }
 
@@ -186,11 +228,13 @@ class ShuffledOrders {
     }
     if (sampler_) return sampler_->next_epoch();
     (void)at::empty({}, at::kLong).random_();  // the DataLoader iterator's base seed
-    return RandomSampler(n_, synchronized_generator(), options_).next_epoch();
+    auto once = options_;
+    once.advance_after_epoch = false;
+    return RandomSampler(n_, synchronized_generator(), once).next_epoch();
   }
 
   //! The generator of the synchronised sampler (what rng::generator broadcasts), if there is one.
-  [[nodiscard]] std::optional<at::Generator> generator() const {
+  [[nodiscard]] std::optional<at::Generator> generator() {
     return sampler_ ? std::optional<at::Generator>(sampler_->generator()) : std::nullopt;
   }
 
