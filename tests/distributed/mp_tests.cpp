@@ -16,6 +16,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/rand.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 
 #include <csignal>
@@ -288,6 +289,45 @@ void golden(const std::string& path) {
               refused, " configurations refused on purpose");
 }
 
+// Dispatched loading's transport and errors: every rank receives only its slice (<= 1/N of a broadcast of the
+// global batch), and a batch that rank 0 cannot build stops every rank with the same message.
+void dispatch_checks() {
+  accel::ProcessState state(options(30000));
+  rank_ = state.process_index();
+  const int N = state.num_processes();
+  using Dispatch = Cfg<accel::dist::gloo, accel::loading::dispatched>::config;
+  accel::data::DataLoader dl(accel::data::TensorDataset(at::rand({4096, 32}), at::arange(4096)), {.batch_size = 64, .shuffle = true});
+  auto loader = accel::data::prepare_data_loader<Dispatch>(dl, state);
+  std::int64_t rows = 0;
+  for (const auto& b : loader) {
+    (void)b;
+    rows += accel::GradientState::instance().layout().real[std::size_t(rank_)];  // padding rows excluded
+  }
+  const auto [received, broadcast] = loader.transport_bytes();
+  const double ratio = double(received) / double(broadcast);
+  check(ratio <= 1.0 / N + 1e-9, "dispatched loading receives at most 1/N of a broadcast");
+  check(accel::reduce(state.comm(), at::scalar_tensor(rows, at::kLong), accel::Reduction::sum).item<std::int64_t>() == 4096,
+        "the ranks' rows add up to the dataset");
+  state.print("dispatch transport: rank 0 received ", received, " bytes, a broadcast of every global batch would send ",
+              broadcast, " (ratio ", ratio, " for ", N, " processes)");
+  struct Ragged {
+    std::int64_t size() const { return 64; }
+    at::Tensor get(std::int64_t i) const { return at::arange(i < 40 ? 3 : 4); }
+  };
+  accel::data::DataLoader bad(Ragged{}, {.batch_size = 8});
+  auto bl = accel::data::prepare_data_loader<Dispatch>(bad, state);
+  std::string message;
+  try {
+    for (const auto& b : bl) (void)b;
+  } catch (const accel::Error& e) {
+    message = e.what();
+  }
+  const std::string step = std::to_string(40 / (8 * N));  // the step whose samples change size
+  check(message.find("loading batch " + step + " of epoch 0") != std::string::npos &&
+            message.find("failed: stack expects each tensor to be equal size") != std::string::npos,
+        "a batch rank 0 cannot collate stops every rank with its message (got: " + message + ")");
+}
+
 void kill_mid_collective() {
   accel::ProcessState state(options(20000));
   rank_ = state.process_index();
@@ -308,6 +348,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") collectives(argc > 2 ? argv[2] : ".");
     else if (mode == "kill") kill_mid_collective();
     else if (mode == "golden") golden(argv[2]);
+    else if (mode == "dispatch") dispatch_checks();
     else if (mode == "rendezvous") {
       accel::ProcessState state(options(std::atoi(argc > 2 ? argv[2] : "5000")));
       rank_ = state.process_index();

@@ -198,6 +198,21 @@ TEST_CASE("GradientState follows the loops: nested loaders, abandoned loops", "[
   CHECK(!gs.in_dataloader());
 }
 
+TEST_CASE("the user's DataLoader is a range as it is", "[loader][unprepared]") {
+  data::DataLoader dl(indices(7), {.batch_size = 3});
+  Batches got;
+  for (const auto& b : dl) got.push_back(as_vector(b));
+  CHECK((got == Batches{{0, 1, 2}, {3, 4, 5}, {6}}));
+  CHECK(!accel::GradientState::instance().in_dataloader());
+  data::DataLoader shuffled(indices(50), {.batch_size = 50, .shuffle = true});
+  at::manual_seed(3);
+  const auto e0 = as_vector(*shuffled.begin());
+  const auto e1 = as_vector(*shuffled.begin());
+  CHECK(e0 != e1);  // every epoch draws a new order
+  at::manual_seed(3);
+  CHECK(as_vector(*shuffled.begin()) == e0);
+}
+
 TEST_CASE("bad input to loaders is a clear error", "[loader][errors]") {
   using Catch::Contains;
   CHECK_THROWS_WITH(data::DataLoader(indices(4), {.batch_size = 0}), Contains("batch_size must be at least 1 (got 0)"));

@@ -65,13 +65,17 @@ class GradientState {
   class Registration {
    public:
     Registration() = default;
-    explicit Registration(GradientState& gs) : gs_(&gs) { gs_->push(&view_); }
+    //! Registers with `gs`, or with nothing when `gs` is null (a loader that publishes nothing).
+    explicit Registration(GradientState* gs) : gs_(gs) {
+      if (gs_) gs_->push(&view_);
+    }
     ~Registration() {
       if (gs_) gs_->remove(&view_);
     }
     Registration(const Registration&) = delete;
     Registration& operator=(const Registration&) = delete;
     void update(bool end, std::shared_ptr<const std::vector<plan::BatchPlan>> plans, std::int64_t batch) {
+      if (!gs_) return;
       std::lock_guard<std::mutex> lock(gs_->mu_);
       view_.end_of_dataloader = end;
       if (view_.plans != plans) view_.plans = std::move(plans);

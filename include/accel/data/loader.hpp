@@ -81,6 +81,10 @@ class DataLoader {
   [[nodiscard]] std::int64_t size() const {
     return plan::batch_plan(options_.batch_size, options_.drop_last, dataset_->size()).size();
   }
+  //! Iterates the loader as it is, in one process (PyTorch's DataLoader: a shuffled epoch draws its seed
+  //! from the global generator). Defined below, after the prepared loaders.
+  [[nodiscard]] auto begin() const;
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
   std::shared_ptr<const Dataset> dataset_;
@@ -162,6 +166,8 @@ struct LoaderCore {
   bool running = false;
   std::int64_t handed = 0, total = 0;
   std::vector<std::uint8_t> epoch_start_state;
+  std::int64_t bytes_received = 0, bytes_broadcast_equivalent = 0;  // dispatched loading's transport
+  bool publish = true;  // registers with GradientState (prepared loaders do; the user's own loader does not)
 
   [[nodiscard]] plan::ShardSpec spec(int rank) const {
     return {.batch_size = options.batch_size, .drop_last = options.drop_last, .num_processes = ctx.num_processes,
@@ -222,7 +228,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
 
  private:
   struct Epoch {
-    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
+    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
       auto& k = *core;
       const IndexOrder order = k.begin_epoch();
       auto all = std::make_shared<std::vector<plan::BatchPlan>>();
@@ -350,7 +356,7 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
     std::vector<std::vector<std::int64_t>> shapes;  // trailing dimensions
   };
   struct Epoch {
-    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(GradientState::instance()) {
+    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
       auto& k = *core;
       order = k.begin_epoch();
       auto all = std::make_shared<std::vector<plan::BatchPlan>>();
@@ -375,19 +381,26 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
       if (start == INT64_MAX) start = stop = 0;
       std::optional<Batch> global;
       Meta meta;
+      std::string error;  // rank 0's failure, sent to every rank so that all of them stop with it
       if (me == 0) {
         std::vector<std::int64_t> idx;
         for (auto pos = start; pos < stop; ++pos) idx.push_back(order[plans[0].sample(pos)]);
-        if (!idx.empty()) global.emplace(detail::fetch_batch(*k.dataset, k.collate, idx, j + plans[0].skipped(), k.epoch, 0));
+        try {
+          if (!idx.empty()) global.emplace(detail::fetch_batch(*k.dataset, k.collate, idx, j + plans[0].skipped(), k.epoch, 0));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
         if (global) for_each_tensor(*global, [&](const at::Tensor& t) {
           meta.dtypes.push_back(std::int8_t(t.scalar_type()));
           meta.shapes.push_back(t.sizes().slice(1).vec());
         });
       }
       if (k.ctx.comm && N > 1) {
-        auto m = broadcast_object(k.ctx.comm, std::tuple{meta.dtypes, meta.shapes}, 0);
-        meta.dtypes = std::get<0>(m), meta.shapes = std::get<1>(m);
+        auto m = broadcast_object(k.ctx.comm, std::tuple{meta.dtypes, meta.shapes, error}, 0);
+        meta.dtypes = std::get<0>(m), meta.shapes = std::get<1>(m), error = std::get<2>(m);
       }
+      if (!error.empty())
+        throw Error(me == 0 ? error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + error);
       Batch out{};
       std::size_t leaf = 0;
       if (me == 0 && global) out = *global;
@@ -411,6 +424,8 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
         at::Tensor mine = at::empty(shape, opts);
         if (k.ctx.comm && N > 1) k.ctx.comm->scatter(mine, chunks, 0);
         else mine = chunks.at(std::size_t(me));
+        k.bytes_received += mine.numel() * std::int64_t(mine.element_size());
+        k.bytes_broadcast_equivalent += (stop - start) * (mine.numel() / std::max<std::int64_t>(rows, 1)) * std::int64_t(mine.element_size());
         t = mine.narrow(0, 0, plans[std::size_t(me)].span(j).size());
       });
       Placement<typename Config::place> place(k.ctx.device);
@@ -478,6 +493,11 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
   [[nodiscard]] std::int64_t total_dataset_length() const { return core_->dataset->size(); }
   [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
   void load_state_dict(const LoaderState& s) { core_->load(s); }
+  //! Bytes this rank received so far, and what a broadcast of every global batch (Accelerate's transport)
+  //! would have sent it.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
+    return {core_->bytes_received, core_->bytes_broadcast_equivalent};
+  }
   //! Without the first `k` steps of the next epoch (a step is a batch of this loader, not 1/N of one: Q9).
   [[nodiscard]] DispatchedLoader skip_first_batches(std::int64_t k) const {
     accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
@@ -523,6 +543,20 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
 template <class Config, class Dataset, class Collate>
 auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const ProcessState& state) {
   return prepare_data_loader<Config>(loader, PrepareContext::of(state));
+}
+
+namespace detail {
+struct Unprepared {
+  using config = Config<dist::none, place::none, rng::none>;
+};
+}  // namespace detail
+
+template <MapDataset Dataset, class Collate>
+auto DataLoader<Dataset, Collate>::begin() const {
+  // A fresh one-process loader per epoch, so every epoch draws anew (the iterator keeps it alive).
+  auto loader = prepare_data_loader<detail::Unprepared::config>(*this, PrepareContext{});
+  loader.core()->publish = false;
+  return loader.begin();
 }
 
 }  // namespace accel::data
