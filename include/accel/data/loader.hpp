@@ -237,7 +237,6 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
       k.skip = 0;
       mine = (*plans)[std::size_t(k.ctx.process_index)];
       k.running = true;
-      k.handed = 0;
       k.total = mine.size() + mine.skipped();
       k.handed = mine.skipped();
       view = planned_batches(mine, order);
