@@ -198,6 +198,63 @@ TEST_CASE("GradientState follows the loops: nested loaders, abandoned loops", "[
   CHECK(!gs.in_dataloader());
 }
 
+TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerate's share", "[loader][iterable]") {
+  const auto file = accel_test::golden("iterable_dataset_shard.json");
+  std::size_t checked = 0;
+  for (const auto& c : file.at("cases")) {
+    const int N = c.at("num_processes");
+    const std::int64_t n = c.at("n"), bs = c.at("batch_size");
+    const bool split = c.at("split_batches"), dl = c.at("drop_last");
+    if (N == 1 || c.contains("constructor_error") || (split && bs % N != 0)) continue;  // one process: not sharded
+    std::vector<std::int64_t> stream(static_cast<std::size_t>(n));
+    std::iota(stream.begin(), stream.end(), 0);
+    auto source = std::views::all(stream);
+    data::DataLoader loader(source, {.batch_size = bs, .drop_last = dl});
+    for (const auto& proc : c.at("processes")) {
+      const int r = proc.at("process_index");
+      auto run = [&]<class Config>(Config*) {
+        auto l = data::prepare_data_loader<Config>(loader, data::PrepareContext{N, r, nullptr});
+        std::vector<std::int64_t> flat;
+        std::vector<bool> ends;
+        std::size_t batches = 0;
+        for (const auto& b : l) {
+          for (auto x : as_vector(b)) flat.push_back(x);
+          ends.push_back(accel::GradientState::instance().end_of_dataloader());
+          const auto layout = accel::GradientState::instance().layout();
+          REQUIRE(layout.real.size() == std::size_t(N));
+          ++batches;
+        }
+        INFO(c.dump().substr(0, 160) << " rank " << r);
+        REQUIRE(flat == proc.at("samples").get<std::vector<std::int64_t>>());
+        REQUIRE(l.size() == batches);
+        if (!ends.empty()) REQUIRE(ends.back());
+        REQUIRE(std::count(ends.begin(), ends.end(), true) == (ends.empty() ? 0 : 1));
+      };
+      if (split) run(static_cast<Split*>(nullptr));
+      else run(static_cast<Even*>(nullptr));
+    }
+    ++checked;
+  }
+  CHECK(checked > 500);
+  // One process batches the stream as it comes (no padding); resuming re-reads and skips.
+  std::vector<std::int64_t> seven{0, 1, 2, 3, 4, 5, 6};
+  data::DataLoader one(std::views::all(seven), {.batch_size = 3});
+  Batches got;
+  for (const auto& b : one) got.push_back(as_vector(b));
+  CHECK((got == Batches{{0, 1, 2}, {3, 4, 5}, {6}}));
+  auto l = data::prepare_data_loader<Even>(one, data::PrepareContext{2, 1, nullptr});
+  auto first = *l.begin();
+  auto saved = l.state_dict();
+  CHECK((saved.epoch == 0 && saved.batches == 1));
+  auto resumed = data::prepare_data_loader<Even>(one, data::PrepareContext{2, 1, nullptr});
+  resumed.load_state_dict(saved);
+  Batches rest;
+  for (const auto& b : resumed) rest.push_back(as_vector(b));
+  CHECK((as_vector(first) == std::vector<std::int64_t>{3, 4, 5}));
+  CHECK((rest == Batches{{2, 3, 4}}));  // rank 1's second batch: the last chunk [6, 0, 1, 2, 3, 4] padded from the first
+  CHECK(!accel::GradientState::instance().in_dataloader());
+}
+
 TEST_CASE("the user's DataLoader is a range as it is", "[loader][unprepared]") {
   data::DataLoader dl(indices(7), {.batch_size = 3});
   Batches got;

@@ -25,9 +25,10 @@ class GradientState {
     bool end_of_dataloader = false;
     std::shared_ptr<const std::vector<plan::BatchPlan>> plans;
     std::int64_t batch = 0;
+    GatherLayout direct;  //!< used when there are no plans (streams)
     [[nodiscard]] GatherLayout layout() const {
       GatherLayout out;
-      if (!plans) return out;
+      if (!plans) return direct;
       for (const auto& p : *plans) {
         const bool has = batch < p.size();
         out.size.push_back(has ? p.span(batch).size() : 0);
@@ -80,6 +81,13 @@ class GradientState {
       view_.end_of_dataloader = end;
       if (view_.plans != plans) view_.plans = std::move(plans);
       view_.batch = batch;
+    }
+    void update(bool end, GatherLayout layout) {
+      if (!gs_) return;
+      std::lock_guard<std::mutex> lock(gs_->mu_);
+      view_.end_of_dataloader = end;
+      view_.plans.reset();
+      view_.direct = std::move(layout);
     }
 
    private:

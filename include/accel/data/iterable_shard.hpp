@@ -33,6 +33,7 @@ template <class T>
 struct ShardSample {
   T value;
   bool padding = false;
+  std::int64_t chunk_real = 0;  //!< real (not padding) samples in the chunk this one comes from, for every rank
 };
 
 // [accelerate:data_loader.py IterableDatasetShard.__iter__]
@@ -87,7 +88,7 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
     bool advance() {
       while (yield_from >= yield_to)
         if (!refill()) return false;
-      current = {buffer[yield_from], std::int64_t(yield_from) >= real_end};
+      current = {buffer[yield_from], std::int64_t(yield_from) >= real_end, real_end};
       ++yield_from;
       return true;
     }

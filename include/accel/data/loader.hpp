@@ -32,6 +32,7 @@
 #include <accel/data/prefetcher.hpp>
 #include <accel/data/sampler.hpp>
 #include <accel/data/gradient_state.hpp>
+#include <accel/data/iterable_shard.hpp>
 #include <accel/state/process_state.hpp>
 
 #include <ATen/ops/empty.h>
@@ -65,8 +66,12 @@ struct LoaderState {
 inline auto accel_fields(LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
 inline auto accel_fields(const LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
 
-//! A dataset plus loader options and a collate function.
-template <MapDataset Dataset, class Collate = DefaultCollate>
+//! A map-style or an iterable dataset.
+template <class D>
+concept LoaderDataset = MapDataset<D> || IterableDataset<D>;
+
+//! A dataset (map-style or iterable) plus loader options and a collate function.
+template <LoaderDataset Dataset, class Collate = DefaultCollate>
 class DataLoader {
  public:
   DataLoader(Dataset dataset, DataLoaderOptions options = {}, Collate collate = {})
@@ -78,7 +83,9 @@ class DataLoader {
   [[nodiscard]] const std::shared_ptr<const Dataset>& dataset() const noexcept { return dataset_; }
   [[nodiscard]] const DataLoaderOptions& options() const noexcept { return options_; }
   [[nodiscard]] const Collate& collate() const noexcept { return collate_; }
-  [[nodiscard]] std::int64_t size() const {
+  [[nodiscard]] std::int64_t size() const
+    requires MapDataset<Dataset>
+  {
     return plan::batch_plan(options_.batch_size, options_.drop_last, dataset_->size()).size();
   }
   //! Iterates the loader as it is, in one process (PyTorch's DataLoader: a shuffled epoch draws its seed
@@ -135,7 +142,16 @@ auto fetch_batch(const Dataset& ds, const Collate& collate, std::span<const std:
   }
 }
 template <class Dataset, class Collate>
-using batch_t = decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
+struct batch_of {
+  using type = decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
+};
+template <IterableDataset Dataset, class Collate>
+struct batch_of<Dataset, Collate> {
+  using type = std::remove_cvref_t<decltype(std::declval<const Collate&>()(
+      std::declval<const std::vector<std::ranges::range_value_t<const Dataset>>&>()))>;
+};
+template <class Dataset, class Collate>
+using batch_t = typename batch_of<Dataset, Collate>::type;
 
 inline std::vector<std::uint8_t> generator_bytes(at::Generator g) {
   std::lock_guard<std::mutex> lock(g.mutex());
@@ -174,7 +190,13 @@ struct LoaderCore {
             .process_index = rank, .split_batches = Config::split_batches, .even_batches = Config::even_batches};
   }
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
-    return plan::loader_plan(spec(rank), dataset->size(), dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+    if constexpr (MapDataset<Dataset>)
+      return plan::loader_plan(spec(rank), dataset->size(), dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+    else if constexpr (std::ranges::sized_range<const Dataset>)
+      return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
+                               ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable);
+    else
+      return {};
   }
   // The generator the epoch's order is drawn from: the synchronised sampler generator, or (one process, no
   // sampler generator) the global one. None for sequential and seedable loaders.
@@ -193,7 +215,8 @@ struct LoaderCore {
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
     epoch_start_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
-    return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+    if constexpr (MapDataset<Dataset>) return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+    else return IndexOrder{};
   }
   void end_epoch() {
     running = false;
@@ -509,6 +532,163 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
   std::shared_ptr<Core> core_;
 };
 
+// [accelerate:data_loader.py DataLoaderShard over IterableDatasetShard]
+//! An iterable dataset, sharded: every process reads the stream and keeps its part of each chunk
+//! (`IterableShard`: `batch_size` samples of every `batch_size * N`, or `batch_size / N` of every `batch_size`
+//! under `batches::split`), the last chunk completed from the first unless `drop_last`. One process batches the
+//! stream as it comes (a short last batch). One batch of look-ahead tells `end_of_dataloader`; every rank's real
+//! rows follow from the chunk. Resuming re-reads the stream and drops the batches already handed out.
+template <class Dataset, class Collate, class Config>
+class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoader<Dataset, Collate, Config>> {
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Sample = std::ranges::range_value_t<const Dataset>;
+  using Source = std::ranges::ref_view<const Dataset>;
+
+ public:
+  using Batch = typename Core::Batch;
+
+ private:
+  struct Next {
+    Batch batch;
+    GatherLayout layout;
+  };
+  struct Epoch {
+    Epoch(std::shared_ptr<Core> c)
+        : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr),
+          shard(Source(*core->dataset), IterableShardOptions{.batch_size = core->options.batch_size,
+                                                             .drop_last = core->options.drop_last,
+                                                             .num_processes = core->ctx.num_processes,
+                                                             .process_index = core->ctx.process_index,
+                                                             .split_batches = Config::split_batches}) {
+      auto& k = *core;
+      // Only one pass over the source is started: single-pass streams are read once.
+      if (k.ctx.num_processes == 1) plain.emplace(std::ranges::begin(*k.dataset));
+      else it.emplace(shard.begin());
+      k.begin_epoch();
+      k.running = true;
+      k.handed = 0;
+      k.total = INT64_MAX;  // unknown until the stream ends
+      ahead = read();
+      for (std::int64_t s = k.skip; s > 0 && ahead; --s) ahead = read(), ++k.handed;
+      k.skip = 0;
+    }
+    // The next batch of this process, or nothing at the end of the stream.
+    std::optional<Next> read() {
+      auto& k = *core;
+      const int N = k.ctx.num_processes;
+      std::vector<Sample> samples;
+      GatherLayout layout;
+      if (N == 1) {
+        const auto stop = std::ranges::end(*k.dataset);
+        for (auto& p = *plain; p != stop && std::int64_t(samples.size()) < k.options.batch_size; ++p) samples.push_back(*p);
+        if (samples.empty() || (k.options.drop_last && std::int64_t(samples.size()) < k.options.batch_size)) return std::nullopt;
+        layout = {{std::int64_t(samples.size())}, {std::int64_t(samples.size())}};
+      } else {
+        const std::int64_t per = Config::split_batches ? k.options.batch_size / N : k.options.batch_size;
+        std::int64_t chunk_real = 0;
+        for (auto& i = *it; i != std::default_sentinel && std::int64_t(samples.size()) < per; ++i) {
+          samples.push_back((*i).value);
+          chunk_real = (*i).chunk_real;
+        }
+        if (samples.empty()) return std::nullopt;
+        for (int q = 0; q < N; ++q) {
+          layout.size.push_back(per);
+          layout.real.push_back(std::clamp<std::int64_t>(chunk_real - q * per, 0, per));
+        }
+      }
+      Placement<typename Config::place> place(k.ctx.device);
+      try {
+        return Next{place(k.collate(samples)), std::move(layout)};
+      } catch (const std::exception& e) {
+        throw Error("accel: rank " + std::to_string(k.ctx.process_index) + ": collating batch " + std::to_string(k.handed) +
+                    " of epoch " + std::to_string(k.epoch) + " of the stream failed: " + e.what());
+      }
+    }
+    bool advance() {
+      if (!ahead) return false;
+      current.emplace(std::move(ahead->batch));
+      GatherLayout layout = std::move(ahead->layout);
+      ahead = read();  // look-ahead: is this the last batch?
+      Placement<typename Config::place>(core->ctx.device).hand_over(*current);
+      registration.update(!ahead.has_value(), std::move(layout));
+      ++core->handed;
+      return true;
+    }
+    std::shared_ptr<Core> core;
+    GradientState::Registration registration;
+    IterableShard<Source> shard;
+    std::optional<std::ranges::iterator_t<IterableShard<Source>>> it;
+    std::optional<std::ranges::iterator_t<const Dataset>> plain;
+    std::optional<Next> ahead;
+    std::optional<Batch> current;
+  };
+
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using reference = const Batch&;
+    iterator() = default;
+    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
+    const Batch& operator*() const { return *e_->current; }
+    const Batch* operator->() const { return &*e_->current; }
+    iterator& operator++() {
+      step();
+      return *this;
+    }
+    iterator operator++(int) {
+      auto t = *this;
+      step();
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
+    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
+
+   private:
+    void step() {
+      if (!e_->advance()) {
+        e_->core->end_epoch();
+        e_.reset();
+      }
+    }
+    std::shared_ptr<Epoch> e_;
+  };
+
+  StreamShardedLoader() = default;
+  explicit StreamShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  //! Batches per epoch, when the stream's length is known (the number really yielded: Q5 fixed).
+  [[nodiscard]] std::size_t size() const
+    requires std::ranges::sized_range<const Dataset>
+  {
+    return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size());
+  }
+  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
+  [[nodiscard]] std::int64_t total_batch_size() const {
+    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+  }
+  [[nodiscard]] LoaderState state_dict() const {
+    const auto& k = *core_;
+    return k.running ? LoaderState{k.epoch, k.handed, {}} : LoaderState{k.epoch, k.skip, {}};
+  }
+  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  [[nodiscard]] StreamShardedLoader skip_first_batches(std::int64_t k) const {
+    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    auto copy = std::make_shared<Core>(*core_);
+    copy->skip += k;
+    return StreamShardedLoader(copy);
+  }
+  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
 // [accelerate:data_loader.py prepare_data_loader]
 //! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
 //! DispatchedLoader), statically typed. A shuffled loader's sampler is drawn as Accelerate draws it: a
@@ -524,18 +704,24 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
                          "accel: under batches::split the batch size (" + std::to_string(o.batch_size) +
                              ") must be a round multiple of the number of processes (" + std::to_string(ctx.num_processes) +
                              "); use a batch size divisible by it, or batches::per_process");
+  if constexpr (IterableDataset<Dataset>) {
+    static_assert(!Config::dispatch, "accel: loading::dispatched of an iterable dataset is not available yet; use "
+                                     "loading::sharded (every process reads the stream and keeps its share)");
+    accel::detail::require(!o.shuffle, "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
+  }
   auto core = std::make_shared<Core>();
   core->dataset = loader.dataset();
   core->collate = loader.collate();
   core->options = o;
   core->ctx = ctx;
   core->dispatch = Config::dispatch;
-  if (o.shuffle) {
+  if (o.shuffle && MapDataset<Dataset>) {
     // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
     core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
                                                     o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
   }
-  if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
+  if constexpr (IterableDataset<Dataset>) return StreamShardedLoader<Dataset, Collate, Config>(core);
+  else if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
   else return ShardedLoader<Dataset, Collate, Config>(core);
 }
 
@@ -550,7 +736,7 @@ struct Unprepared {
 };
 }  // namespace detail
 
-template <MapDataset Dataset, class Collate>
+template <LoaderDataset Dataset, class Collate>
 auto DataLoader<Dataset, Collate>::begin() const {
   // A fresh one-process loader per epoch, so every epoch draws anew (the iterator keeps it alive).
   auto loader = prepare_data_loader<detail::Unprepared::config>(*this, PrepareContext{});
@@ -564,3 +750,5 @@ template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::ShardedLoader<D, C, Cfg>> = true;
 template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::DispatchedLoader<D, C, Cfg>> = true;
+template <class D, class C, class Cfg>
+inline constexpr bool ranges::enable_view<accel::data::StreamShardedLoader<D, C, Cfg>> = true;
