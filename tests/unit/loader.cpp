@@ -7,6 +7,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/data/datasets/base.h>
 #include <catch2/catch.hpp>
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
@@ -253,6 +256,68 @@ TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerat
   CHECK((as_vector(first) == std::vector<std::int64_t>{3, 4, 5}));
   CHECK((rest == Batches{{2, 3, 4}}));  // rank 1's second batch: the last chunk [6, 0, 1, 2, 3, 4] padded from the first
   CHECK(!accel::GradientState::instance().in_dataloader());
+}
+
+namespace {
+// A LibTorch dataset, as users of torch::data write them (MNIST has the same shape).
+struct Squares : torch::data::datasets::Dataset<Squares> {
+  torch::data::Example<> get(size_t i) override {
+    return {at::full({2}, double(i * i)), at::scalar_tensor(std::int64_t(i), at::kLong)};
+  }
+  torch::optional<size_t> size() const override { return 9; }
+};
+}  // namespace
+
+TEST_CASE("LibTorch datasets plug in through TorchDataset", "[loader][torch]") {
+  data::DataLoader dl(data::TorchDataset(Squares{}), {.batch_size = 4});
+  auto loader = data::prepare_data_loader<Even>(dl, data::PrepareContext{2, 1, nullptr});
+  std::vector<std::int64_t> targets;
+  for (const auto& b : loader) {
+    CHECK(b.data.size(1) == 2);
+    for (auto t : as_vector(b.target)) targets.push_back(t);
+  }
+  CHECK((targets == std::vector<std::int64_t>{4, 5, 6, 7, 3, 4, 5, 6}));  // rank 1 of 2; the last batch padded
+}
+
+TEST_CASE("repeated resumes: stop, resume, stop again, resume again", "[loader][resume]") {
+  const data::DataLoaderOptions opt{.batch_size = 3, .shuffle = true, .workers = 2};
+  auto make = [&](std::uint64_t seed) {
+    at::manual_seed(seed);
+    return data::prepare_data_loader<Even>(data::DataLoader(indices(31), opt), data::PrepareContext{2, 0, nullptr});
+  };
+  Batches reference;
+  {
+    auto l = make(5);
+    for (int e = 0; e < 3; ++e) for (auto& b : run_epoch(l).first) reference.push_back(b);
+  }
+  for (std::size_t step : {1u, 2u, 5u, 7u}) {
+    Batches got;
+    data::LoaderState state{};
+    bool first = true;
+    std::uint64_t seed = 5;
+    while (got.size() < reference.size()) {
+      auto l = make(seed);
+      seed += 1000;  // every "process" starts from another global seed
+      if (!first) l.load_state_dict(state);
+      first = false;
+      std::size_t taken = 0;
+      bool stopped = false;
+      for (std::int64_t e = l.epoch(); e < 3 && !stopped; ++e) {
+        l.set_epoch(e);
+        for (const auto& b : l) {
+          got.push_back(as_vector(b));
+          if (++taken == step) {
+            stopped = true;
+            break;
+          }
+        }
+      }
+      state = l.state_dict();
+      if (!stopped) break;
+    }
+    INFO("a resume every " << step << " batches");
+    CHECK(got == reference);
+  }
 }
 
 TEST_CASE("the user's DataLoader is a range as it is", "[loader][unprepared]") {
