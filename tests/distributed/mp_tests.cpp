@@ -232,14 +232,9 @@ void collectives(const std::string& scratch) {
 // is this job's, batch by batch and end_of_dataloader flag by flag, sharded or dispatched.
 template <class... P>
 struct Cfg : accel::Accelerator<P...> {};
-template <class Config>
-void golden_case(const nlohmann::json& c, const accel::ProcessState& state) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(c.at("n").get<std::int64_t>()));
-  std::iota(v.begin(), v.end(), 0);
-  accel::data::DataLoader dl(accel::data::RangeDataset<std::vector<std::int64_t>>(v),
-                             {.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last")});
+template <class Loader>
+void golden_run(const nlohmann::json& c, const accel::ProcessState& state, Loader loader) {
   const auto& expected = c.at("processes")[std::size_t(state.process_index())];
-  auto loader = accel::data::prepare_data_loader<Config>(dl, state);
   std::vector<std::vector<std::int64_t>> batches;
   std::vector<bool> ends;
   for (const auto& b : loader) {
@@ -253,7 +248,22 @@ void golden_case(const nlohmann::json& c, const accel::ProcessState& state) {
   check(loader.size() == batches.size(), "size() of " + what);
 }
 
-void golden(const std::string& path) {
+template <class Config>
+void golden_case(const nlohmann::json& c, const accel::ProcessState& state, bool stream) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(c.at("n").get<std::int64_t>()));
+  std::iota(v.begin(), v.end(), 0);
+  const accel::data::DataLoaderOptions opt{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last")};
+  if (stream) {  // the same samples as an iterable dataset (a stream: no get(i))
+    accel::data::DataLoader dl(std::views::all(v), opt);
+    golden_run(c, state, accel::data::prepare_data_loader<Config>(dl, state));
+  } else {
+    accel::data::DataLoader dl(accel::data::RangeDataset<std::vector<std::int64_t>>(v), opt);
+    golden_run(c, state, accel::data::prepare_data_loader<Config>(dl, state));
+  }
+}
+
+
+void golden(const std::string& path, bool stream) {
   accel::ProcessState state(options(30000));
   rank_ = state.process_index();
   std::ifstream in(path);
@@ -278,14 +288,14 @@ void golden(const std::string& path) {
       continue;
     }
     if (dispatch) {
-      if (split) golden_case<Cfg<accel::dist::gloo, accel::loading::dispatched, accel::batches::split>::config>(c, state);
-      else golden_case<Cfg<accel::dist::gloo, accel::loading::dispatched>::config>(c, state);
-    } else if (split && even) golden_case<Cfg<accel::dist::gloo, accel::batches::split>::config>(c, state);
-    else if (split) golden_case<Cfg<accel::dist::gloo, accel::batches::split, accel::tail::uneven>::config>(c, state);
-    else if (even) golden_case<Cfg<accel::dist::gloo>::config>(c, state);
-    else golden_case<Cfg<accel::dist::gloo, accel::tail::uneven>::config>(c, state);
+      if (split) golden_case<Cfg<accel::dist::gloo, accel::loading::dispatched, accel::batches::split>::config>(c, state, stream);
+      else golden_case<Cfg<accel::dist::gloo, accel::loading::dispatched>::config>(c, state, stream);
+    } else if (split && even) golden_case<Cfg<accel::dist::gloo, accel::batches::split>::config>(c, state, false);
+    else if (split) golden_case<Cfg<accel::dist::gloo, accel::batches::split, accel::tail::uneven>::config>(c, state, false);
+    else if (even) golden_case<Cfg<accel::dist::gloo>::config>(c, state, false);
+    else golden_case<Cfg<accel::dist::gloo, accel::tail::uneven>::config>(c, state, false);
   }
-  state.print("golden ", path.substr(path.find_last_of('/') + 1), " on ", state.num_processes(), " processes: ",
+  state.print(stream ? "stream " : "", "golden ", path.substr(path.find_last_of('/') + 1), " on ", state.num_processes(), " processes: ",
               refused, " configurations refused on purpose");
 }
 
@@ -347,7 +357,8 @@ int main(int argc, char** argv) {
   try {
     if (mode == "collectives") collectives(argc > 2 ? argv[2] : ".");
     else if (mode == "kill") kill_mid_collective();
-    else if (mode == "golden") golden(argv[2]);
+    else if (mode == "golden") golden(argv[2], false);
+    else if (mode == "golden-stream") golden(argv[2], true);
     else if (mode == "dispatch") dispatch_checks();
     else if (mode == "rendezvous") {
       accel::ProcessState state(options(std::atoi(argc > 2 ? argv[2] : "5000")));

@@ -40,6 +40,7 @@
 
 #include <iterator>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <ranges>
 #include <vector>
@@ -358,6 +359,75 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   std::shared_ptr<Core> core_;
 };
 
+namespace detail {
+
+//! One step of dispatched loading, as rank 0 describes it: where each rank's rows start in the global batch,
+//! how many it gets and how many of those are real, whether it is the epoch's last step, and rank 0's error.
+struct DispatchStep {
+  bool has_step = false;
+  bool end = false;
+  std::vector<std::int64_t> begin, size, real;
+  std::vector<std::int8_t> dtypes;
+  std::vector<std::vector<std::int64_t>> shapes;  // trailing dimensions of every tensor leaf
+  std::string error;
+};
+inline auto accel_fields(DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
+inline auto accel_fields(const DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
+
+//! The transport of dispatched loading: rank 0 sends the step's description (typed broadcast), then every
+//! tensor leaf of the global batch is cut into per-rank chunks (padded to one size) and scattered, and every
+//! rank keeps its `size[me]` rows. Returns this rank's batch; counts the bytes received and those a
+//! broadcast of the whole global batch would have cost.
+template <class Batch>
+Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const std::optional<Batch>& global,
+                         std::int64_t& bytes_received, std::int64_t& bytes_broadcast) {
+  const int me = ctx.process_index, N = ctx.num_processes;
+  if (me == 0 && global) {
+    step.dtypes.clear(), step.shapes.clear();
+    for_each_tensor(*global, [&](const at::Tensor& t) {
+      step.dtypes.push_back(std::int8_t(t.scalar_type()));
+      step.shapes.push_back(t.sizes().slice(1).vec());
+    });
+  }
+  if (ctx.comm && N > 1) step = broadcast_object(ctx.comm, step, 0);
+  if (!step.error.empty())
+    throw Error(me == 0 ? step.error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + step.error);
+  if (!step.has_step) return Batch{};
+  const std::int64_t rows = *std::max_element(step.size.begin(), step.size.end());
+  const std::int64_t total = std::accumulate(step.size.begin(), step.size.end(), std::int64_t{0});
+  Batch out{};
+  if (me == 0 && global) out = *global;
+  std::size_t leaf = 0;
+  const auto dev = ctx.comm ? ctx.comm->device() : c10::Device(c10::kCPU);
+  for_each_tensor(out, [&](at::Tensor& t) {
+    const std::size_t l = leaf++;
+    accel::detail::require(l < step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
+    std::vector<std::int64_t> shape{rows};
+    shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
+    const auto opts = at::TensorOptions().dtype(at::ScalarType(step.dtypes[l])).device(dev);
+    std::vector<at::Tensor> chunks;
+    if (me == 0) {
+      const at::Tensor src = t.to(dev);
+      for (int r = 0; r < N; ++r) {
+        at::Tensor chunk = at::zeros(shape, opts);
+        if (step.size[std::size_t(r)] > 0)
+          chunk.narrow(0, 0, step.size[std::size_t(r)]).copy_(src.narrow(0, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
+        chunks.push_back(chunk);
+      }
+    }
+    at::Tensor mine = at::empty(shape, opts);
+    if (ctx.comm && N > 1) ctx.comm->scatter(mine, chunks, 0);
+    else mine = chunks.at(std::size_t(me));
+    const std::int64_t row_bytes = (mine.numel() / std::max<std::int64_t>(rows, 1)) * std::int64_t(mine.element_size());
+    bytes_received += rows * row_bytes;
+    bytes_broadcast += total * row_bytes;
+    t = mine.narrow(0, 0, step.size[std::size_t(me)]);
+  });
+  return out;
+}
+
+}  // namespace detail
+
 // [accelerate:data_loader.py DataLoaderDispatcher]
 //! Rank 0 reads and collates every global batch; every rank receives only its own slice (a scatter: each
 //! rank gets about 1/N of the bytes a broadcast of the whole batch would send). The batch's structure must be
@@ -392,64 +462,33 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
     }
     bool advance() {
       auto& k = *core;
-      const int me = k.ctx.process_index, N = k.ctx.num_processes;
+      const int me = k.ctx.process_index;
       if (j >= plans[0].size()) return false;
-      std::int64_t start = INT64_MAX, stop = 0, rows = 0;
-      for (const auto& p : plans) {
-        const auto s = p.span(j);
-        rows = std::max(rows, s.size());
-        if (s.size() > 0) start = std::min(start, s.begin), stop = std::max(stop, s.end);
-      }
-      if (start == INT64_MAX) start = stop = 0;
+      detail::DispatchStep step;
       std::optional<Batch> global;
-      Meta meta;
-      std::string error;  // rank 0's failure, sent to every rank so that all of them stop with it
       if (me == 0) {
+        std::int64_t start = INT64_MAX, stop = 0;
+        for (const auto& p : plans) {
+          const auto s = p.span(j);
+          if (s.size() > 0) start = std::min(start, s.begin), stop = std::max(stop, s.end);
+        }
+        if (start == INT64_MAX) start = stop = 0;
+        step.has_step = true;
+        step.end = plans[0].end_of_dataloader(j);
+        for (const auto& p : plans) {
+          step.begin.push_back(p.span(j).size() > 0 ? p.span(j).begin - start : 0);
+          step.size.push_back(p.span(j).size());
+          step.real.push_back(p.real(j));
+        }
         std::vector<std::int64_t> idx;
         for (auto pos = start; pos < stop; ++pos) idx.push_back(order[plans[0].sample(pos)]);
         try {
           if (!idx.empty()) global.emplace(detail::fetch_batch(*k.dataset, k.collate, idx, j + plans[0].skipped(), k.epoch, 0));
         } catch (const std::exception& e) {
-          error = e.what();
+          step.error = e.what();  // sent to every rank so that all of them stop with it
         }
-        if (global) for_each_tensor(*global, [&](const at::Tensor& t) {
-          meta.dtypes.push_back(std::int8_t(t.scalar_type()));
-          meta.shapes.push_back(t.sizes().slice(1).vec());
-        });
       }
-      if (k.ctx.comm && N > 1) {
-        auto m = broadcast_object(k.ctx.comm, std::tuple{meta.dtypes, meta.shapes, error}, 0);
-        meta.dtypes = std::get<0>(m), meta.shapes = std::get<1>(m), error = std::get<2>(m);
-      }
-      if (!error.empty())
-        throw Error(me == 0 ? error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + error);
-      Batch out{};
-      std::size_t leaf = 0;
-      if (me == 0 && global) out = *global;
-      const auto dev = k.ctx.comm ? k.ctx.comm->device() : c10::Device(c10::kCPU);
-      for_each_tensor(out, [&](at::Tensor& t) {
-        const std::size_t l = leaf++;
-        accel::detail::require(l < meta.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
-        std::vector<std::int64_t> shape{rows};
-        shape.insert(shape.end(), meta.shapes[l].begin(), meta.shapes[l].end());
-        const auto opts = at::TensorOptions().dtype(at::ScalarType(meta.dtypes[l])).device(dev);
-        std::vector<at::Tensor> chunks;
-        if (me == 0) {
-          const at::Tensor src = t.to(dev);
-          for (int r = 0; r < N; ++r) {
-            const auto s = plans[std::size_t(r)].span(j);
-            at::Tensor chunk = at::zeros(shape, opts);
-            if (s.size() > 0) chunk.narrow(0, 0, s.size()).copy_(src.narrow(0, s.begin - start, s.size()));
-            chunks.push_back(chunk);
-          }
-        }
-        at::Tensor mine = at::empty(shape, opts);
-        if (k.ctx.comm && N > 1) k.ctx.comm->scatter(mine, chunks, 0);
-        else mine = chunks.at(std::size_t(me));
-        k.bytes_received += mine.numel() * std::int64_t(mine.element_size());
-        k.bytes_broadcast_equivalent += (stop - start) * (mine.numel() / std::max<std::int64_t>(rows, 1)) * std::int64_t(mine.element_size());
-        t = mine.narrow(0, 0, plans[std::size_t(me)].span(j).size());
-      });
+      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent);
       Placement<typename Config::place> place(k.ctx.device);
       current.emplace(place(std::move(out)));
       place.hand_over(*current);
@@ -689,6 +728,178 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
   std::shared_ptr<Core> core_;
 };
 
+// [accelerate:data_loader.py DataLoaderDispatcher over an iterable dataset]
+//! An iterable dataset, dispatched: rank 0 alone reads the stream, in batches of `batch_size` (the user's
+//! `drop_last` applies to them); a step is N of them (one under `batches::split`). Rank 0 looks one step ahead
+//! to know the last one, which is re-cut evenly after appending the first N samples of the epoch when its size
+//! is not a multiple of N (Accelerate's rule). Every rank receives only its slice; the step's layout travels
+//! with the metadata, so no rank but rank 0 touches the stream.
+template <class Dataset, class Collate, class Config>
+class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatchedLoader<Dataset, Collate, Config>> {
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Sample = std::ranges::range_value_t<const Dataset>;
+
+ public:
+  using Batch = typename Core::Batch;
+  static_assert(TensorStructure<Batch>, "accel::loading::dispatched sends tensors: every leaf of the batch must be a "
+                                        "tensor (collate other fields into tensors, or use loading::sharded)");
+
+ private:
+  struct Epoch {
+    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
+      auto& k = *core;
+      k.begin_epoch();
+      k.running = true;
+      k.handed = 0;
+      k.total = INT64_MAX;
+      if (k.ctx.process_index == 0) {
+        reader.emplace(std::ranges::begin(*k.dataset));
+        ahead = read_step();
+        for (std::int64_t s = k.skip; s > 0 && ahead; --s) ahead = read_step();
+      }
+      k.handed = k.skip;
+      k.skip = 0;
+    }
+    // Rank 0: the samples of the next step, or nothing at the end of the stream.
+    std::optional<std::vector<Sample>> read_step() {
+      auto& k = *core;
+      const std::int64_t B = k.options.batch_size;
+      const int batches = Config::split_batches ? 1 : k.ctx.num_processes;
+      std::vector<Sample> step;
+      const auto stop = std::ranges::end(*k.dataset);
+      int full = 0;
+      for (int b = 0; b < batches; ++b) {
+        std::vector<Sample> inner;
+        for (auto& it = *reader; it != stop && std::int64_t(inner.size()) < B; ++it) inner.push_back(*it);
+        if (inner.empty() || (k.options.drop_last && std::int64_t(inner.size()) < B)) break;
+        step.insert(step.end(), inner.begin(), inner.end());
+        ++full;
+        if (std::int64_t(inner.size()) < B) break;
+      }
+      if (step.empty() || (k.options.drop_last && full < batches)) return std::nullopt;
+      if (first.empty()) first.assign(step.begin(), step.begin() + std::min<std::size_t>(step.size(), std::size_t(k.ctx.num_processes)));
+      return step;
+    }
+    bool advance() {
+      auto& k = *core;
+      const int me = k.ctx.process_index, N = k.ctx.num_processes;
+      if (ended) return false;
+      detail::DispatchStep step;
+      std::optional<Batch> global;
+      if (me == 0 && ahead) {
+        std::vector<Sample> samples = std::move(*ahead);
+        ahead = read_step();
+        const std::int64_t observed = std::int64_t(samples.size());
+        const bool last = !ahead.has_value();
+        std::int64_t per = observed / N;
+        if (last && !k.options.drop_last && observed % N != 0) {
+          samples.insert(samples.end(), first.begin(), first.end());
+          per += 1;
+        }
+        const std::int64_t total = std::int64_t(samples.size());
+        step.has_step = true;
+        step.end = last;
+        for (int r = 0; r < N; ++r) {
+          const std::int64_t b = std::min(total, r * per);
+          step.begin.push_back(b);
+          step.size.push_back(std::min(per, total - b));
+          step.real.push_back(std::clamp<std::int64_t>(observed - r * per, 0, std::min(per, total - b)));
+        }
+        try {
+          global.emplace(k.collate(samples));
+        } catch (const std::exception& e) {
+          step.error = "accel: rank 0: collating step " + std::to_string(k.handed) + " of epoch " + std::to_string(k.epoch) +
+                       " of the stream failed: " + e.what();
+        }
+      }
+      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent);
+      if (!step.has_step) return false;
+      ended = step.end;
+      Placement<typename Config::place> place(k.ctx.device);
+      current.emplace(place(std::move(out)));
+      place.hand_over(*current);
+      registration.update(step.end, GatherLayout{step.size, step.real});
+      ++k.handed;
+      return true;
+    }
+    std::shared_ptr<Core> core;
+    GradientState::Registration registration;
+    std::optional<std::ranges::iterator_t<const Dataset>> reader;  // rank 0 only
+    std::optional<std::vector<Sample>> ahead;
+    std::vector<Sample> first;
+    std::optional<Batch> current;
+    bool ended = false;
+  };
+
+ public:
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using reference = const Batch&;
+    iterator() = default;
+    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
+    const Batch& operator*() const { return *e_->current; }
+    const Batch* operator->() const { return &*e_->current; }
+    iterator& operator++() {
+      step();
+      return *this;
+    }
+    iterator operator++(int) {
+      auto t = *this;
+      step();
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
+    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
+
+   private:
+    void step() {
+      if (!e_->advance()) {
+        e_->core->end_epoch();
+        e_.reset();
+      }
+    }
+    std::shared_ptr<Epoch> e_;
+  };
+
+  StreamDispatchedLoader() = default;
+  explicit StreamDispatchedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  //! Steps per epoch, when the stream's length is known.
+  [[nodiscard]] std::size_t size() const
+    requires std::ranges::sized_range<const Dataset>
+  {
+    const auto n = std::int64_t(std::ranges::size(*core_->dataset));
+    return std::size_t(plan::dispatch_plan(core_->spec(0), n).skip(core_->skip).size());
+  }
+  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
+  [[nodiscard]] std::int64_t total_batch_size() const {
+    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+  }
+  [[nodiscard]] LoaderState state_dict() const {
+    const auto& k = *core_;
+    return k.running ? LoaderState{k.epoch, k.handed, {}} : LoaderState{k.epoch, k.skip, {}};
+  }
+  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
+    return {core_->bytes_received, core_->bytes_broadcast_equivalent};
+  }
+  [[nodiscard]] StreamDispatchedLoader skip_first_batches(std::int64_t k) const {
+    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    auto copy = std::make_shared<Core>(*core_);
+    copy->skip += k;
+    return StreamDispatchedLoader(copy);
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
 // [accelerate:data_loader.py prepare_data_loader]
 //! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
 //! DispatchedLoader), statically typed. A shuffled loader's sampler is drawn as Accelerate draws it: a
@@ -704,11 +915,8 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
                          "accel: under batches::split the batch size (" + std::to_string(o.batch_size) +
                              ") must be a round multiple of the number of processes (" + std::to_string(ctx.num_processes) +
                              "); use a batch size divisible by it, or batches::per_process");
-  if constexpr (IterableDataset<Dataset>) {
-    static_assert(!Config::dispatch, "accel: loading::dispatched of an iterable dataset is not available yet; use "
-                                     "loading::sharded (every process reads the stream and keeps its share)");
+  if constexpr (IterableDataset<Dataset>)
     accel::detail::require(!o.shuffle, "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
-  }
   auto core = std::make_shared<Core>();
   core->dataset = loader.dataset();
   core->collate = loader.collate();
@@ -720,7 +928,8 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
     core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
                                                     o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
   }
-  if constexpr (IterableDataset<Dataset>) return StreamShardedLoader<Dataset, Collate, Config>(core);
+  if constexpr (IterableDataset<Dataset> && Config::dispatch) return StreamDispatchedLoader<Dataset, Collate, Config>(core);
+  else if constexpr (IterableDataset<Dataset>) return StreamShardedLoader<Dataset, Collate, Config>(core);
   else if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
   else return ShardedLoader<Dataset, Collate, Config>(core);
 }
@@ -752,3 +961,5 @@ template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::DispatchedLoader<D, C, Cfg>> = true;
 template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::StreamShardedLoader<D, C, Cfg>> = true;
+template <class D, class C, class Cfg>
+inline constexpr bool ranges::enable_view<accel::data::StreamDispatchedLoader<D, C, Cfg>> = true;
