@@ -161,6 +161,29 @@ T broadcast_object(comm::Communicator* comm, const T& value, int from = 0) {
   return comm->rank() == from ? value : detail::from_bytes<T>(data, n);
 }
 
+//! Rank r gets `values[r]` of `root` (only `root`'s `values` are read), by typed serialisation: any
+//! serialisable value, tensors included (comm/serialize.hpp).
+template <class T>
+T scatter_object(comm::Communicator* comm, const std::vector<T>& values, int root = 0) {
+  if (!comm || comm->size() == 1) return values.at(0);
+  const int N = comm->size();
+  std::vector<std::vector<std::uint8_t>> bytes(static_cast<std::size_t>(N));
+  std::vector<std::int64_t> sizes(std::size_t(N), 0);
+  if (comm->rank() == root) {
+    detail::require(int(values.size()) == N, "accel::scatter_object: " + std::to_string(values.size()) + " values for " +
+                                                 std::to_string(N) + " ranks");
+    for (int r = 0; r < N; ++r) comm::serialize(values[std::size_t(r)], bytes[std::size_t(r)]), sizes[std::size_t(r)] = std::int64_t(bytes[std::size_t(r)].size());
+  }
+  sizes = broadcast_object(comm, sizes, root);
+  const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
+  std::vector<at::Tensor> chunks;
+  if (comm->rank() == root)
+    for (auto& b : bytes) b.resize(std::size_t(longest)), chunks.push_back(detail::bytes_tensor(b, comm->device()));
+  at::Tensor mine = at::empty({longest}, at::TensorOptions().dtype(at::kByte).device(comm->device()));
+  comm->scatter(mine, chunks, root);
+  return detail::from_bytes<T>(mine, sizes[std::size_t(comm->rank())]);
+}
+
 //! Every rank's value, in rank order.
 template <class T>
 std::vector<T> gather_object(comm::Communicator* comm, const T& value) {

@@ -2,11 +2,14 @@
 //! \file
 //! Typed serialisation for `broadcast_object` / `gather_object`: no pickling of arbitrary objects. Supported:
 //! arithmetic types and enums, `std::string`, `std::vector`, `std::array`, `std::pair`/`std::tuple`,
-//! `std::map`/`std::unordered_map`, `std::optional`, and structs with `accel_fields` (see structure.hpp).
+//! `std::map`/`std::unordered_map`, `std::optional`, tensors (dtype, shape and bytes; read from the CPU),
+//! `torch::data::Example`, and structs with `accel_fields` (see structure.hpp).
 //! Host byte order: every process of a job runs the same binary on the same kind of machine.
 
 #include <accel/comm/structure.hpp>
 #include <accel/error.hpp>
+
+#include <ATen/ops/empty.h>
 
 #include <cstdint>
 #include <cstring>
@@ -39,7 +42,17 @@ inline std::size_t get_size(std::span<const std::uint8_t>& in) {
 
 template <class T>
 void serialize(const T& x, std::vector<std::uint8_t>& out) {
-  if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+  if constexpr (std::same_as<T, at::Tensor>) {
+    const at::Tensor t = x.defined() ? x.contiguous().cpu() : at::Tensor();
+    serialize(static_cast<std::int8_t>(t.defined() ? std::int8_t(t.scalar_type()) : std::int8_t(-1)), out);
+    if (!t.defined()) return;
+    serialize(t.sizes().vec(), out);
+    const auto* p = static_cast<const std::uint8_t*>(t.data_ptr());
+    out.insert(out.end(), p, p + t.numel() * std::int64_t(t.element_size()));
+  } else if constexpr (is_example<T>::value) {
+    serialize(x.data, out);
+    serialize(x.target, out);
+  } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(&x);
     out.insert(out.end(), p, p + sizeof x);
   } else if constexpr (std::same_as<T, std::string>) {
@@ -63,7 +76,24 @@ void serialize(const T& x, std::vector<std::uint8_t>& out) {
 
 template <class T>
 void deserialize(T& x, std::span<const std::uint8_t>& in) {
-  if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+  if constexpr (std::same_as<T, at::Tensor>) {
+    std::int8_t dtype = -1;
+    deserialize(dtype, in);
+    if (dtype < 0) {
+      x = at::Tensor();
+      return;
+    }
+    std::vector<std::int64_t> shape;
+    deserialize(shape, in);
+    x = at::empty(shape, at::TensorOptions().dtype(at::ScalarType(dtype)));
+    const auto bytes = std::size_t(x.numel() * std::int64_t(x.element_size()));
+    accel::detail::require(in.size() >= bytes, "accel: broadcast_object: truncated tensor data");
+    if (bytes) std::memcpy(x.data_ptr(), in.data(), bytes);
+    in = in.subspan(bytes);
+  } else if constexpr (is_example<T>::value) {
+    deserialize(x.data, in);
+    deserialize(x.target, in);
+  } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
     accel::detail::require(in.size() >= sizeof x, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
     std::memcpy(&x, in.data(), sizeof x);
     in = in.subspan(sizeof x);

@@ -359,6 +359,9 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   std::shared_ptr<Core> core_;
 };
 
+//! No slice function: dispatched loading cuts every tensor along dim 0 (Accelerate's default `slice_fn`).
+struct NoSlice {};
+
 namespace detail {
 
 //! One step of dispatched loading, as rank 0 describes it: where each rank's rows start in the global batch,
@@ -378,10 +381,24 @@ inline auto accel_fields(const DispatchStep& s) { return std::tie(s.has_step, s.
 //! tensor leaf of the global batch is cut into per-rank chunks (padded to one size) and scattered, and every
 //! rank keeps its `size[me]` rows. Returns this rank's batch; counts the bytes received and those a
 //! broadcast of the whole global batch would have cost.
-template <class Batch>
+template <class Batch, class Slice>
 Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const std::optional<Batch>& global,
-                         std::int64_t& bytes_received, std::int64_t& bytes_broadcast) {
+                         std::int64_t& bytes_received, std::int64_t& bytes_broadcast, const Slice& slice) {
   const int me = ctx.process_index, N = ctx.num_processes;
+  if constexpr (!std::is_same_v<Slice, NoSlice>) {
+    // A slice function: rank 0 cuts the global batch with it and every rank receives its part, serialised
+    // (any serialisable batch: tensors, strings, numbers, described structs).
+    if (ctx.comm && N > 1) step = broadcast_object(ctx.comm, step, 0);
+    if (!step.error.empty())
+      throw Error(me == 0 ? step.error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + step.error);
+    if (!step.has_step) return Batch{};
+    std::vector<Batch> parts;
+    if (me == 0)
+      for (int r = 0; r < N; ++r) parts.push_back(slice(*global, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
+    if (ctx.comm && N > 1) return scatter_object(ctx.comm, parts, 0);
+    return parts.at(std::size_t(me));
+  }
+  if constexpr (TensorStructure<Batch>) {
   if (me == 0 && global) {
     step.dtypes.clear(), step.shapes.clear();
     for_each_tensor(*global, [&](const at::Tensor& t) {
@@ -424,6 +441,9 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
     t = mine.narrow(0, 0, step.size[std::size_t(me)]);
   });
   return out;
+  } else {
+    return Batch{};  // unreachable: non-tensor batches need a slice function (static_assert in the loaders)
+  }
 }
 
 }  // namespace detail
@@ -433,14 +453,15 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
 //! rank gets about 1/N of the bytes a broadcast of the whole batch would send). The batch's structure must be
 //! fixed (tensors, `torch::data::Example`, tuples, structs with `accel_fields`); shapes and dtypes travel as
 //! typed metadata; slice sizes come from the plan, which every rank computes alone.
-template <class Dataset, class Collate, class Config>
-class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dataset, Collate, Config>> {
+template <class Dataset, class Collate, class Config, class Slice = NoSlice>
+class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dataset, Collate, Config, Slice>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
 
  public:
   using Batch = typename Core::Batch;
-  static_assert(TensorStructure<Batch>, "accel::loading::dispatched sends tensors: every leaf of the batch must be a "
-                                        "tensor (collate other fields into tensors, or use loading::sharded)");
+  static_assert(TensorStructure<Batch> || !std::is_same_v<Slice, NoSlice>,
+                "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
+                "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
 
  private:
   struct Meta {
@@ -448,7 +469,8 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
     std::vector<std::vector<std::int64_t>> shapes;  // trailing dimensions
   };
   struct Epoch {
-    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
+    Epoch(std::shared_ptr<Core> c, std::shared_ptr<const Slice> sl)
+        : core(std::move(c)), slice(std::move(sl)), registration(core->publish ? &GradientState::instance() : nullptr) {
       auto& k = *core;
       order = k.begin_epoch();
       auto all = std::make_shared<std::vector<plan::BatchPlan>>();
@@ -488,7 +510,7 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
           step.error = e.what();  // sent to every rank so that all of them stop with it
         }
       }
-      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent);
+      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent, *slice);
       Placement<typename Config::place> place(k.ctx.device);
       current.emplace(place(std::move(out)));
       place.hand_over(*current);
@@ -498,6 +520,7 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
       return true;
     }
     std::shared_ptr<Core> core;
+    std::shared_ptr<const Slice> slice;
     IndexOrder order;
     std::shared_ptr<const std::vector<plan::BatchPlan>> shared_plans;
     std::vector<plan::BatchPlan> plans;
@@ -541,8 +564,9 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
   };
 
   DispatchedLoader() = default;
-  explicit DispatchedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  explicit DispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
+      : core_(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_, slice_)); }
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   [[nodiscard]] std::size_t size() const { return std::size_t(core_->plan_of(0).skip(core_->skip).size()); }
   void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
@@ -564,11 +588,12 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
     accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
     auto copy = std::make_shared<Core>(*core_);
     copy->skip += k;
-    return DispatchedLoader(copy);
+    return DispatchedLoader(copy, *slice_);
   }
 
  private:
   std::shared_ptr<Core> core_;
+  std::shared_ptr<const Slice> slice_;
 };
 
 // [accelerate:data_loader.py DataLoaderShard over IterableDatasetShard]
@@ -734,19 +759,21 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
 //! to know the last one, which is re-cut evenly after appending the first N samples of the epoch when its size
 //! is not a multiple of N (Accelerate's rule). Every rank receives only its slice; the step's layout travels
 //! with the metadata, so no rank but rank 0 touches the stream.
-template <class Dataset, class Collate, class Config>
-class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatchedLoader<Dataset, Collate, Config>> {
+template <class Dataset, class Collate, class Config, class Slice = NoSlice>
+class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatchedLoader<Dataset, Collate, Config, Slice>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
   using Sample = std::ranges::range_value_t<const Dataset>;
 
  public:
   using Batch = typename Core::Batch;
-  static_assert(TensorStructure<Batch>, "accel::loading::dispatched sends tensors: every leaf of the batch must be a "
-                                        "tensor (collate other fields into tensors, or use loading::sharded)");
+  static_assert(TensorStructure<Batch> || !std::is_same_v<Slice, NoSlice>,
+                "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
+                "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
 
  private:
   struct Epoch {
-    Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
+    Epoch(std::shared_ptr<Core> c, std::shared_ptr<const Slice> sl)
+        : core(std::move(c)), slice(std::move(sl)), registration(core->publish ? &GradientState::instance() : nullptr) {
       auto& k = *core;
       k.begin_epoch();
       k.running = true;
@@ -812,7 +839,7 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
                        " of the stream failed: " + e.what();
         }
       }
-      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent);
+      Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent, *slice);
       if (!step.has_step) return false;
       ended = step.end;
       Placement<typename Config::place> place(k.ctx.device);
@@ -823,6 +850,7 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
       return true;
     }
     std::shared_ptr<Core> core;
+    std::shared_ptr<const Slice> slice;
     GradientState::Registration registration;
     std::optional<std::ranges::iterator_t<const Dataset>> reader;  // rank 0 only
     std::optional<std::vector<Sample>> ahead;
@@ -866,8 +894,9 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
   };
 
   StreamDispatchedLoader() = default;
-  explicit StreamDispatchedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
+  explicit StreamDispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
+      : core_(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_, slice_)); }
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Steps per epoch, when the stream's length is known.
   [[nodiscard]] std::size_t size() const
@@ -893,19 +922,22 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
     accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
     auto copy = std::make_shared<Core>(*core_);
     copy->skip += k;
-    return StreamDispatchedLoader(copy);
+    return StreamDispatchedLoader(copy, *slice_);
   }
 
  private:
   std::shared_ptr<Core> core_;
+  std::shared_ptr<const Slice> slice_;
 };
 
 // [accelerate:data_loader.py prepare_data_loader]
 //! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
 //! DispatchedLoader), statically typed. A shuffled loader's sampler is drawn as Accelerate draws it: a
 //! generator seeded from the global one and synchronised at every epoch, or the seedable sampler.
-template <class Config, class Dataset, class Collate>
-auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx) {
+template <class Config, class Dataset, class Collate, class Slice = NoSlice>
+auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx, Slice slice = {}) {
+  static_assert(Config::dispatch || std::is_same_v<Slice, NoSlice>,
+                "accel: a slice function only applies to loading::dispatched (rank 0 cuts the global batch with it)");
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
   const auto& o = loader.options();
   accel::detail::require(ctx.num_processes >= 1 && ctx.process_index >= 0 && ctx.process_index < ctx.num_processes,
@@ -928,15 +960,15 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
     core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
                                                     o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
   }
-  if constexpr (IterableDataset<Dataset> && Config::dispatch) return StreamDispatchedLoader<Dataset, Collate, Config>(core);
+  if constexpr (IterableDataset<Dataset> && Config::dispatch) return StreamDispatchedLoader<Dataset, Collate, Config, Slice>(core, std::move(slice));
   else if constexpr (IterableDataset<Dataset>) return StreamShardedLoader<Dataset, Collate, Config>(core);
-  else if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config>(core);
+  else if constexpr (Config::dispatch) return DispatchedLoader<Dataset, Collate, Config, Slice>(core, std::move(slice));
   else return ShardedLoader<Dataset, Collate, Config>(core);
 }
 
-template <class Config, class Dataset, class Collate>
-auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const ProcessState& state) {
-  return prepare_data_loader<Config>(loader, PrepareContext::of(state));
+template <class Config, class Dataset, class Collate, class Slice = NoSlice>
+auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const ProcessState& state, Slice slice = {}) {
+  return prepare_data_loader<Config>(loader, PrepareContext::of(state), std::move(slice));
 }
 
 namespace detail {
@@ -957,9 +989,9 @@ auto DataLoader<Dataset, Collate>::begin() const {
 
 template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::ShardedLoader<D, C, Cfg>> = true;
-template <class D, class C, class Cfg>
-inline constexpr bool ranges::enable_view<accel::data::DispatchedLoader<D, C, Cfg>> = true;
+template <class D, class C, class Cfg, class S>
+inline constexpr bool ranges::enable_view<accel::data::DispatchedLoader<D, C, Cfg, S>> = true;
 template <class D, class C, class Cfg>
 inline constexpr bool ranges::enable_view<accel::data::StreamShardedLoader<D, C, Cfg>> = true;
-template <class D, class C, class Cfg>
-inline constexpr bool ranges::enable_view<accel::data::StreamDispatchedLoader<D, C, Cfg>> = true;
+template <class D, class C, class Cfg, class S>
+inline constexpr bool ranges::enable_view<accel::data::StreamDispatchedLoader<D, C, Cfg, S>> = true;
