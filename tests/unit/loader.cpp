@@ -320,6 +320,19 @@ TEST_CASE("repeated resumes: stop, resume, stop again, resume again", "[loader][
   }
 }
 
+TEST_CASE("an explicit sampler seed fixes the order whatever the global seed", "[loader][shuffle]") {
+  auto epoch_of = [](std::uint64_t global, int N) {
+    at::manual_seed(global);
+    data::DataLoader dl(indices(20), {.batch_size = 20, .shuffle = true, .seed = 77});
+    auto l = data::prepare_data_loader<Even>(dl, data::PrepareContext{N, 0, nullptr});
+    return run_epoch(l).first;
+  };
+  CHECK(epoch_of(1, 1) == epoch_of(2, 1));
+  CHECK(epoch_of(1, 2) == epoch_of(3, 2));
+  const auto direct = data::RandomSampler(20, data::make_generator(77)).next_epoch();
+  CHECK(epoch_of(9, 1).front().front() == direct[0]);  // the generator PyTorch's DataLoader(generator=g) would use
+}
+
 TEST_CASE("the user's DataLoader is a range as it is", "[loader][unprepared]") {
   data::DataLoader dl(indices(7), {.batch_size = 3});
   Batches got;

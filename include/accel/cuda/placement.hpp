@@ -22,7 +22,7 @@ namespace accel::data {
 
 template <>
 struct Placement<place::async> {
-  explicit Placement(c10::Device d) : device(d) {}
+  explicit Placement(c10::Device d, bool = true) : device(d) {}  // always pins
 
   //! On a worker thread: pinned staging, non-blocking copy on a side stream, wait for it to land.
   template <class Batch>

@@ -56,6 +56,12 @@ struct DataLoaderOptions {
   int prefetch = 2;            //!< batches prepared ahead, per worker
   bool seedable = false;       //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
   std::optional<std::uint64_t> data_seed;
+  //! PyTorch's `generator=`: the shuffling generator's seed. Unset: drawn from the global generator when the
+  //! loader is prepared (Accelerate's rule). Either way it is synchronised across ranks at every epoch.
+  std::optional<std::uint64_t> seed;
+  //! Stage batches in pinned (page-locked) memory before they are copied to a GPU (`place::device`), so the copy
+  //! can run without an extra staging copy. No effect for CPU runs; `place::async` always pins.
+  bool pin_memory = false;
 };
 
 //! What a loader's checkpoint holds: enough for a fresh process to yield exactly the remaining batches.
@@ -264,7 +270,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
       k.total = mine.size() + mine.skipped();
       k.handed = mine.skipped();
       view = planned_batches(mine, order);
-      Placement<typename Config::place> place(k.ctx.device);
+      Placement<typename Config::place> place(k.ctx.device, k.options.pin_memory);
       prefetcher.emplace(mine.size(), k.options.workers, k.options.prefetch, [this, place](std::int64_t j) {
         const auto b = view[std::ptrdiff_t(j)];
         thread_local std::vector<std::int64_t> idx;  // one index buffer per thread, reused batch after batch
@@ -277,7 +283,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
     bool advance() {
       if (j >= mine.size()) return false;
       current.emplace(prefetcher->next());
-      Placement<typename Config::place>(core->ctx.device).hand_over(*current);
+      Placement<typename Config::place>(core->ctx.device, core->options.pin_memory).hand_over(*current);
       registration.update(mine.end_of_dataloader(j), plans, j);
       ++j;
       ++core->handed;
@@ -511,7 +517,7 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
         }
       }
       Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent, *slice);
-      Placement<typename Config::place> place(k.ctx.device);
+      Placement<typename Config::place> place(k.ctx.device, k.options.pin_memory);
       current.emplace(place(std::move(out)));
       place.hand_over(*current);
       registration.update(plans[0].end_of_dataloader(j), shared_plans, j);
@@ -660,7 +666,7 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
           layout.real.push_back(std::clamp<std::int64_t>(chunk_real - q * per, 0, per));
         }
       }
-      Placement<typename Config::place> place(k.ctx.device);
+      Placement<typename Config::place> place(k.ctx.device, k.options.pin_memory);
       try {
         return Next{place(k.collate(samples)), std::move(layout)};
       } catch (const std::exception& e) {
@@ -673,7 +679,7 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
       current.emplace(std::move(ahead->batch));
       GatherLayout layout = std::move(ahead->layout);
       ahead = read();  // look-ahead: is this the last batch?
-      Placement<typename Config::place>(core->ctx.device).hand_over(*current);
+      Placement<typename Config::place>(core->ctx.device, core->options.pin_memory).hand_over(*current);
       registration.update(!ahead.has_value(), std::move(layout));
       ++core->handed;
       return true;
@@ -842,7 +848,7 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
       Batch out = detail::dispatch_transport(k.ctx, step, global, k.bytes_received, k.bytes_broadcast_equivalent, *slice);
       if (!step.has_step) return false;
       ended = step.end;
-      Placement<typename Config::place> place(k.ctx.device);
+      Placement<typename Config::place> place(k.ctx.device, k.options.pin_memory);
       current.emplace(place(std::move(out)));
       place.hand_over(*current);
       registration.update(step.end, GatherLayout{step.size, step.real});
@@ -958,7 +964,8 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
   if (o.shuffle && MapDataset<Dataset>) {
     // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
     core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
-                                                    o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed);
+                                                    o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed,
+                                                    RandomSamplerOptions{}, o.seed);
   }
   if constexpr (IterableDataset<Dataset> && Config::dispatch) return StreamDispatchedLoader<Dataset, Collate, Config, Slice>(core, std::move(slice));
   else if constexpr (IterableDataset<Dataset>) return StreamShardedLoader<Dataset, Collate, Config>(core);

@@ -20,7 +20,7 @@ struct Placement {
 //! `hand_over(batch)` on the loop's thread when the loop receives it.
 template <>
 struct Placement<place::none> {
-  explicit Placement(c10::Device) {}
+  explicit Placement(c10::Device, bool = false) {}
   template <class Batch>
   Batch operator()(Batch b) const { return b; }
   template <class Batch>
@@ -30,12 +30,14 @@ struct Placement<place::none> {
 // [accelerate:utils/operations.py send_to_device]
 template <>
 struct Placement<place::device> {
-  explicit Placement(c10::Device d) : device(d) {}
+  explicit Placement(c10::Device d, bool pin = false) : device(d), pin_memory(pin) {}
   template <class Batch>
   Batch operator()(Batch b) const {
     if constexpr (TensorStructure<Batch>) {
       if (device.is_cpu()) return b;
-      return map_tensors(b, [&](const at::Tensor& t) { return t.to(device, /*non_blocking=*/false); });
+      return map_tensors(b, [&](const at::Tensor& t) {
+        return (pin_memory && t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t).to(device, /*non_blocking=*/false);
+      });
     } else {
       return b;  // not tensors: nothing to move
     }
@@ -43,6 +45,7 @@ struct Placement<place::device> {
   template <class Batch>
   void hand_over(Batch&) const {}
   c10::Device device;
+  bool pin_memory = false;
 };
 
 }  // namespace accel::data

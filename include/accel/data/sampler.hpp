@@ -213,10 +213,13 @@ enum class Shuffle {
 //! Epochs must be drawn in order, 0, 1, 2, ... (the generators advance).
 class ShuffledOrders {
  public:
+  //! `seed`: the sampler's own generator seed (PyTorch's `generator=`); then it is used on every number of
+  //! processes, as when a user gives a DataLoader a generator.
   ShuffledOrders(std::int64_t n, int num_processes, Shuffle mode, std::optional<std::uint64_t> data_seed = {},
-                 RandomSamplerOptions options = {})
-      : n_(n), options_(options), mode_(mode), shared_(num_processes > 1) {
+                 RandomSamplerOptions options = {}, std::optional<std::uint64_t> seed = {})
+      : n_(n), options_(options), mode_(mode), shared_(num_processes > 1 || seed.has_value()) {
     if (mode == Shuffle::seedable) seedable_.emplace(n, data_seed, options);
+    else if (seed) sampler_.emplace(n, make_generator(*seed), options);
     else if (shared_) sampler_.emplace(n, synchronized_generator(), options);
   }
 
