@@ -333,6 +333,58 @@ TEST_CASE("an explicit sampler seed fixes the order whatever the global seed", "
   CHECK(epoch_of(9, 1).front().front() == direct[0]);  // the generator PyTorch's DataLoader(generator=g) would use
 }
 
+TEST_CASE("samplers and batch samplers of the user's", "[loader][sampler]") {
+  // A sampler: any order, any length (here a subset, reversed, different every epoch).
+  data::DataLoaderOptions opt{.batch_size = 2};
+  opt.sampler = [](std::int64_t epoch) {
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 9; i >= 0; i -= 2) v.push_back(i - epoch);
+    return v;
+  };
+  auto sampled = data::prepare_data_loader<Even>(data::DataLoader(indices(10), opt), data::PrepareContext{2, 0, nullptr});
+  CHECK((run_epoch(sampled).first == Batches{{9, 7}, {1, 9}}));  // rank 0 of 2: batches 0 and 2; the tail padded
+  CHECK((run_epoch(sampled).first == Batches{{8, 6}, {0, 8}}));  // epoch 1
+  // A batch sampler with varying batch sizes: Accelerate's own expectations, through the loader.
+  const auto file = accel_test::golden("accelerate_tests_expectations.json");
+  int checked = 0;
+  for (const auto& e : file.at("entries")) {
+    if (e.at("kind") != "batch_sampler_shard_varying") continue;
+    const auto in = e.at("batches_in").get<Batches>();
+    std::int64_t n = 0;
+    for (const auto& b : in) for (auto i : b) n = std::max(n, i + 1);
+    data::DataLoaderOptions bo{.drop_last = e.at("drop_last")};
+    bo.batch_sampler = [in](std::int64_t) { return in; };
+    const int N = e.at("num_processes");
+    for (int r = 0; r < N; ++r) {
+      auto run = [&]<class Config>(Config*) {
+        auto l = data::prepare_data_loader<Config>(data::DataLoader(indices(n), bo), data::PrepareContext{N, r, nullptr});
+        CHECK(l.size() == e.at("expected")[std::size_t(r)].size());
+        auto [got, ends] = run_epoch(l);
+        INFO(e.at("source").get<std::string>() << " rank " << r);
+        CHECK(got == e.at("expected")[std::size_t(r)].get<Batches>());
+        if (!ends.empty()) CHECK(ends.back());
+      };
+      if (e.at("even_batches").get<bool>()) run(static_cast<Even*>(nullptr));
+      else run(static_cast<Uneven*>(nullptr));
+    }
+    ++checked;
+  }
+  CHECK(checked == 8);
+  data::DataLoaderOptions both{.batch_size = 2};
+  both.sampler = [](std::int64_t) { return std::vector<std::int64_t>{0}; };
+  both.batch_sampler = [](std::int64_t) { return Batches{{0}}; };
+  CHECK_THROWS_WITH(data::prepare_data_loader<Even>(data::DataLoader(indices(4), both), data::PrepareContext{}),
+                    Catch::Contains("give a sampler or a batch_sampler, not both"));
+  data::DataLoaderOptions split{.batch_size = 2};
+  split.batch_sampler = [](std::int64_t) { return Batches{{0, 1}}; };
+  CHECK_THROWS_WITH(data::prepare_data_loader<Split>(data::DataLoader(indices(4), split), data::PrepareContext{2, 0, nullptr}),
+                    Catch::Contains("batches::split needs a fixed batch size"));
+  data::DataLoaderOptions bad{.batch_size = 2};
+  bad.sampler = [](std::int64_t) { return std::vector<std::int64_t>{0, 7}; };
+  auto lb = data::prepare_data_loader<Even>(data::DataLoader(indices(4), bad), data::PrepareContext{});
+  CHECK_THROWS_WITH(run_epoch(lb), Catch::Contains("returned index 7, outside the dataset's 4 samples"));
+}
+
 TEST_CASE("the user's DataLoader is a range as it is", "[loader][unprepared]") {
   data::DataLoader dl(indices(7), {.batch_size = 3});
   Batches got;

@@ -22,6 +22,7 @@
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
+#include <accel/data/batch_sampler_shard.hpp>
 #include <accel/comm/serialize.hpp>
 #include <accel/config.hpp>
 #include <accel/data/collate.hpp>
@@ -38,6 +39,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <numeric>
@@ -62,6 +64,12 @@ struct DataLoaderOptions {
   //! Stage batches in pinned (page-locked) memory before they are copied to a GPU (`place::device`), so the copy
   //! can run without an extra staging copy. No effect for CPU runs; `place::async` always pins.
   bool pin_memory = false;
+  //! A sampler of the user's: the order of epoch e (indices into the dataset, any length); replaces `shuffle`.
+  std::function<std::vector<std::int64_t>(std::int64_t epoch)> sampler;
+  //! A batch sampler of the user's: the batches of epoch e, of any sizes (bucketing by length, max-tokens...);
+  //! replaces `batch_size`, `shuffle` and `sampler`. Sharded as Accelerate's BatchSamplerShard does (whole
+  //! batches per process; `drop_last` drops an incomplete round). Needs `batches::per_process`.
+  std::function<std::vector<std::vector<std::int64_t>>(std::int64_t epoch)> batch_sampler;
 };
 
 //! What a loader's checkpoint holds: enough for a fresh process to yield exactly the remaining batches.
@@ -196,9 +204,11 @@ struct LoaderCore {
     return {.batch_size = options.batch_size, .drop_last = options.drop_last, .num_processes = ctx.num_processes,
             .process_index = rank, .split_batches = Config::split_batches, .even_batches = Config::even_batches};
   }
+  std::int64_t order_length = -1;  // the user sampler's last epoch length (-1: the dataset's size)
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
     if constexpr (MapDataset<Dataset>)
-      return plan::loader_plan(spec(rank), dataset->size(), dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+      return plan::loader_plan(spec(rank), order_length >= 0 ? order_length : dataset->size(),
+                               dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
     else if constexpr (std::ranges::sized_range<const Dataset>)
       return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
                                ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable);
@@ -222,7 +232,18 @@ struct LoaderCore {
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
     epoch_start_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
-    if constexpr (MapDataset<Dataset>) return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+    if constexpr (MapDataset<Dataset>) {
+      if (options.sampler) {
+        auto order = options.sampler(epoch);
+        for (auto i : order)
+          accel::detail::require(i >= 0 && i < dataset->size(), "accel: the sampler of epoch " + std::to_string(epoch) +
+                                                                    " returned index " + std::to_string(i) + ", outside the dataset's " +
+                                                                    std::to_string(dataset->size()) + " samples");
+        order_length = std::int64_t(order.size());
+        return IndexOrder::of(std::move(order));
+      }
+      return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+    }
     else return IndexOrder{};
   }
   void end_epoch() {
@@ -260,6 +281,10 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   struct Epoch {
     Epoch(std::shared_ptr<Core> c) : core(std::move(c)), registration(core->publish ? &GradientState::instance() : nullptr) {
       auto& k = *core;
+      if (k.options.batch_sampler) {
+        start_batch_sampler();
+        return;
+      }
       const IndexOrder order = k.begin_epoch();
       auto all = std::make_shared<std::vector<plan::BatchPlan>>();
       for (int r = 0; r < k.ctx.num_processes; ++r) all->push_back(k.plan_of(r).skip(k.skip));
@@ -279,8 +304,55 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
                                          core->ctx.process_index));
       });
     }
+    // A user's batch sampler: every rank's batches of the epoch, from Accelerate's BatchSamplerShard.
+    void start_batch_sampler() {
+      auto& k = *core;
+      (void)k.begin_epoch();  // RNG synchronisation, like every epoch
+      const auto batches = k.options.batch_sampler(k.epoch);
+      for (const auto& b : batches)
+        for (auto i : b)
+          accel::detail::require(i >= 0 && i < std::int64_t(k.dataset->size()),
+                                 "accel: the batch sampler of epoch " + std::to_string(k.epoch) + " returned index " +
+                                     std::to_string(i) + ", outside the dataset");
+      for (int r = 0; r < k.ctx.num_processes; ++r) {
+        std::vector<ShardBatch> out;
+        for (const auto& b : BatchSamplerShard(batches, {.drop_last = k.options.drop_last, .num_processes = k.ctx.num_processes,
+                                                         .process_index = r, .even_batches = Config::even_batches}))
+          out.push_back(b);
+        dynamic.push_back(std::move(out));
+      }
+      auto& mine_b = dynamic[std::size_t(k.ctx.process_index)];
+      const std::int64_t skip = std::min<std::int64_t>(k.skip, std::int64_t(mine_b.size()));
+      first = skip;
+      k.skip = 0;
+      k.running = true;
+      k.total = std::int64_t(mine_b.size());
+      k.handed = skip;
+      j = skip;
+      Placement<typename Config::place> place(k.ctx.device, k.options.pin_memory);
+      prefetcher.emplace(std::int64_t(mine_b.size()) - skip, k.options.workers, k.options.prefetch, [this, place](std::int64_t q) {
+        const auto& b = dynamic[std::size_t(core->ctx.process_index)][std::size_t(q + first)];
+        return place(detail::fetch_batch(*core->dataset, core->collate, b.indices, q + first, core->epoch, core->ctx.process_index));
+      });
+    }
     ~Epoch() { prefetcher.reset(); }  // joins the workers before the plan they read goes
     bool advance() {
+      if (!dynamic.empty()) {
+        const auto& mine_b = dynamic[std::size_t(core->ctx.process_index)];
+        if (j >= std::int64_t(mine_b.size())) return false;
+        current.emplace(prefetcher->next());
+        Placement<typename Config::place>(core->ctx.device, core->options.pin_memory).hand_over(*current);
+        GatherLayout layout;
+        for (const auto& rank_batches : dynamic) {
+          const bool has = j < std::int64_t(rank_batches.size());
+          layout.size.push_back(has ? std::int64_t(rank_batches[std::size_t(j)].indices.size()) : 0);
+          layout.real.push_back(has ? rank_batches[std::size_t(j)].real : 0);
+        }
+        registration.update(j + 1 == std::int64_t(mine_b.size()), std::move(layout));
+        ++j;
+        ++core->handed;
+        return true;
+      }
       if (j >= mine.size()) return false;
       current.emplace(prefetcher->next());
       Placement<typename Config::place>(core->ctx.device, core->options.pin_memory).hand_over(*current);
@@ -296,6 +368,8 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
     std::optional<detail::Prefetcher<Batch>> prefetcher;
     std::optional<Batch> current;
     std::int64_t j = 0;
+    std::vector<std::vector<ShardBatch>> dynamic;  // every rank's batches, for a user's batch sampler
+    std::int64_t first = 0;
     GradientState::Registration registration;
   };
 
@@ -340,7 +414,19 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Batches this process yields per epoch (the number really yielded: Q4 fixed).
-  [[nodiscard]] std::size_t size() const { return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size()); }
+  [[nodiscard]] std::size_t size() const {
+    if (core_->options.batch_sampler) {  // asks the batch sampler for the next epoch's batches
+      std::size_t count = 0;
+      const auto& k = *core_;
+      for (const auto& b : BatchSamplerShard(k.options.batch_sampler(k.epoch), {.drop_last = k.options.drop_last,
+                                                                               .num_processes = k.ctx.num_processes,
+                                                                               .process_index = k.ctx.process_index,
+                                                                               .even_batches = Config::even_batches}))
+        (void)b, ++count;
+      return count - std::min<std::size_t>(count, std::size_t(k.skip));
+    }
+    return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size());
+  }
   //! The epoch the next iteration runs (also the seedable sampler's epoch).
   void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
   [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
@@ -953,8 +1039,18 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
                          "accel: under batches::split the batch size (" + std::to_string(o.batch_size) +
                              ") must be a round multiple of the number of processes (" + std::to_string(ctx.num_processes) +
                              "); use a batch size divisible by it, or batches::per_process");
-  if constexpr (IterableDataset<Dataset>)
+  if constexpr (IterableDataset<Dataset>) {
     accel::detail::require(!o.shuffle, "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
+    accel::detail::require(!o.sampler && !o.batch_sampler, "accel: an iterable dataset has no indices to sample; drop sampler/batch_sampler");
+  }
+  accel::detail::require(!(o.sampler && o.batch_sampler), "accel: give a sampler or a batch_sampler, not both");
+  accel::detail::require(!(o.shuffle && (o.sampler || o.batch_sampler)),
+                         "accel: shuffle=true with a sampler of your own: shuffle inside the sampler, or drop it");
+  if (o.batch_sampler) {
+    accel::detail::require(!Config::split_batches, "accel: batches::split needs a fixed batch size; a batch sampler's batches "
+                                                   "vary: use batches::per_process");
+    accel::detail::require(!Config::dispatch, "accel: a batch sampler with loading::dispatched is not available; use loading::sharded");
+  }
   auto core = std::make_shared<Core>();
   core->dataset = loader.dataset();
   core->collate = loader.collate();
