@@ -267,6 +267,47 @@ struct LoaderCore {
 
 }  // namespace detail
 
+namespace detail {
+
+//! The iterator of every prepared loader: an input iterator over one epoch, shared by its copies. Each step asks
+//! the epoch for the next batch; when there is none, the epoch ends (the loader's epoch counter moves on, its
+//! GradientState registration goes) and the iterator equals the sentinel.
+template <class Epoch, class Batch>
+class EpochIterator {
+ public:
+  using iterator_concept = std::input_iterator_tag;
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using reference = const Batch&;
+  EpochIterator() = default;
+  explicit EpochIterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
+  const Batch& operator*() const { return *e_->current; }
+  const Batch* operator->() const { return &*e_->current; }
+  EpochIterator& operator++() {
+    step();
+    return *this;
+  }
+  EpochIterator operator++(int) {
+    auto t = *this;
+    step();
+    return t;
+  }
+  friend bool operator==(const EpochIterator& a, const EpochIterator& b) { return a.e_ == b.e_; }
+  friend bool operator==(const EpochIterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
+
+ private:
+  void step() {
+    if (!e_->advance()) {
+      e_->core->end_epoch();
+      e_.reset();
+    }
+  }
+  std::shared_ptr<Epoch> e_;
+};
+
+}  // namespace detail
+
 // [accelerate:data_loader.py DataLoaderShard]
 //! Every process reads only its own batches (positions from `plan::loader_plan`), places them, and publishes
 //! `end_of_dataloader` and the padding layout to `GradientState`.
@@ -374,38 +415,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using reference = const Batch&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
-    const Batch& operator*() const { return *e_->current; }
-    const Batch* operator->() const { return &*e_->current; }
-    iterator& operator++() {
-      step();
-      return *this;
-    }
-    iterator operator++(int) {
-      auto t = *this;
-      step();
-      return t;
-    }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
-
-   private:
-    void step() {
-      if (!e_->advance()) {
-        e_->core->end_epoch();
-        e_.reset();
-      }
-    }
-    std::shared_ptr<Epoch> e_;
-  };
+  using iterator = detail::EpochIterator<Epoch, Batch>;
 
   ShardedLoader() = default;
   explicit ShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
@@ -622,38 +632,7 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using reference = const Batch&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
-    const Batch& operator*() const { return *e_->current; }
-    const Batch* operator->() const { return &*e_->current; }
-    iterator& operator++() {
-      step();
-      return *this;
-    }
-    iterator operator++(int) {
-      auto t = *this;
-      step();
-      return t;
-    }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
-
-   private:
-    void step() {
-      if (!e_->advance()) {
-        e_->core->end_epoch();
-        e_.reset();
-      }
-    }
-    std::shared_ptr<Epoch> e_;
-  };
+  using iterator = detail::EpochIterator<Epoch, Batch>;
 
   DispatchedLoader() = default;
   explicit DispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
@@ -780,38 +759,7 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using reference = const Batch&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
-    const Batch& operator*() const { return *e_->current; }
-    const Batch* operator->() const { return &*e_->current; }
-    iterator& operator++() {
-      step();
-      return *this;
-    }
-    iterator operator++(int) {
-      auto t = *this;
-      step();
-      return t;
-    }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
-
-   private:
-    void step() {
-      if (!e_->advance()) {
-        e_->core->end_epoch();
-        e_.reset();
-      }
-    }
-    std::shared_ptr<Epoch> e_;
-  };
+  using iterator = detail::EpochIterator<Epoch, Batch>;
 
   StreamShardedLoader() = default;
   explicit StreamShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
@@ -952,38 +900,7 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using reference = const Batch&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
-    const Batch& operator*() const { return *e_->current; }
-    const Batch* operator->() const { return &*e_->current; }
-    iterator& operator++() {
-      step();
-      return *this;
-    }
-    iterator operator++(int) {
-      auto t = *this;
-      step();
-      return t;
-    }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.e_ == b.e_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
-
-   private:
-    void step() {
-      if (!e_->advance()) {
-        e_->core->end_epoch();
-        e_.reset();
-      }
-    }
-    std::shared_ptr<Epoch> e_;
-  };
+  using iterator = detail::EpochIterator<Epoch, Batch>;
 
   StreamDispatchedLoader() = default;
   explicit StreamDispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
