@@ -16,6 +16,8 @@
 #include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
 #include <accel/error.hpp>
+#include <accel/optim/accelerated.hpp>
+#include <accel/optim/accumulation.hpp>
 #include <accel/policy/batches.hpp>
 #include <accel/policy/dist.hpp>
 #include <accel/policy/loading.hpp>

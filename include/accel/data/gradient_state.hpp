@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! `GradientState`: what the training loop's helpers need to know about the loader being iterated — whether
+//! `GradientState`: whether this step synchronises gradients, and what the training loop's helpers need to know
+//! about the loader being iterated — whether
 //! its current batch is the last one (`end_of_dataloader`) and which rows of it are padding (`layout`, for
 //! `gather_for_metrics`). One per process; loaders register while an epoch is in progress, as a stack (nested
 //! loops work). Registration is RAII: an abandoned loop unregisters when its iterator goes (Accelerate leaves
@@ -61,6 +62,16 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     return stack_.size();
   }
+  //! Whether this step synchronises gradients (and so whether the optimizer and scheduler really step).
+  //! True outside gradient accumulation; set by `Accumulation::begin_step`.
+  [[nodiscard]] bool sync_gradients() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sync_gradients_;
+  }
+  void set_sync_gradients(bool sync) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sync_gradients_ = sync;
+  }
 
   //! RAII registration of one loader's epoch.
   class Registration {
@@ -106,6 +117,7 @@ class GradientState {
   }
   mutable std::mutex mu_;
   std::vector<LoaderView*> stack_;
+  bool sync_gradients_ = true;
 };
 
 }  // namespace accel
