@@ -16,6 +16,7 @@
 #include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
 #include <accel/error.hpp>
+#include <accel/model/distributed_module.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/policy/batches.hpp>

@@ -194,6 +194,34 @@ class Communicator {
   //! Number of collectives issued so far (error messages quote it).
   [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
 
+  //! An all-reduce in flight (`all_reduce_start`); `finish` waits for it with the timeout.
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::uint64_t sequence = 0;
+  };
+  //! Starts a sum all-reduce of `t` in place and returns at once (overlaps with the caller's work).
+  virtual Pending all_reduce_start(at::Tensor& t) {
+    const auto n = ++seq_;
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.timeout = opt_.timeout;
+    try {
+      return {backend_->allreduce(v, o), n};
+    } catch (const std::exception& e) {
+      fail("all_reduce", n, e.what());
+    }
+  }
+  //! Waits for an all-reduce started by `all_reduce_start`.
+  virtual void finish(Pending& p) {
+    if (!p.work) return;
+    try {
+      if (!p.work->wait(opt_.timeout)) throw std::runtime_error("timed out");
+    } catch (const std::exception& e) {
+      p.work.reset();
+      fail("all_reduce", p.sequence, e.what());
+    }
+    p.work.reset();
+  }
   //! In place: every rank ends with the reduction of every rank's `t`.
   virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) {
     std::vector<at::Tensor> v{t};
