@@ -14,13 +14,16 @@
 //!
 //! Engine choice (`Engine::automatic`, the `dist::from_env` policy): one process is `none`; several use
 //! NCCL when the process sees a GPU and accel was built with CUDA, else Gloo. Several processes without a GPU
-//! therefore get the CPU engine with no flag (Accelerate needs `cpu=True`, Q19).
+//! therefore get the CPU engine with no flag (Accelerate needs `cpu=True`, Q19). Like Accelerate, when
+//! `OMP_NUM_THREADS` is not set, the CPU processes of a node share its cores (intra-op threads = cores / local
+//! processes) instead of each taking all of them.
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/gloo.hpp>
 #include <accel/state/launch_env.hpp>
 
+#include <ATen/Parallel.h>
 #include <c10/core/Device.h>
 
 #include <functional>
@@ -29,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -232,6 +236,7 @@ class ProcessState {
         break;
       case Engine::gloo:
         s->type = s->env.world_size > 1 ? DistributedType::multi_cpu : DistributedType::no;
+        share_cores(opt.env, s->env.local_world_size);
         if (s->env.world_size > 1)
           s->comm = comm::make_gloo_communicator(s->env, opt.comm);
         break;
@@ -247,6 +252,15 @@ class ProcessState {
       case Engine::automatic: break;
     }
     return s;
+  }
+
+  // [accelerate:state.py PartialState.__init__] (MULTI_CPU): without OMP_NUM_THREADS, the processes of a node
+  // share its cores instead of each taking all of them.
+  static void share_cores(const EnvLookup& env, int local_processes) {
+    if (local_processes <= 1) return;
+    if (auto v = env("OMP_NUM_THREADS"); v && !v->empty() && v->find_first_not_of("0123456789") == std::string::npos && std::stoi(*v) > 0) return;
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    at::set_num_threads(std::max(1, cores / local_processes));
   }
 
   std::shared_ptr<Shared> s_;
