@@ -14,6 +14,7 @@
 //! for (const auto& b : shard) ...;   // {3,4}, {9,10,11}, then the padding batch {0,1,2} (b.real == 0)
 //! \endcode
 
+#include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
 
 #include <range/v3/range/concepts.hpp>
@@ -186,29 +187,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = ShardBatch;
-    using difference_type = std::ptrdiff_t;
-    using reference = const ShardBatch&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Pass> p) : pass_(std::move(p)) {
-      if (!pass_->advance()) pass_.reset();
-    }
-    const ShardBatch& operator*() const { return pass_->current; }
-    iterator& operator++() {
-      if (!pass_->advance()) pass_.reset();
-      return *this;
-    }
-    iterator operator++(int) { auto t = *this; ++*this; return t; }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.pass_ == b.pass_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.pass_ == nullptr; }
-
-   private:
-    std::shared_ptr<Pass> pass_;
-  };
+  using iterator = detail::PassIterator<Pass, ShardBatch>;
 
   BatchSamplerShard() = default;
   BatchSamplerShard(Sampler sampler, Options opt) : sampler_(std::make_shared<Sampler>(std::move(sampler))), opt_(opt) {

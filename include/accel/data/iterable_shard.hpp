@@ -7,6 +7,7 @@
 //! last, incomplete chunk is completed by repeating the first chunk, unless `drop_last`. Each yielded
 //! sample says whether it is such a padding duplicate. Memory: two chunks.
 
+#include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
 
 #include <range/v3/range/concepts.hpp>
@@ -95,29 +96,7 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   };
 
  public:
-  class iterator {
-   public:
-    using iterator_concept = std::input_iterator_tag;
-    using iterator_category = std::input_iterator_tag;
-    using value_type = ShardSample<T>;
-    using difference_type = std::ptrdiff_t;
-    using reference = const ShardSample<T>&;
-    iterator() = default;
-    explicit iterator(std::shared_ptr<Pass> p) : pass_(std::move(p)) {
-      if (!pass_->advance()) pass_.reset();
-    }
-    const ShardSample<T>& operator*() const { return pass_->current; }
-    iterator& operator++() {
-      if (!pass_->advance()) pass_.reset();
-      return *this;
-    }
-    iterator operator++(int) { auto t = *this; ++*this; return t; }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.pass_ == b.pass_; }
-    friend bool operator==(const iterator& a, std::default_sentinel_t) { return a.pass_ == nullptr; }
-
-   private:
-    std::shared_ptr<Pass> pass_;
-  };
+  using iterator = detail::PassIterator<Pass, ShardSample<T>>;
 
   IterableShard() = default;
   IterableShard(Source source, Options opt) : source_(std::make_shared<Source>(std::move(source))), opt_(opt) {
