@@ -184,6 +184,7 @@ inline void set_generator_bytes(at::Generator g, const std::vector<std::uint8_t>
 template <class Dataset, class Collate, class Config>
 struct LoaderCore {
   using Batch = batch_t<Dataset, Collate>;
+  using config = Config;
   std::shared_ptr<const Dataset> dataset;
   Collate collate;
   DataLoaderOptions options;
@@ -308,12 +309,53 @@ class EpochIterator {
 
 }  // namespace detail
 
+//! What every prepared loader offers around its epochs: a cheap copyable handle on shared state (copies iterate
+//! the same loader), the epoch counter, the checkpoint, skipping, the step size and the transport counters.
+template <class Derived, class Core>
+class LoaderHandle : public std::ranges::view_interface<Derived> {
+ public:
+  LoaderHandle() = default;
+  explicit LoaderHandle(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  //! The epoch the next iteration runs (also the seedable sampler's epoch).
+  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
+  //! Samples of one optimizer step across all processes (defined for every loader: Q7 fixed).
+  [[nodiscard]] std::int64_t total_batch_size() const {
+    return Core::config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+  }
+  //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches.
+  [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
+  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  //! The same loader without the first `k` batches (steps, when dispatched) of its next epoch: Accelerate's
+  //! `skip_first_batches`. It shares the sampler and the epoch counter, and keeps the padding marks.
+  [[nodiscard]] Derived skip_first_batches(std::int64_t k) const {
+    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    Derived out = static_cast<const Derived&>(*this);
+    out.core_ = std::make_shared<Core>(*core_);
+    out.core_->skip += k;
+    return out;
+  }
+  //! Bytes this rank received from dispatched loading so far, and what a broadcast of every global batch
+  //! (Accelerate's transport) would have sent it. Zero for sharded loading.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
+    return {core_->bytes_received, core_->bytes_broadcast_equivalent};
+  }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
+
+ protected:
+  std::shared_ptr<Core> core_;
+};
+
 // [accelerate:data_loader.py DataLoaderShard]
 //! Every process reads only its own batches (positions from `plan::loader_plan`), places them, and publishes
 //! `end_of_dataloader` and the padding layout to `GradientState`.
 template <class Dataset, class Collate, class Config>
-class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, Collate, Config>> {
+class ShardedLoader : public LoaderHandle<ShardedLoader<Dataset, Collate, Config>, detail::LoaderCore<Dataset, Collate, Config>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Handle = LoaderHandle<ShardedLoader<Dataset, Collate, Config>, Core>;
+  friend Handle;
+  using Handle::core_;
 
  public:
   using Batch = typename Core::Batch;
@@ -418,11 +460,10 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
   using iterator = detail::EpochIterator<Epoch, Batch>;
 
   ShardedLoader() = default;
-  explicit ShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit ShardedLoader(std::shared_ptr<Core> core) : Handle(std::move(core)) {}
 
   //! Starts an epoch (synchronising the RNGs of `Config::rng` first).
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
-  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Batches this process yields per epoch (the number really yielded: Q4 fixed).
   [[nodiscard]] std::size_t size() const {
     if (core_->options.batch_sampler) {  // asks the batch sampler for the next epoch's batches
@@ -437,28 +478,7 @@ class ShardedLoader : public std::ranges::view_interface<ShardedLoader<Dataset, 
     }
     return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size());
   }
-  //! The epoch the next iteration runs (also the seedable sampler's epoch).
-  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
-  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
-  //! Samples of one optimizer step across all processes.
-  [[nodiscard]] std::int64_t total_batch_size() const {
-    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
-  }
   [[nodiscard]] std::int64_t total_dataset_length() const { return core_->dataset->size(); }
-  [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
-  void load_state_dict(const LoaderState& s) { core_->load(s); }
-  //! The same loader without the first `k` batches of its next epoch (Accelerate's `skip_first_batches`;
-  //! shares the sampler and the epoch counter, and keeps the padding marks).
-  [[nodiscard]] ShardedLoader skip_first_batches(std::int64_t k) const {
-    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
-    auto copy = std::make_shared<Core>(*core_);
-    copy->skip += k;
-    return ShardedLoader(copy);
-  }
-  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
-
- private:
-  std::shared_ptr<Core> core_;
 };
 
 //! No slice function: dispatched loading cuts every tensor along dim 0 (Accelerate's default `slice_fn`).
@@ -556,8 +576,11 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
 //! fixed (tensors, `torch::data::Example`, tuples, structs with `accel_fields`); shapes and dtypes travel as
 //! typed metadata; slice sizes come from the plan, which every rank computes alone.
 template <class Dataset, class Collate, class Config, class Slice = NoSlice>
-class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dataset, Collate, Config, Slice>> {
+class DispatchedLoader : public LoaderHandle<DispatchedLoader<Dataset, Collate, Config, Slice>, detail::LoaderCore<Dataset, Collate, Config>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Handle = LoaderHandle<DispatchedLoader<Dataset, Collate, Config, Slice>, Core>;
+  friend Handle;
+  using Handle::core_;
 
  public:
   using Batch = typename Core::Batch;
@@ -636,34 +659,12 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
 
   DispatchedLoader() = default;
   explicit DispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
-      : core_(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
+      : Handle(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_, slice_)); }
-  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   [[nodiscard]] std::size_t size() const { return std::size_t(core_->plan_of(0).skip(core_->skip).size()); }
-  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
-  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
-  //! Samples of one step across all processes (Accelerate's raises here, Q7).
-  [[nodiscard]] std::int64_t total_batch_size() const {
-    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
-  }
   [[nodiscard]] std::int64_t total_dataset_length() const { return core_->dataset->size(); }
-  [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
-  void load_state_dict(const LoaderState& s) { core_->load(s); }
-  //! Bytes this rank received so far, and what a broadcast of every global batch (Accelerate's transport)
-  //! would have sent it.
-  [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
-    return {core_->bytes_received, core_->bytes_broadcast_equivalent};
-  }
-  //! Without the first `k` steps of the next epoch (a step is a batch of this loader, not 1/N of one: Q9).
-  [[nodiscard]] DispatchedLoader skip_first_batches(std::int64_t k) const {
-    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
-    auto copy = std::make_shared<Core>(*core_);
-    copy->skip += k;
-    return DispatchedLoader(copy, *slice_);
-  }
 
  private:
-  std::shared_ptr<Core> core_;
   std::shared_ptr<const Slice> slice_;
 };
 
@@ -674,8 +675,11 @@ class DispatchedLoader : public std::ranges::view_interface<DispatchedLoader<Dat
 //! stream as it comes (a short last batch). One batch of look-ahead tells `end_of_dataloader`; every rank's real
 //! rows follow from the chunk. Resuming re-reads the stream and drops the batches already handed out.
 template <class Dataset, class Collate, class Config>
-class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoader<Dataset, Collate, Config>> {
+class StreamShardedLoader : public LoaderHandle<StreamShardedLoader<Dataset, Collate, Config>, detail::LoaderCore<Dataset, Collate, Config>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Handle = LoaderHandle<StreamShardedLoader<Dataset, Collate, Config>, Core>;
+  friend Handle;
+  using Handle::core_;
   using Sample = std::ranges::range_value_t<const Dataset>;
   using Source = std::ranges::ref_view<const Dataset>;
 
@@ -762,35 +766,15 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
   using iterator = detail::EpochIterator<Epoch, Batch>;
 
   StreamShardedLoader() = default;
-  explicit StreamShardedLoader(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit StreamShardedLoader(std::shared_ptr<Core> core) : Handle(std::move(core)) {}
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_)); }
-  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Batches per epoch, when the stream's length is known (the number really yielded: Q5 fixed).
   [[nodiscard]] std::size_t size() const
     requires std::ranges::sized_range<const Dataset>
   {
     return std::size_t(core_->plan_of(core_->ctx.process_index).skip(core_->skip).size());
   }
-  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
-  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
-  [[nodiscard]] std::int64_t total_batch_size() const {
-    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
-  }
-  [[nodiscard]] LoaderState state_dict() const {
-    const auto& k = *core_;
-    return k.running ? LoaderState{k.epoch, k.handed, {}} : LoaderState{k.epoch, k.skip, {}};
-  }
-  void load_state_dict(const LoaderState& s) { core_->load(s); }
-  [[nodiscard]] StreamShardedLoader skip_first_batches(std::int64_t k) const {
-    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
-    auto copy = std::make_shared<Core>(*core_);
-    copy->skip += k;
-    return StreamShardedLoader(copy);
-  }
-  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
 
- private:
-  std::shared_ptr<Core> core_;
 };
 
 // [accelerate:data_loader.py DataLoaderDispatcher over an iterable dataset]
@@ -800,8 +784,11 @@ class StreamShardedLoader : public std::ranges::view_interface<StreamShardedLoad
 //! is not a multiple of N (Accelerate's rule). Every rank receives only its slice; the step's layout travels
 //! with the metadata, so no rank but rank 0 touches the stream.
 template <class Dataset, class Collate, class Config, class Slice = NoSlice>
-class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatchedLoader<Dataset, Collate, Config, Slice>> {
+class StreamDispatchedLoader : public LoaderHandle<StreamDispatchedLoader<Dataset, Collate, Config, Slice>, detail::LoaderCore<Dataset, Collate, Config>> {
   using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Handle = LoaderHandle<StreamDispatchedLoader<Dataset, Collate, Config, Slice>, Core>;
+  friend Handle;
+  using Handle::core_;
   using Sample = std::ranges::range_value_t<const Dataset>;
 
  public:
@@ -904,9 +891,8 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
 
   StreamDispatchedLoader() = default;
   explicit StreamDispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
-      : core_(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
+      : Handle(std::move(core)), slice_(std::make_shared<const Slice>(std::move(slice))) {}
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Epoch>(core_, slice_)); }
-  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Steps per epoch, when the stream's length is known.
   [[nodiscard]] std::size_t size() const
     requires std::ranges::sized_range<const Dataset>
@@ -914,28 +900,8 @@ class StreamDispatchedLoader : public std::ranges::view_interface<StreamDispatch
     const auto n = std::int64_t(std::ranges::size(*core_->dataset));
     return std::size_t(plan::dispatch_plan(core_->spec(0), n).skip(core_->skip).size());
   }
-  void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
-  [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
-  [[nodiscard]] std::int64_t total_batch_size() const {
-    return Config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
-  }
-  [[nodiscard]] LoaderState state_dict() const {
-    const auto& k = *core_;
-    return k.running ? LoaderState{k.epoch, k.handed, {}} : LoaderState{k.epoch, k.skip, {}};
-  }
-  void load_state_dict(const LoaderState& s) { core_->load(s); }
-  [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
-    return {core_->bytes_received, core_->bytes_broadcast_equivalent};
-  }
-  [[nodiscard]] StreamDispatchedLoader skip_first_batches(std::int64_t k) const {
-    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
-    auto copy = std::make_shared<Core>(*core_);
-    copy->skip += k;
-    return StreamDispatchedLoader(copy, *slice_);
-  }
 
  private:
-  std::shared_ptr<Core> core_;
   std::shared_ptr<const Slice> slice_;
 };
 
