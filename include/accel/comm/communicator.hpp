@@ -81,7 +81,6 @@ class Rendezvous {
                                ". Start all " + std::to_string(size) + " processes (accel-launch --nproc-per-node), or "
                                "check WORLD_SIZE");
     }
-    startup_ = Clock::now() - t0;
     heartbeat_ = std::thread([this] { beat(); });
   }
 
@@ -97,7 +96,6 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
-  [[nodiscard]] Clock::duration startup_time() const noexcept { return startup_; }
   [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
 
   //! Records that this rank failed (so that other ranks' censuses do not take it for dead), then reports which
@@ -166,7 +164,6 @@ class Rendezvous {
   int port_, rank_, size_;
   CommOptions opt_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
-  Clock::duration startup_{};
   std::thread heartbeat_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -189,7 +189,6 @@ struct LoaderCore {
   Collate collate;
   DataLoaderOptions options;
   PrepareContext ctx;
-  bool dispatch = false;
   std::shared_ptr<ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
   std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
   std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
@@ -209,7 +208,7 @@ struct LoaderCore {
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
     if constexpr (MapDataset<Dataset>)
       return plan::loader_plan(spec(rank), order_length >= 0 ? order_length : dataset->size(),
-                               dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+                               Config::dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
     else if constexpr (std::ranges::sized_range<const Dataset>)
       return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
                                ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable);
@@ -228,7 +227,7 @@ struct LoaderCore {
     auto gen = epoch_generator();
     if (restore && gen) set_generator_bytes(*gen, *restore);
     restore.reset();
-    if (!dispatch) {
+    if constexpr (!Config::dispatch) {
       std::optional<at::Generator> sync = orders && !options.seedable ? orders->generator() : std::nullopt;
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
@@ -564,7 +563,10 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
   });
   return out;
   } else {
-    return Batch{};  // unreachable: non-tensor batches need a slice function (static_assert in the loaders)
+    static_assert(!std::is_same_v<Slice, NoSlice>,
+                  "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
+                  "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
+    return Batch{};  // the slice-function branch above has returned already
   }
 }
 
@@ -584,15 +586,8 @@ class DispatchedLoader : public LoaderHandle<DispatchedLoader<Dataset, Collate, 
 
  public:
   using Batch = typename Core::Batch;
-  static_assert(TensorStructure<Batch> || !std::is_same_v<Slice, NoSlice>,
-                "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
-                "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
 
  private:
-  struct Meta {
-    std::vector<std::int8_t> dtypes;
-    std::vector<std::vector<std::int64_t>> shapes;  // trailing dimensions
-  };
   struct Epoch {
     Epoch(std::shared_ptr<Core> c, std::shared_ptr<const Slice> sl)
         : core(std::move(c)), slice(std::move(sl)), registration(core->publish ? &GradientState::instance() : nullptr) {
@@ -793,9 +788,6 @@ class StreamDispatchedLoader : public LoaderHandle<StreamDispatchedLoader<Datase
 
  public:
   using Batch = typename Core::Batch;
-  static_assert(TensorStructure<Batch> || !std::is_same_v<Slice, NoSlice>,
-                "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
-                "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
 
  private:
   struct Epoch {
@@ -939,7 +931,6 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
   core->collate = loader.collate();
   core->options = o;
   core->ctx = ctx;
-  core->dispatch = Config::dispatch;
   if (o.shuffle && MapDataset<Dataset>) {
     // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
     core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
@@ -958,15 +949,13 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Proce
 }
 
 namespace detail {
-struct Unprepared {
-  using config = Config<dist::none, place::none, rng::none>;
-};
+using UnpreparedConfig = Config<dist::none, place::none, rng::none>;
 }  // namespace detail
 
 template <LoaderDataset Dataset, class Collate>
 auto DataLoader<Dataset, Collate>::begin() const {
   // A fresh one-process loader per epoch, so every epoch draws anew (the iterator keeps it alive).
-  auto loader = prepare_data_loader<detail::Unprepared::config>(*this, PrepareContext{});
+  auto loader = prepare_data_loader<detail::UnpreparedConfig>(*this, PrepareContext{});
   loader.core()->publish = false;
   return loader.begin();
 }

@@ -217,10 +217,10 @@ class ShuffledOrders {
   //! processes, as when a user gives a DataLoader a generator.
   ShuffledOrders(std::int64_t n, int num_processes, Shuffle mode, std::optional<std::uint64_t> data_seed = {},
                  RandomSamplerOptions options = {}, std::optional<std::uint64_t> seed = {})
-      : n_(n), options_(options), mode_(mode), shared_(num_processes > 1 || seed.has_value()) {
+      : n_(n), options_(options) {
     if (mode == Shuffle::seedable) seedable_.emplace(n, data_seed, options);
     else if (seed) sampler_.emplace(n, make_generator(*seed), options);
-    else if (shared_) sampler_.emplace(n, synchronized_generator(), options);
+    else if (num_processes > 1) sampler_.emplace(n, synchronized_generator(), options);
   }
 
   //! The order of the next epoch, `epoch` being its number (used by the seedable sampler).
@@ -244,8 +244,6 @@ class ShuffledOrders {
  private:
   std::int64_t n_;
   RandomSamplerOptions options_;
-  Shuffle mode_;
-  bool shared_;
   std::optional<SeedableRandomSampler> seedable_;
   std::optional<RandomSampler> sampler_;
 };
