@@ -30,6 +30,7 @@
 #include <accel/data/placement.hpp>
 #include <accel/data/plan.hpp>
 #include <accel/data/plan_view.hpp>
+#include <accel/data/pass_iterator.hpp>
 #include <accel/data/prefetcher.hpp>
 #include <accel/data/sampler.hpp>
 #include <accel/data/gradient_state.hpp>
@@ -267,46 +268,6 @@ struct LoaderCore {
 
 }  // namespace detail
 
-namespace detail {
-
-//! The iterator of every prepared loader: an input iterator over one epoch, shared by its copies. Each step asks
-//! the epoch for the next batch; when there is none, the epoch ends (the loader's epoch counter moves on, its
-//! GradientState registration goes) and the iterator equals the sentinel.
-template <class Epoch, class Batch>
-class EpochIterator {
- public:
-  using iterator_concept = std::input_iterator_tag;
-  using iterator_category = std::input_iterator_tag;
-  using value_type = Batch;
-  using difference_type = std::ptrdiff_t;
-  using reference = const Batch&;
-  EpochIterator() = default;
-  explicit EpochIterator(std::shared_ptr<Epoch> e) : e_(std::move(e)) { step(); }
-  const Batch& operator*() const { return *e_->current; }
-  const Batch* operator->() const { return &*e_->current; }
-  EpochIterator& operator++() {
-    step();
-    return *this;
-  }
-  EpochIterator operator++(int) {
-    auto t = *this;
-    step();
-    return t;
-  }
-  friend bool operator==(const EpochIterator& a, const EpochIterator& b) { return a.e_ == b.e_; }
-  friend bool operator==(const EpochIterator& a, std::default_sentinel_t) { return a.e_ == nullptr; }
-
- private:
-  void step() {
-    if (!e_->advance()) {
-      e_->core->end_epoch();
-      e_.reset();
-    }
-  }
-  std::shared_ptr<Epoch> e_;
-};
-
-}  // namespace detail
 
 //! What every prepared loader offers around its epochs: a cheap copyable handle on shared state (copies iterate
 //! the same loader), the epoch counter, the checkpoint, skipping, the step size and the transport counters.
@@ -418,6 +379,7 @@ class ShardedLoader : public LoaderHandle<ShardedLoader<Dataset, Collate, Config
       });
     }
     ~Epoch() { prefetcher.reset(); }  // joins the workers before the plan they read goes
+    void finish() { core->end_epoch(); }
     bool advance() {
       if (!dynamic.empty()) {
         const auto& mine_b = dynamic[std::size_t(core->ctx.process_index)];
@@ -456,7 +418,7 @@ class ShardedLoader : public LoaderHandle<ShardedLoader<Dataset, Collate, Config
   };
 
  public:
-  using iterator = detail::EpochIterator<Epoch, Batch>;
+  using iterator = detail::PassIterator<Epoch, Batch>;
 
   ShardedLoader() = default;
   explicit ShardedLoader(std::shared_ptr<Core> core) : Handle(std::move(core)) {}
@@ -602,6 +564,7 @@ class DispatchedLoader : public LoaderHandle<DispatchedLoader<Dataset, Collate, 
       k.total = plans[0].size() + plans[0].skipped();
       k.handed = plans[0].skipped();
     }
+    void finish() { core->end_epoch(); }
     bool advance() {
       auto& k = *core;
       const int me = k.ctx.process_index;
@@ -650,7 +613,7 @@ class DispatchedLoader : public LoaderHandle<DispatchedLoader<Dataset, Collate, 
   };
 
  public:
-  using iterator = detail::EpochIterator<Epoch, Batch>;
+  using iterator = detail::PassIterator<Epoch, Batch>;
 
   DispatchedLoader() = default;
   explicit DispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
@@ -738,6 +701,7 @@ class StreamShardedLoader : public LoaderHandle<StreamShardedLoader<Dataset, Col
                     " of epoch " + std::to_string(k.epoch) + " of the stream failed: " + e.what());
       }
     }
+    void finish() { core->end_epoch(); }
     bool advance() {
       if (!ahead) return false;
       current.emplace(std::move(ahead->batch));
@@ -758,7 +722,7 @@ class StreamShardedLoader : public LoaderHandle<StreamShardedLoader<Dataset, Col
   };
 
  public:
-  using iterator = detail::EpochIterator<Epoch, Batch>;
+  using iterator = detail::PassIterator<Epoch, Batch>;
 
   StreamShardedLoader() = default;
   explicit StreamShardedLoader(std::shared_ptr<Core> core) : Handle(std::move(core)) {}
@@ -826,6 +790,7 @@ class StreamDispatchedLoader : public LoaderHandle<StreamDispatchedLoader<Datase
       if (first.empty()) first.assign(step.begin(), step.begin() + std::min<std::size_t>(step.size(), std::size_t(k.ctx.num_processes)));
       return step;
     }
+    void finish() { core->end_epoch(); }
     bool advance() {
       auto& k = *core;
       const int me = k.ctx.process_index, N = k.ctx.num_processes;
@@ -879,7 +844,7 @@ class StreamDispatchedLoader : public LoaderHandle<StreamDispatchedLoader<Datase
   };
 
  public:
-  using iterator = detail::EpochIterator<Epoch, Batch>;
+  using iterator = detail::PassIterator<Epoch, Batch>;
 
   StreamDispatchedLoader() = default;
   explicit StreamDispatchedLoader(std::shared_ptr<Core> core, Slice slice = {})
