@@ -99,44 +99,42 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
     if (!v || v->empty()) return std::nullopt;
     return detail::parse_int(name, *v, hint);
   };
-  const char* hint_torchrun = "the launcher (accel-launch, torchrun) sets it to a number";
+  // The launcher families, in precedence order: the first whose rank variable is set is the one.
+  struct Family {
+    const char *name, *rank, *size, *local_rank, *local_size, *hint;
+    bool local_rank_defaults_to_rank, needs_master;
+  };
+  static constexpr Family families[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+       "the launcher (accel-launch, torchrun) sets it to a number", true, true},
+      {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+       "mpirun sets it to a number", true, false},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "srun sets it to a number", false, false},
+  };
   std::string rank_var = "rank", size_var = "world size";
   bool needs_master = false;
-
-  if (env("RANK")) {
-    out.launcher = "torchrun";
-    out.rank = get_int("RANK", hint_torchrun).value_or(0);
-    out.world_size = get_int("WORLD_SIZE", hint_torchrun).value_or(1);
-    out.local_rank = get_int("LOCAL_RANK", hint_torchrun).value_or(out.rank);
-    out.local_world_size = get_int("LOCAL_WORLD_SIZE", hint_torchrun).value_or(out.world_size);
-    rank_var = "RANK", size_var = "WORLD_SIZE";
-    needs_master = true;
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    const char* hint = "mpirun sets it to a number";
-    out.launcher = "mpi";
-    out.rank = get_int("OMPI_COMM_WORLD_RANK", hint).value_or(0);
-    out.world_size = get_int("OMPI_COMM_WORLD_SIZE", hint).value_or(1);
-    out.local_rank = get_int("OMPI_COMM_WORLD_LOCAL_RANK", hint).value_or(out.rank);
-    out.local_world_size = get_int("OMPI_COMM_WORLD_LOCAL_SIZE", hint).value_or(out.world_size);
-    rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE";
-  } else if (env("SLURM_PROCID")) {
-    const char* hint = "srun sets it to a number";
-    out.launcher = "slurm";
-    out.rank = get_int("SLURM_PROCID", hint).value_or(0);
-    out.world_size = get_int("SLURM_NTASKS", hint).value_or(1);
-    out.local_rank = get_int("SLURM_LOCALID", hint).value_or(0);
-    // SLURM_NTASKS_PER_NODE may be "4" or "4(x2)"; the leading number is this node's count.
-    if (auto v = env("SLURM_NTASKS_PER_NODE"); v && !v->empty())
-      out.local_world_size = detail::parse_int("SLURM_NTASKS_PER_NODE", v->substr(0, v->find('(')), hint);
+  for (const Family& f : families) {
+    if (!env(f.rank)) continue;
+    out.launcher = f.name;
+    out.rank = get_int(f.rank, f.hint).value_or(0);
+    out.world_size = get_int(f.size, f.hint).value_or(1);
+    out.local_rank = get_int(f.local_rank, f.hint).value_or(f.local_rank_defaults_to_rank ? out.rank : 0);
+    // SLURM_NTASKS_PER_NODE may read "4(x2)": the leading number is this node's count.
+    if (auto v = env(f.local_size); v && !v->empty())
+      out.local_world_size = detail::parse_int(f.local_size, v->substr(0, v->find('(')), f.hint);
     else
       out.local_world_size = out.world_size;
-    rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS";
+    rank_var = f.rank, size_var = f.size;
+    needs_master = f.needs_master;
+    break;
+  }
+  if (out.launcher == "slurm") {  // the rendezvous from the job itself, unless given
     if (!env("MASTER_ADDR")) {
       if (auto nodes = env("SLURM_JOB_NODELIST") ? env("SLURM_JOB_NODELIST") : env("SLURM_NODELIST"); nodes && !nodes->empty())
         out.master_addr = detail::first_slurm_host(*nodes);
     }
     if (!env("MASTER_PORT")) {
-      if (auto job = get_int("SLURM_JOB_ID", hint)) out.master_port = 20000 + *job % 20000;
+      if (auto job = get_int("SLURM_JOB_ID", families[2].hint)) out.master_port = 20000 + *job % 20000;
     }
   }
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) out.master_addr = *a;
