@@ -29,6 +29,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -205,6 +206,11 @@ void collectives(const std::string& scratch) {
 
   // main_process_first: the main process's line is first in the file.
   const std::string file = scratch + "/first.txt";
+  if (state.is_main_process()) {  // a fresh file for this run
+    std::filesystem::create_directories(scratch);
+    std::filesystem::remove(file);
+  }
+  state.wait_for_everyone();
   {
     auto first_guard = state.main_process_first();
     std::ofstream(file, std::ios::app) << r << "\n";
