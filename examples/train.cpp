@@ -1,25 +1,32 @@
 // The main example: a real multi-process training run on data that ships with the project.
 //
-//   build/tools/accel-launch --nproc-per-node 2 build/examples/train examples/data/digits.csv
+//   build/tools/accel-launch --nproc-per-node 2 build/examples/train --data examples/data/digits.csv
+//   ... --checkpoint-dir ckpt --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
+//   ... --checkpoint-dir ckpt --resume             # continue from it; ends exactly where an uninterrupted run ends
 //
-// A small MLP learns the UCI handwritten digits (1,797 8x8 images; the last 297 are held out). Every process
-// reads only its shard of each shuffled epoch; gradients are averaged across processes by DistributedModule
-// (bucketed all-reduce overlapping backward); the optimizer and scheduler step only when gradients are
-// synchronised. The held-out accuracy is computed with gather_for_metrics over exactly the 297 test samples
-// (the padding that evens out the last batch is dropped). Logs appear on the main process only.
+// A small MLP learns the UCI handwritten digits (1,797 8x8 images; the last 297 are held out). `prepare` shards
+// every shuffled epoch across the processes, wraps the model so that gradients are averaged (bucketed all-reduce
+// overlapping backward), and wraps the optimizer and scheduler so that they step only when gradients are
+// synchronised (2-step gradient accumulation here). The held-out accuracy is computed with gather_for_metrics
+// over exactly the 297 test samples (the padding that evens out the last batch is dropped). Logs and the progress
+// bar appear on the main process only. The parameter checksum printed at the end identifies the trained weights.
 #include <accel/accel.hpp>
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/from_blob.h>
+#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/schedulers/step_lr.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -30,7 +37,7 @@ struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::per_proce
 namespace {
 std::pair<at::Tensor, at::Tensor> read_digits(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw accel::InvalidArgument("train: cannot read " + path + " (run from the repository root, or pass the path)");
+  if (!in) throw accel::InvalidArgument("train: cannot read " + path + " (run from the repository root, or pass --data)");
   std::vector<float> pixels;
   std::vector<std::int64_t> labels;
   for (std::string line; std::getline(in, line);) {
@@ -46,64 +53,112 @@ std::pair<at::Tensor, at::Tensor> read_digits(const std::string& path) {
   auto y = at::from_blob(labels.data(), {n}, at::kLong).clone();
   return {x, y};
 }
+
+//! A one-line progress bar on the main process, redrawn in place on a terminal (logs get the epoch lines only).
+class Progress {
+ public:
+  Progress(const Acc& acc, std::int64_t total) : show_(acc.is_local_main_process()), tty_(::isatty(2)), total_(total) {}
+  void update(std::int64_t done, int epoch, double loss) const {
+    if (!show_ || !tty_) return;
+    const int width = 30, filled = int(width * done / std::max<std::int64_t>(total_, 1));
+    std::fprintf(stderr, "\repoch %2d [%s%s] %3lld/%lld  loss %.4f%s", epoch, std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), static_cast<long long>(done), static_cast<long long>(total_), loss,
+                 done == total_ ? "\n" : "");
+  }
+
+ private:
+  bool show_, tty_;
+  std::int64_t total_;
+};
+
+std::string checksum(const torch::nn::Module& net) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over every parameter's bytes
+  for (const auto& p : net.parameters()) {
+    const auto t = p.detach().cpu().contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h;
+  return os.str();
+}
 }  // namespace
 
 int main(int argc, char** argv) try {
-  accel::ProcessState state;
-  const auto [x, y] = read_digits(argc > 1 ? argv[1] : "examples/data/digits.csv");
+  CLI::App cli{"accel example: 2-process MLP training on the UCI handwritten digits"};
+  std::string data = "examples/data/digits.csv", checkpoint_dir;
+  int epochs = 15;
+  std::int64_t stop_after = 0;
+  bool resume = false;
+  cli.add_option("--data", data, "the digits CSV (64 pixels and a label per row)");
+  cli.add_option("--epochs", epochs, "training epochs")->check(CLI::PositiveNumber);
+  cli.add_option("--checkpoint-dir", checkpoint_dir, "where save_state writes (at the end, or at --stop-after)");
+  cli.add_option("--stop-after", stop_after, "save a checkpoint after this many batches and stop")->needs("--checkpoint-dir");
+  cli.add_flag("--resume", resume, "load the checkpoint in --checkpoint-dir first")->needs("--checkpoint-dir");
+  CLI11_PARSE(cli, argc, argv);
+
+  Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2}};
+  const auto [x, y] = read_digits(data);
   const std::int64_t n_test = 297, n_train = x.size(0) - n_test;
-  accel::set_seed(42);
 
-  auto net = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10)).ptr();
-  net->to(state.device());
-  accel::DistributedModule model(net, state.comm());
-  auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(3e-3));
-  accel::AcceleratedOptimizer<torch::optim::Adam> opt(adam);
-  using Sched = accel::AcceleratedScheduler<torch::optim::StepLR, torch::optim::Adam>;
-  Sched sched(std::make_shared<torch::optim::StepLR>(*adam, 400, 0.5), {&opt}, Sched::Options{.num_processes = state.num_processes()});
-  accel::Accumulation accumulation({.steps = 1});
-
-  accel::data::DataLoader train_dl(accel::data::TensorDataset(x.narrow(0, 0, n_train), y.narrow(0, 0, n_train)),
-                                   {.batch_size = 32, .shuffle = true});
-  accel::data::DataLoader test_dl(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)),
-                                  {.batch_size = 64});
-  auto train = accel::data::prepare_data_loader<Acc::config>(train_dl, state);
-  auto test = accel::data::prepare_data_loader<Acc::config>(test_dl, state);
-  state.print("training on ", state.num_processes(), " process(es), ", train.size(), " batches of 32 per process per epoch, ",
-              train.total_batch_size(), " samples per optimizer step");
+  auto net = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Dropout(0.1), torch::nn::Linear(128, 10));
+  auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(1e-4));
+  auto [model, opt, train, test, sched] = acc.prepare(
+      net, adamw,
+      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, 0, n_train), y.narrow(0, 0, n_train)), {.batch_size = 16, .shuffle = true}),
+      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)), {.batch_size = 64}),
+      std::make_shared<torch::optim::StepLR>(*adamw, 300, 0.5));
+  if (resume) {
+    acc.load_state(checkpoint_dir);
+    acc.print("resumed from ", checkpoint_dir, " at epoch ", train.epoch(), ", batch ", train.state_dict().batches);
+  }
+  acc.print("training on ", acc.num_processes(), " process(es): ", train.size(), " batches of 16 per process per epoch, ",
+            train.total_batch_size() * acc.gradient_accumulation_steps(), " samples per optimizer step");
 
   const auto t0 = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < 15; ++epoch) {
+  std::int64_t batches_done = 0;
+  for (std::int64_t epoch = train.epoch(); epoch < epochs; ++epoch) {
     train.set_epoch(epoch);
+    Progress bar(acc, train.size());
     double loss_sum = 0;
-    std::int64_t batches = 0;
+    std::int64_t seen = train.state_dict().batches;  // > 0 in a resumed epoch
+    std::int64_t counted = 0;
     for (const auto& batch : train) {
-      accumulation.begin_step();
-      auto loss = torch::nn::functional::cross_entropy(net->forward(batch.data), batch.target);
-      (loss / accumulation.steps()).backward();
+      auto step = acc.accumulate(model);
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      acc.backward(loss);
       opt.step();
       sched.step();
       opt.zero_grad();
       loss_sum += loss.item<double>();
-      ++batches;
+      ++counted;
+      bar.update(++seen, int(epoch), loss_sum / double(counted));
+      if (++batches_done == stop_after) {
+        acc.save_state(checkpoint_dir);
+        acc.print("checkpoint saved to ", checkpoint_dir, " after ", stop_after, " batches; stopping (resume with --resume)");
+        return 0;
+      }
     }
-    const double mean_loss = accel::reduce(state.comm(), at::scalar_tensor(loss_sum / double(batches)), accel::Reduction::mean).item<double>();
-    state.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss);
+    const double mean_loss = acc.reduce(at::scalar_tensor(loss_sum / double(std::max<std::int64_t>(counted, 1)))).item<double>();
+    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss, "  lr ", std::setprecision(5),
+              adamw->param_groups()[0].options().get_lr());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!checkpoint_dir.empty() && !resume) acc.save_state(checkpoint_dir);
 
   // Evaluation: every rank predicts its shard; gather_for_metrics drops the padding of the even tail.
+  net->eval();
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0, seen = 0;
   for (const auto& batch : test) {
-    const auto hits = at::eq(at::argmax(net->forward(batch.data), 1), batch.target).to(at::kLong);
-    const auto all = accel::gather_for_metrics(state.comm(), hits, accel::GradientState::instance().layout());
-    correct += all.sum().item<std::int64_t>();
-    seen += all.size(0);
+    const auto hits = acc.gather_for_metrics(at::eq(at::argmax(model->forward(batch.data), 1), batch.target).to(at::kLong));
+    correct += hits.sum().item<std::int64_t>();
+    seen += hits.size(0);
   }
-  state.print("held-out accuracy ", std::fixed, std::setprecision(2), 100.0 * double(correct) / double(seen), "% over ", seen,
-              " samples (the test set has ", n_test, "); training took ", std::setprecision(2), seconds, " s");
-  state.wait_for_everyone();
+  acc.print("held-out accuracy ", std::fixed, std::setprecision(2), 100.0 * double(correct) / double(seen), "% over ", seen,
+            " samples (the test set has ", n_test, "); training took ", std::setprecision(2), seconds, " s");
+  acc.print("parameter checksum ", checksum(*net));
+  acc.wait_for_everyone();
   return seen == n_test ? 0 : 1;
 } catch (const std::exception& e) {
   std::cerr << e.what() << std::endl;

@@ -4,6 +4,7 @@
 //! ACCEL_WITH_CUDA is set; the generic headers never include them.
 
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
@@ -17,8 +18,10 @@
 #include <accel/data/sampler.hpp>
 #include <accel/error.hpp>
 #include <accel/model/distributed_module.hpp>
+#include <accel/model/prepared_model.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
+#include <accel/optim/grad_scaler.hpp>
 #include <accel/policy/batches.hpp>
 #include <accel/policy/dist.hpp>
 #include <accel/policy/loading.hpp>

@@ -3,16 +3,149 @@
 //! `Accelerator<Policies...>`: the object a training loop talks to.
 //!
 //! \code
-//! struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::split> {};
-//! static_assert(Acc::config::split_batches);
+//! struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::per_process> {};
+//!
+//! Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 4}};
+//! auto [model, opt, loader, sched] = acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters()),
+//!                                                accel::data::DataLoader(dataset, {.batch_size = 64, .shuffle = true}),
+//!                                                std::make_shared<torch::optim::StepLR>(*adamw, 100));
+//! for (const auto& batch : loader) {
+//!   auto step = acc.accumulate(model);                 // sync decision; no_sync on accumulation steps
+//!   auto ac = acc.autocast();                           // bf16/fp16 forward under Options::mixed_precision
+//!   acc.backward(loss_fn(model->forward(batch.data), batch.target));
+//!   opt.step(); sched.step(); opt.zero_grad();          // real steps only when gradients are synchronised
+//! }
+//! acc.save_state("checkpoints/last");
 //! \endcode
 //!
 //! Deriving a named struct (rather than a `using` alias) keeps diagnostics short: they say `Acc`.
-//! A wrong configuration stops the build with exactly one of the messages below.
+//! A wrong configuration stops the build with exactly one of the messages below; a wrong argument to
+//! `prepare` with one message too. Run-time knobs that never change a type are in `Options`.
 
+#include <accel/checkpoint.hpp>
+#include <accel/comm/collectives.hpp>
+#include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
+#include <accel/data/gradient_state.hpp>
+#include <accel/data/loader.hpp>
+#include <accel/model/prepared_model.hpp>
+#include <accel/optim/accelerated.hpp>
+#include <accel/optim/accumulation.hpp>
+#include <accel/optim/grad_scaler.hpp>
+#include <accel/state/process_state.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace accel {
+
+//! Accelerate's `mixed_precision`.
+enum class Precision {
+  no,    //!< fp32 everywhere
+  fp16,  //!< fp16 autocast and a GradScaler; needs a GPU (as in Accelerate)
+  bf16,  //!< bf16 autocast, on the CPU or a GPU; no scaling needed
+};
+
+//! The run-time settings of an `Accelerator`: what never changes a type.
+struct Options {
+  std::optional<std::uint64_t> seed;           //!< `set_seed` at construction (unset: leave the generators alone)
+  bool device_specific_seed = false;           //!< add the process index to the seed
+  int gradient_accumulation_steps = 1;
+  bool sync_with_dataloader = true;            //!< sync (and reset the counter) at the end of every loader
+  bool sync_each_batch = false;                //!< all-reduce on every batch, step every `gradient_accumulation_steps`
+  bool step_scheduler_with_optimizer = true;   //!< false: the scheduler steps on every call
+  bool scheduler_steps_once = false;           //!< step schedulers once per optimizer step, not once per process
+  Precision mixed_precision = Precision::no;
+  GradScalerOptions scaler{};                  //!< the loss scaling under `Precision::fp16`
+  std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< gradient all-reduce bucket size
+  bool find_unused_parameters = false;         //!< parameters without a gradient contribute zeros instead of an error
+  comm::CommOptions comm{};                    //!< collective and rendezvous timeouts
+  LaunchOverrides launch{};                    //!< explicit rank / world size / address, winning over the environment
+};
+
+namespace detail {
+template <class T> struct shared_of { using type = void; };
+template <class T> struct shared_of<std::shared_ptr<T>> { using type = T; };
+template <class T> using shared_t = typename shared_of<std::remove_cvref_t<T>>::type;
+
+template <class T> inline constexpr bool is_data_loader = false;
+template <class D, class C> inline constexpr bool is_data_loader<data::DataLoader<D, C>> = true;
+
+//! What `prepare` makes of an argument.
+enum class Prepares { model, optimizer, scheduler, loader, optimizer_lvalue, unknown };
+template <class A>
+consteval Prepares classify() {
+  using T = std::remove_cvref_t<A>;
+  if constexpr (ModuleHandle<T>) return Prepares::model;
+  else if constexpr (TorchOptimizer<shared_t<T>>) return Prepares::optimizer;
+  else if constexpr (TorchOptimizer<T>) return std::is_rvalue_reference_v<A&&> && !std::is_const_v<std::remove_reference_t<A>> ? Prepares::optimizer : Prepares::optimizer_lvalue;
+  else if constexpr (TorchScheduler<shared_t<T>>) return Prepares::scheduler;
+  else if constexpr (is_data_loader<T>) return Prepares::loader;
+  else return Prepares::unknown;
+}
+
+//! A scheduler between the two passes of `prepare` (it is linked to the optimizers once all are prepared).
+template <class S> struct PendingScheduler { std::shared_ptr<S> scheduler; };
+struct NotPrepared {};
+
+//! RAII autocast region for one device type (what `torch.autocast` does on entry and exit).
+class Autocast {
+ public:
+  Autocast(c10::DeviceType device, at::ScalarType dtype, bool enabled)
+      : device_(device), previous_enabled_(at::autocast::is_autocast_enabled(device)),
+        previous_dtype_(at::autocast::get_autocast_dtype(device)) {
+    at::autocast::set_autocast_enabled(device, enabled);
+    at::autocast::set_autocast_dtype(device, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, previous_enabled_);
+    at::autocast::set_autocast_dtype(device_, previous_dtype_);
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+};
+
+//! RAII: the models' gradients stay local while it lives (set by `accumulate` on accumulation steps).
+class SyncScope {
+ public:
+  SyncScope() = default;
+  SyncScope(SyncScope&&) = default;
+  SyncScope& operator=(SyncScope&&) = delete;
+  ~SyncScope() {
+    for (auto& [m, previous] : held_) m->set_sync(previous);
+  }
+  void hold(const std::shared_ptr<DistributedModule>& m) {
+    if (!m) return;
+    held_.emplace_back(m, m->sync());
+    m->set_sync(false);
+  }
+
+ private:
+  std::vector<std::pair<std::shared_ptr<DistributedModule>, bool>> held_;
+};
+}  // namespace detail
 
 template <class... Policies>
 class Accelerator {
@@ -70,6 +203,423 @@ class Accelerator {
  public:
   //! The resolved configuration: `config::dist`, `config::split_batches`, `config::dispatch`, ...
   using config = Config<Policies...>;
+  static constexpr bool one_process = std::is_same_v<typename config::dist, dist::none>;
+
+  Accelerator(Options o = {})  // NOLINT: implicit, so that `Acc acc{accel::Options{...}}` reads well
+      : opt_(o), state_(process_options(o)),
+        accumulation_({.steps = o.gradient_accumulation_steps, .sync_with_dataloader = o.sync_with_dataloader,
+                       .sync_each_batch = o.sync_each_batch}) {
+    if (o.seed) set_seed(*o.seed, state_.process_index(), o.device_specific_seed);
+    if (o.mixed_precision == Precision::fp16) {
+      detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
+                                                 "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
+      scaler_ = std::make_shared<GradScaler>(state_.device(), state_.comm(), o.scaler);
+    }
+  }
+  Accelerator(Accelerator&&) = default;
+  Accelerator& operator=(Accelerator&&) = delete;
+
+  // ---- prepare ---------------------------------------------------------------------------------------------
+
+  // [accelerate:accelerator.py Accelerator.prepare]
+  //! Prepares models, optimizers, loaders and schedulers, in any number and any order; returns the prepared
+  //! objects in argument order (one object: itself; several: a tuple for structured bindings).
+  //!
+  //! | argument                                           | result                                          |
+  //! |----------------------------------------------------|-------------------------------------------------|
+  //! | model: `std::shared_ptr<M>` or a module holder      | `PreparedModel<Holder>` (the holder itself under `dist::none`), moved to the device, rank 0's weights |
+  //! | optimizer: `std::shared_ptr<O>` or `O&&`            | `AcceleratedOptimizer<O>`                        |
+  //! | `data::DataLoader`                                  | the prepared loader of `config` (`ShardedLoader`, `DispatchedLoader`, ...) |
+  //! | scheduler: `std::shared_ptr<S>` (an `LRScheduler`)  | `AcceleratedScheduler<S>`, held back by every prepared optimizer's skipped steps |
+  //!
+  //! An optimizer holding a parameter of no prepared model is an error (build it from the model's
+  //! `parameters()`). The order of preparation is the order of the checkpoint's files.
+  template <class... Ts>
+  auto prepare(Ts&&... objects) {
+    static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare: pass at least one object");
+    static_assert(((detail::classify<Ts>() != detail::Prepares::unknown) && ...),
+                  "accel::Accelerator::prepare: an argument is neither a model (std::shared_ptr<torch::nn::Module> or a "
+                  "module holder), an optimizer (derived from torch::optim::Optimizer), an accel::data::DataLoader nor a "
+                  "scheduler (std::shared_ptr of a torch::optim::LRScheduler)");
+    static_assert(((detail::classify<Ts>() != detail::Prepares::optimizer_lvalue) && ...),
+                  "accel::Accelerator::prepare: an optimizer cannot be copied; pass it as std::shared_ptr (to keep a "
+                  "handle, e.g. for a scheduler) or by std::move");
+    const std::size_t first_new_optimizer = optimizers_.size();
+    // Pass 1 (braced initialisation runs left to right): models, optimizers, loaders. Pass 2: schedulers, linked
+    // to the optimizers prepared so far.
+    std::tuple<decltype(first_pass(std::forward<Ts>(objects)))...> first{first_pass(std::forward<Ts>(objects))...};
+    check_optimizer_parameters(first_new_optimizer);
+    auto out = std::apply(
+        [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; }, first);
+    if constexpr (sizeof...(Ts) == 1) return std::get<0>(std::move(out));
+    else return out;
+  }
+
+  //! Prepares a loader under `loading::dispatched` with a slice function for non-tensor fields.
+  template <class Dataset, class Collate, class Slice>
+  auto prepare_data_loader(const data::DataLoader<Dataset, Collate>& loader, Slice slice) {
+    return register_loader(data::prepare_data_loader<config>(loader, state_, std::move(slice)));
+  }
+
+  // ---- the loop ------------------------------------------------------------------------------------------
+
+  // [accelerate:accelerator.py Accelerator.accumulate]
+  //! Call once per batch, before the forward pass; keep the result alive until after `backward`. Decides
+  //! whether this step synchronises gradients (every `gradient_accumulation_steps`-th step and at the end of the
+  //! loader); on the others the models' gradients stay local.
+  template <class... Models>
+  [[nodiscard]] detail::SyncScope accumulate(const Models&... models) {
+    accumulation_.begin_step();
+    detail::SyncScope scope;
+    const bool allow = GradientState::instance().sync_gradients() || (state_.use_distributed() && opt_.sync_each_batch);
+    if (!allow) (scope.hold(distributed_of(models)), ...);
+    return scope;
+  }
+  //! Gradients of `models` stay local while the result lives (Accelerate's `no_sync`).
+  template <class... Models>
+  [[nodiscard]] detail::SyncScope no_sync(const Models&... models) {
+    detail::SyncScope scope;
+    (scope.hold(distributed_of(models)), ...);
+    return scope;
+  }
+
+  // [accelerate:accelerator.py Accelerator.backward]
+  //! `loss / gradient_accumulation_steps` (always, as in Accelerate), scaled under fp16, then backward.
+  void backward(const at::Tensor& loss) {
+    const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
+    if (scaler_) scaler_->scale(l).backward();
+    else l.backward();
+  }
+
+  // [accelerate:accelerator.py Accelerator.clip_grad_norm_]
+  //! Unscales the gradients (fp16) then clips their total norm; returns the norm before clipping. Under fp16,
+  //! call it on synchronising steps only (`sync_gradients()`): gradients are unscaled once per step.
+  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) {
+    unscale_gradients();
+    return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  }
+  template <class M>
+    requires ModuleHandle<M> || is_prepared_model<M>
+  double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
+    return clip_grad_norm_(module_of(unwrap_model(model))->parameters(), max_norm, norm_type);
+  }
+  //! Divides every prepared optimizer's gradients by the loss scale (fp16; nothing otherwise).
+  void unscale_gradients() {
+    if (scaler_)
+      for (auto& o : optimizers_) scaler_->unscale_(*o.optimizer);
+  }
+
+  //! RAII: the forward pass runs in `Options::mixed_precision` (bf16 or fp16 autocast on this process's
+  //! device); disabled under `Precision::no`.
+  [[nodiscard]] detail::Autocast autocast() const {
+    const auto dtype = opt_.mixed_precision == Precision::fp16 ? at::kHalf : at::kBFloat16;
+    return {state_.device().type(), dtype, opt_.mixed_precision != Precision::no};
+  }
+
+  //! Gathers a batch's results from every process, dropping the padding of the current batch exactly
+  //! (inside a prepared loader's loop; outside one it is a plain `gather`).
+  template <TensorStructure T>
+  [[nodiscard]] T gather_for_metrics(const T& x) const {
+    auto& gs = GradientState::instance();
+    if (!gs.in_dataloader()) return accel::gather(state_.comm(), x);
+    return accel::gather_for_metrics(state_.comm(), x, gs.layout());
+  }
+  template <TensorStructure T>
+  [[nodiscard]] T gather(const T& x) const { return accel::gather(state_.comm(), x); }
+  template <TensorStructure T>
+  [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::mean) const { return accel::reduce(state_.comm(), x, op); }
+
+  //! Whether this step synchronises gradients (the optimizer really steps).
+  [[nodiscard]] bool sync_gradients() const { return GradientState::instance().sync_gradients(); }
+  [[nodiscard]] int gradient_accumulation_steps() const noexcept { return opt_.gradient_accumulation_steps; }
+  //! Accelerate's `Accelerator.step`: accumulation steps since the last reset.
+  [[nodiscard]] std::int64_t step() const noexcept { return accumulation_.step(); }
+  //! Whether any prepared optimizer skipped its last step (inf/NaN under fp16).
+  [[nodiscard]] bool optimizer_step_was_skipped() const {
+    for (const auto& o : optimizers_)
+      if (o.record->skipped) return true;
+    return false;
+  }
+  [[nodiscard]] GradScaler* scaler() const noexcept { return scaler_.get(); }
+  [[nodiscard]] const Options& options() const noexcept { return opt_; }
+
+  // ---- processes -----------------------------------------------------------------------------------------
+
+  [[nodiscard]] const ProcessState& state() const noexcept { return state_; }
+  [[nodiscard]] comm::Communicator* comm() const noexcept { return state_.comm(); }
+  [[nodiscard]] const c10::Device& device() const noexcept { return state_.device(); }
+  [[nodiscard]] int num_processes() const noexcept { return state_.num_processes(); }
+  [[nodiscard]] int process_index() const noexcept { return state_.process_index(); }
+  [[nodiscard]] bool is_main_process() const noexcept { return state_.is_main_process(); }
+  [[nodiscard]] bool is_local_main_process() const noexcept { return state_.is_local_main_process(); }
+  void wait_for_everyone() const { state_.wait_for_everyone(); }
+  [[nodiscard]] auto main_process_first() const { return state_.main_process_first(); }
+  template <class... Args>
+  void print(const Args&... args) const { state_.print(args...); }
+
+  // ---- checkpoints (layout: accel/checkpoint.hpp) --------------------------------------------------------
+
+  // [accelerate:accelerator.py Accelerator.save_state]
+  //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators and
+  //! the step counter into `dir` (replaced whole once every process has written its part). Every process calls it.
+  void save_state(const std::filesystem::path& dir) {
+    namespace ck = checkpoint;
+    const auto tmp = ck::partial_dir(dir);
+    if (is_main_process()) {
+      std::filesystem::remove_all(tmp);
+      std::filesystem::create_directories(tmp);
+    }
+    wait_for_everyone();
+    if (is_main_process()) {
+      torch::serialize::OutputArchive meta;
+      ck::write(meta, "format_version", ck::format_version);
+      ck::write(meta, "num_processes", num_processes());
+      ck::write(meta, "models", std::int64_t(models_.size()));
+      ck::write(meta, "optimizers", std::int64_t(optimizers_.size()));
+      ck::write(meta, "schedulers", std::int64_t(schedulers_.size()));
+      ck::write(meta, "loaders", std::int64_t(loaders_.size()));
+      ck::write(meta, "scaler", scaler_ ? 1 : 0);
+      meta.save_to((tmp / ck::meta_file).string());
+      for (std::size_t i = 0; i < models_.size(); ++i) {
+        torch::serialize::OutputArchive a;
+        models_[i]->save(a);
+        a.save_to((tmp / ck::indexed("model", i)).string());
+      }
+      for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / ck::indexed("optimizer", i));
+      for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / ck::indexed("scheduler", i));
+      if (scaler_) save_one([&](auto& a) { scaler_->save(a); }, tmp / ck::scaler_file);
+    }
+    {
+      torch::serialize::OutputArchive a;
+      ck::write(a, "step", accumulation_.step());
+      a.write("rng_cpu", generator_state(at::detail::getDefaultCPUGenerator()));
+      if (device().is_cuda()) a.write("rng_device", generator_state(at::globalContext().defaultGenerator(device())));
+      // Mid-window of gradient accumulation, the gradients gathered so far are local to this process.
+      if (!sync_gradients())
+        for (std::size_t m = 0; m < models_.size(); ++m)
+          for (const auto& p : models_[m]->named_parameters())
+            if (p.value().grad().defined()) a.write("grad_" + std::to_string(m) + "_" + p.key(), p.value().grad());
+      for (std::size_t i = 0; i < loaders_.size(); ++i) {
+        const data::LoaderState s = loaders_[i].save();
+        const std::string k = "loader_" + std::to_string(i) + "_";
+        ck::write(a, k + "epoch", s.epoch);
+        ck::write(a, k + "batches", s.batches);
+        auto bytes = s.generator_state;
+        a.write(k + "generator", at::from_blob(bytes.data(), {std::int64_t(bytes.size())}, at::kByte).clone());
+      }
+      a.save_to((tmp / ck::process_file(process_index())).string());
+    }
+    wait_for_everyone();
+    if (is_main_process()) {  // swap the complete checkpoint in
+      const auto old = std::filesystem::path(dir.string() + ".old");
+      std::filesystem::remove_all(old);
+      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
+      std::filesystem::rename(tmp, dir);
+      std::filesystem::remove_all(old);
+    }
+    wait_for_everyone();
+  }
+
+  // [accelerate:accelerator.py Accelerator.load_state]
+  //! Restores what `save_state` wrote into the objects prepared (in the same order) by this job. Every
+  //! process calls it; the next batch of each loader is the one after the checkpoint.
+  void load_state(const std::filesystem::path& dir) {
+    namespace ck = checkpoint;
+    detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
+    torch::serialize::InputArchive meta;
+    ck::open(meta, dir, ck::meta_file);
+    detail::require(ck::read_int(meta, "format_version") == ck::format_version,
+                    "accel::load_state: " + dir.string() + " has checkpoint format " + std::to_string(ck::read_int(meta, "format_version")) +
+                        ", this accel reads format " + std::to_string(ck::format_version));
+    const auto saved_processes = ck::read_int(meta, "num_processes");
+    detail::require(saved_processes == num_processes(),
+                    "accel::load_state: " + dir.string() + " was written by " + std::to_string(saved_processes) +
+                        " process(es), this job has " + std::to_string(num_processes()) +
+                        "; resume with the same number of processes (the loaders' positions are per process)");
+    expect_count(meta, dir, "models", models_.size());
+    expect_count(meta, dir, "optimizers", optimizers_.size());
+    expect_count(meta, dir, "schedulers", schedulers_.size());
+    expect_count(meta, dir, "loaders", loaders_.size());
+    detail::require((ck::read_int(meta, "scaler") != 0) == bool(scaler_),
+                    "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present in one "
+                    "only); use the same Options::mixed_precision");
+    for (std::size_t i = 0; i < models_.size(); ++i) {
+      torch::serialize::InputArchive a;
+      ck::open(a, dir, ck::indexed("model", i), device());
+      models_[i]->load(a);
+    }
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) load_one(optimizers_[i].load, dir, ck::indexed("optimizer", i));
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) load_one(schedulers_[i].load, dir, ck::indexed("scheduler", i));
+    if (scaler_) load_one([&](auto& a) { scaler_->load(a); }, dir, ck::scaler_file);
+    torch::serialize::InputArchive a;
+    ck::open(a, dir, ck::process_file(process_index()));
+    accumulation_.set_step(ck::read_int(a, "step"));
+    at::Tensor rng;
+    a.read("rng_cpu", rng);
+    set_generator_state(at::detail::getDefaultCPUGenerator(), rng);
+    if (device().is_cuda() && a.try_read("rng_device", rng)) set_generator_state(at::globalContext().defaultGenerator(device()), rng);
+    for (std::size_t m = 0; m < models_.size(); ++m)
+      for (auto& p : models_[m]->named_parameters()) {
+        at::Tensor g;
+        if (a.try_read("grad_" + std::to_string(m) + "_" + p.key(), g)) p.value().mutable_grad() = g.to(p.value().device());
+        else p.value().mutable_grad() = at::Tensor();
+      }
+    for (std::size_t i = 0; i < loaders_.size(); ++i) {
+      const std::string k = "loader_" + std::to_string(i) + "_";
+      data::LoaderState s;
+      s.epoch = ck::read_int(a, k + "epoch");
+      s.batches = ck::read_int(a, k + "batches");
+      at::Tensor g;
+      a.read(k + "generator", g);
+      g = g.contiguous();
+      const auto* p = g.data_ptr<std::uint8_t>();
+      s.generator_state.assign(p, p + g.numel());
+      loaders_[i].load(s);
+    }
+    wait_for_everyone();
+  }
+
+ private:
+  struct Saveable {
+    std::function<void(torch::serialize::OutputArchive&)> save;
+    std::function<void(torch::serialize::InputArchive&)> load;
+  };
+  struct OptimizerEntry : Saveable {
+    std::shared_ptr<torch::optim::Optimizer> optimizer;
+    std::shared_ptr<const detail::StepRecord> record;
+  };
+  struct LoaderEntry {
+    std::function<data::LoaderState()> save;
+    std::function<void(const data::LoaderState&)> load;
+  };
+
+  static ProcessOptions process_options(const Options& o) {
+    ProcessOptions p;
+    using D = typename config::dist;
+    p.engine = std::is_same_v<D, dist::none> ? Engine::none
+             : std::is_same_v<D, dist::gloo> ? Engine::gloo
+             : std::is_same_v<D, dist::nccl> ? Engine::nccl
+                                              : Engine::automatic;
+    p.launch = o.launch;
+    p.comm = o.comm;
+    return p;
+  }
+
+  template <class T>
+  auto first_pass(T&& x) {
+    using U = std::remove_cvref_t<T>;
+    constexpr auto kind = detail::classify<T>();
+    if constexpr (kind == detail::Prepares::model) {
+      auto module = module_of(x);
+      if constexpr (config::device_placement) module->to(device());
+      models_.push_back(module);
+      if constexpr (one_process) {
+        return U(std::forward<T>(x));
+      } else {
+        auto ddp = std::make_shared<DistributedModule>(
+            module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters});
+        return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
+      }
+    } else if constexpr (kind == detail::Prepares::optimizer) {
+      using O = std::conditional_t<TorchOptimizer<U>, U, detail::shared_t<U>>;
+      std::shared_ptr<O> p;
+      if constexpr (TorchOptimizer<U>) p = std::make_shared<O>(std::move(x));
+      else p = x;
+      AcceleratedOptimizer<O> wrapped(p, scaler_);
+      optimizers_.push_back({{[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }},
+                             p, wrapped.record()});
+      return wrapped;
+    } else if constexpr (kind == detail::Prepares::scheduler) {
+      return detail::PendingScheduler<detail::shared_t<U>>{x};
+    } else if constexpr (kind == detail::Prepares::loader) {
+      return register_loader(data::prepare_data_loader<config>(x, state_));
+    } else {
+      return detail::NotPrepared{};  // the static_assert in prepare has said why
+    }
+  }
+  template <class T>
+  auto second_pass(T&& x) {
+    if constexpr (requires { x.scheduler; }) {
+      using S = typename std::remove_cvref_t<decltype(*x.scheduler)>;
+      std::vector<std::shared_ptr<const detail::StepRecord>> records;
+      for (const auto& o : optimizers_) records.push_back(o.record);
+      AcceleratedScheduler<S> wrapped(std::move(x.scheduler), std::move(records),
+                                      {.num_processes = num_processes(), .split_batches = config::split_batches,
+                                       .step_with_optimizer = opt_.step_scheduler_with_optimizer, .always_once = opt_.scheduler_steps_once});
+      schedulers_.push_back({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
+      return wrapped;
+    } else {
+      return std::forward<T>(x);
+    }
+  }
+  template <class Loader>
+  Loader register_loader(Loader l) {
+    loaders_.push_back({[l] { return l.state_dict(); }, [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); }});
+    return l;
+  }
+
+  void check_optimizer_parameters(std::size_t first) const {
+    if (models_.empty()) return;
+    std::unordered_set<const void*> known;
+    for (const auto& m : models_)
+      for (const auto& p : m->parameters()) known.insert(p.unsafeGetTensorImpl());
+    for (std::size_t i = first; i < optimizers_.size(); ++i) {
+      const auto& groups = optimizers_[i].optimizer->param_groups();
+      for (std::size_t g = 0; g < groups.size(); ++g)
+        for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
+          const auto& p = groups[g].params()[k];
+          if (known.count(p.unsafeGetTensorImpl())) continue;
+          std::string shape;
+          for (auto d : p.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+          throw InvalidArgument("accel::Accelerator::prepare: optimizer #" + std::to_string(i) + " holds a parameter (group " +
+                                std::to_string(g) + ", index " + std::to_string(k) + ", shape [" + shape +
+                                "]) that belongs to no prepared model; build the optimizer from the prepared model's "
+                                "parameters(), and prepare that model too");
+        }
+    }
+  }
+
+  template <class M>
+  static std::shared_ptr<DistributedModule> distributed_of(const M& m) {
+    if constexpr (is_prepared_model<M>) return m.distributed_ptr();
+    else return nullptr;  // dist::none: nothing to keep local
+  }
+
+  static at::Tensor generator_state(at::Generator g) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.get_state();
+  }
+  static void set_generator_state(at::Generator g, const at::Tensor& state) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(state);
+  }
+  template <class F>
+  static void save_one(F&& save, const std::filesystem::path& path) {
+    torch::serialize::OutputArchive a;
+    save(a);
+    a.save_to(path.string());
+  }
+  template <class F>
+  void load_one(F&& load, const std::filesystem::path& dir, const std::string& name) {
+    torch::serialize::InputArchive a;
+    checkpoint::open(a, dir, name, device());
+    load(a);
+  }
+  static void expect_count(torch::serialize::InputArchive& meta, const std::filesystem::path& dir, const char* what, std::size_t have) {
+    const auto saved = checkpoint::read_int(meta, what);
+    detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " + what +
+                                                     ", this job prepared " + std::to_string(have) +
+                                                     "; prepare the same objects, in the same order, as the job that saved it");
+  }
+
+  Options opt_;
+  ProcessState state_;
+  Accumulation accumulation_;
+  std::shared_ptr<GradScaler> scaler_;
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<OptimizerEntry> optimizers_;
+  std::vector<Saveable> schedulers_;
+  std::vector<LoaderEntry> loaders_;
 };
 
 }  // namespace accel

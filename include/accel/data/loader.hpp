@@ -82,6 +82,10 @@ struct LoaderState {
 inline auto accel_fields(LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
 inline auto accel_fields(const LoaderState& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
 
+//! Who puts the global generator where a resumed job needs it, when a one-process loader draws its order
+//! from it: the loader (rewinding it to the resumed epoch's start) or the caller (`Accelerator::load_state`).
+enum class GlobalGenerator { rewound_by_loader, restored_by_caller };
+
 //! A map-style or an iterable dataset.
 template <class D>
 concept LoaderDataset = MapDataset<D> || IterableDataset<D>;
@@ -223,16 +227,28 @@ struct LoaderCore {
     if (auto g = orders->generator()) return g;
     return at::detail::getDefaultCPUGenerator();
   }
-  // Starts an epoch: restore (resume), synchronise, draw the order.
+  // Starts an epoch: restore (resume), synchronise, draw the order. When the order comes from the global
+  // generator (one process, no sampler generator), the resumed epoch was under way, and the global generator was
+  // restored by a checkpoint of its own, the restore only rewinds it for the draw: afterwards it goes back to the
+  // checkpoint's state, so its later draws (dropout, ...) continue from there rather than from the epoch's start.
   IndexOrder begin_epoch() {
     auto gen = epoch_generator();
-    if (restore && gen) set_generator_bytes(*gen, *restore);
+    std::optional<std::vector<std::uint8_t>> resume_after;
+    if (restore && gen) {
+      if (!orders->generator() && skip > 0 && global_restored_elsewhere) resume_after = generator_bytes(*gen);
+      set_generator_bytes(*gen, *restore);
+    }
     restore.reset();
     if constexpr (!Config::dispatch) {
       std::optional<at::Generator> sync = orders && !options.seedable ? orders->generator() : std::nullopt;
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
     epoch_start_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
+    IndexOrder order = draw_order();
+    if (resume_after) set_generator_bytes(*gen, *resume_after);
+    return order;
+  }
+  IndexOrder draw_order() {
     if constexpr (MapDataset<Dataset>) {
       if (options.sampler) {
         auto order = options.sampler(epoch);
@@ -258,8 +274,10 @@ struct LoaderCore {
     auto gen = epoch_generator();
     return {next, running ? 0 : skip, restore ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{}};
   }
-  void load(const LoaderState& s) {
+  bool global_restored_elsewhere = false;
+  void load(const LoaderState& s, GlobalGenerator g) {
     accel::detail::require(s.epoch >= 0 && s.batches >= 0, "accel: load_state_dict: a negative epoch or batch count");
+    global_restored_elsewhere = g == GlobalGenerator::restored_by_caller;
     epoch = s.epoch;
     skip = s.batches;
     if (!s.generator_state.empty()) restore = s.generator_state;
@@ -285,7 +303,9 @@ class LoaderHandle : public std::ranges::view_interface<Derived> {
   }
   //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches.
   [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
-  void load_state_dict(const LoaderState& s) { core_->load(s); }
+  //! Resumes from `s`. `GlobalGenerator::restored_by_caller`: the caller restores the global generator itself
+  //! (`Accelerator::load_state` does), so a loader drawing from it must not leave it at the epoch's start.
+  void load_state_dict(const LoaderState& s, GlobalGenerator g = GlobalGenerator::rewound_by_loader) { core_->load(s, g); }
   //! The same loader without the first `k` batches (steps, when dispatched) of its next epoch: Accelerate's
   //! `skip_first_batches`. It shares the sampler and the epoch counter, and keeps the padding marks.
   [[nodiscard]] Derived skip_first_batches(std::int64_t k) const {

@@ -129,6 +129,7 @@ class DistributedModule {
   [[nodiscard]] NoSync no_sync() { return NoSync(*state_); }
   //! Whether the next backward averages gradients.
   void set_sync(bool sync) { state_->sync = sync; }
+  [[nodiscard]] bool sync() const noexcept { return state_->sync; }
 
  private:
   static void ready(const std::shared_ptr<State>& sp, std::size_t index) {

@@ -6,54 +6,92 @@
 //! | Accelerate                          | accel                                                        |
 //! |-------------------------------------|--------------------------------------------------------------|
 //! | `AcceleratedOptimizer.step/zero_grad` | no-ops unless `GradientState::sync_gradients()`            |
-//! | `step_was_skipped`                  | set by a GradScaler that found inf/NaN (`mark_skipped`)      |
+//! | `step` with a GradScaler            | `scaler.step(optimizer)` then `scaler.update()`; `step_was_skipped` when inf/NaN was found |
 //! | `AcceleratedScheduler.step`         | N steps per real optimizer step under `batches::per_process` (Accelerate's rule: the schedule is sized for the un-sharded loader), 1 under `batches::split`, `always_once` to step once; none after a skipped step |
+//!
+//! Both are handles: copies share one wrapper (the `Accelerator` keeps one for checkpoints, the loop another).
 
 #include <accel/data/gradient_state.hpp>
+#include <accel/optim/grad_scaler.hpp>
 
 #include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/archive.h>
 
+#include <concepts>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace accel {
 
-// [accelerate:optimizer.py AcceleratedOptimizer]
-template <class Optimizer>
-class AcceleratedOptimizer {
- public:
-  explicit AcceleratedOptimizer(std::shared_ptr<Optimizer> optimizer) : opt_(std::move(optimizer)) {}
+namespace detail {
+//! What a scheduler needs to know about an optimizer's last step.
+struct StepRecord {
+  bool skipped = false;
+};
 
-  //! Steps the inner optimizer when this step synchronises gradients; otherwise nothing.
+//! The step counter LibTorch keeps protected in `LRScheduler` (its whole state besides the optimizer's lrs).
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&SchedulerAccess::step_count_); }
+};
+}  // namespace detail
+
+//! A LibTorch optimizer (derived from `torch::optim::Optimizer`).
+template <class O>
+concept TorchOptimizer = std::derived_from<O, torch::optim::Optimizer>;
+//! A LibTorch learning-rate scheduler (derived from `torch::optim::LRScheduler`).
+template <class S>
+concept TorchScheduler = std::derived_from<S, torch::optim::LRScheduler>;
+
+// [accelerate:optimizer.py AcceleratedOptimizer]
+template <TorchOptimizer Optimizer>
+class AcceleratedOptimizer {
+  struct Shared {
+    std::shared_ptr<Optimizer> opt;
+    std::shared_ptr<GradScaler> scaler;
+    std::shared_ptr<detail::StepRecord> record = std::make_shared<detail::StepRecord>();
+  };
+
+ public:
+  explicit AcceleratedOptimizer(std::shared_ptr<Optimizer> optimizer, std::shared_ptr<GradScaler> scaler = nullptr)
+      : s_(std::make_shared<Shared>(Shared{std::move(optimizer), std::move(scaler)})) {}
+
+  //! Steps the inner optimizer when this step synchronises gradients; otherwise nothing. With a scaler: the
+  //! step is skipped when any gradient is inf/NaN (on any process), and the scale is updated.
   void step() {
     if (!GradientState::instance().sync_gradients()) return;
-    if (skip_next_) {
-      skipped_ = true;
-      skip_next_ = false;
-      return;
+    if (s_->scaler) {
+      s_->record->skipped = !s_->scaler->step(*s_->opt);
+      s_->scaler->update();
+    } else {
+      s_->record->skipped = false;
+      s_->opt->step();
     }
-    skipped_ = false;
-    opt_->step();
   }
   //! Clears the gradients when this step synchronises (`set_to_none` defaults to true, as in Accelerate).
   void zero_grad(bool set_to_none = true) {
-    if (GradientState::instance().sync_gradients()) opt_->zero_grad(set_to_none);
+    if (GradientState::instance().sync_gradients()) s_->opt->zero_grad(set_to_none);
   }
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
-  [[nodiscard]] bool step_was_skipped() const noexcept { return skipped_; }
-  //! Used by the gradient scaler: the next real step finds inf/NaN gradients and is skipped.
-  void mark_skipped() noexcept { skip_next_ = true; }
-  [[nodiscard]] Optimizer& inner() noexcept { return *opt_; }
-  [[nodiscard]] const std::shared_ptr<Optimizer>& shared() const noexcept { return opt_; }
+  [[nodiscard]] bool step_was_skipped() const noexcept { return s_->record->skipped; }
+
+  [[nodiscard]] Optimizer& inner() const noexcept { return *s_->opt; }
+  [[nodiscard]] Optimizer* operator->() const noexcept { return s_->opt.get(); }
+  [[nodiscard]] const std::shared_ptr<Optimizer>& shared() const noexcept { return s_->opt; }
+  [[nodiscard]] std::shared_ptr<const detail::StepRecord> record() const noexcept { return s_->record; }
+
+  //! The inner optimizer's state (parameter groups with their options, and per-parameter buffers).
+  void save(torch::serialize::OutputArchive& a) const { s_->opt->save(a); }
+  void load(torch::serialize::InputArchive& a) { s_->opt->load(a); }
 
  private:
-  std::shared_ptr<Optimizer> opt_;
-  bool skipped_ = false, skip_next_ = false;
+  std::shared_ptr<Shared> s_;
 };
 
 // [accelerate:scheduler.py AcceleratedScheduler]
-template <class Scheduler, class Optimizer>
+template <TorchScheduler Scheduler>
 class AcceleratedScheduler {
  public:
   struct Options {
@@ -62,31 +100,51 @@ class AcceleratedScheduler {
     bool step_with_optimizer = true;  //!< false: step on every call, ignoring the optimizer
     bool always_once = false;         //!< step once per optimizer step even with several processes
   };
-  AcceleratedScheduler(std::shared_ptr<Scheduler> scheduler, std::vector<const AcceleratedOptimizer<Optimizer>*> optimizers,
+  //! `optimizers`: the records of the optimizers whose skipped steps hold the scheduler back
+  //! (`AcceleratedOptimizer::record()`).
+  AcceleratedScheduler(std::shared_ptr<Scheduler> scheduler, std::vector<std::shared_ptr<const detail::StepRecord>> optimizers,
                        Options o)
-      : sched_(std::move(scheduler)), optimizers_(std::move(optimizers)), opt_(o) {}
+      : s_(std::make_shared<Shared>(Shared{std::move(scheduler), std::move(optimizers), o})) {}
 
   void step() {
-    if (!opt_.step_with_optimizer) {
-      sched_->step();
-      ++count_;
+    auto& s = *s_;
+    if (!s.opt.step_with_optimizer) {
+      s.sched->step();
+      ++s.count;
       return;
     }
     if (!GradientState::instance().sync_gradients()) return;
-    for (const auto* o : optimizers_)
-      if (o->step_was_skipped()) return;
-    const int times = opt_.split_batches || opt_.always_once ? 1 : opt_.num_processes;
-    for (int i = 0; i < times; ++i) sched_->step(), ++count_;
+    for (const auto& o : s.optimizers)
+      if (o->skipped) return;
+    const int times = s.opt.split_batches || s.opt.always_once ? 1 : s.opt.num_processes;
+    for (int i = 0; i < times; ++i) s.sched->step(), ++s.count;
   }
   //! Times the inner scheduler has stepped.
-  [[nodiscard]] std::int64_t steps() const noexcept { return count_; }
-  [[nodiscard]] Scheduler& inner() noexcept { return *sched_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return s_->count; }
+  [[nodiscard]] Scheduler& inner() const noexcept { return *s_->sched; }
+  [[nodiscard]] Scheduler* operator->() const noexcept { return s_->sched.get(); }
+
+  //! The scheduler's state: LibTorch's step counter (the learning rates live in the optimizer's state).
+  void save(torch::serialize::OutputArchive& a) const {
+    a.write("step_count", c10::IValue(std::int64_t(detail::SchedulerAccess::step_count(*s_->sched))));
+    a.write("accel_steps", c10::IValue(s_->count));
+  }
+  void load(torch::serialize::InputArchive& a) {
+    c10::IValue v;
+    a.read("step_count", v);
+    detail::SchedulerAccess::step_count(*s_->sched) = unsigned(v.toInt());
+    a.read("accel_steps", v);
+    s_->count = v.toInt();
+  }
 
  private:
-  std::shared_ptr<Scheduler> sched_;
-  std::vector<const AcceleratedOptimizer<Optimizer>*> optimizers_;
-  Options opt_;
-  std::int64_t count_ = 0;
+  struct Shared {
+    std::shared_ptr<Scheduler> sched;
+    std::vector<std::shared_ptr<const detail::StepRecord>> optimizers;
+    Options opt;
+    std::int64_t count = 0;
+  };
+  std::shared_ptr<Shared> s_;
 };
 
 }  // namespace accel

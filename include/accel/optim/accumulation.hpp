@@ -49,6 +49,8 @@ class Accumulation {
     return gs.sync_gradients() || opt_.sync_each_batch;
   }
   void reset() noexcept { step_ = 0; }
+  //! Restores the counter (checkpoints).
+  void set_step(std::int64_t step) noexcept { step_ = step; }
 
  private:
   AccumulationOptions opt_;

@@ -1,0 +1,84 @@
+#pragma once
+//! \file
+//! `PreparedModel<Holder>`: what `Accelerator::prepare` returns for a model when several processes may run.
+//! It keeps the user's own module holder (`std::shared_ptr<Net>` or a `TORCH_MODULE` holder such as
+//! `torch::nn::Sequential`) and the `DistributedModule` that averages its gradients, and reads like the
+//! holder: `model->forward(x)`, `model(x)`, `*model`. Under `dist::none` `prepare` returns the holder itself
+//! (nothing to wrap, nothing to pay).
+
+#include <accel/model/distributed_module.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <concepts>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace accel {
+
+namespace detail {
+template <class T> struct shared_module : std::false_type {};
+template <class M>
+  requires std::derived_from<M, torch::nn::Module>
+struct shared_module<std::shared_ptr<M>> : std::true_type {};
+}  // namespace detail
+
+//! What users hold a LibTorch module by: `std::shared_ptr<M>` (M derived from `torch::nn::Module`), or a
+//! `torch::nn::ModuleHolder` (`torch::nn::Linear`, `torch::nn::Sequential`, a `TORCH_MODULE(Net)`).
+template <class H>
+concept ModuleHandle = detail::shared_module<H>::value || requires(const H& h) {
+  typename H::ContainedType;
+  requires std::derived_from<typename H::ContainedType, torch::nn::Module>;
+  { h.ptr() } -> std::convertible_to<std::shared_ptr<typename H::ContainedType>>;
+};
+
+//! The `torch::nn::Module` behind a handle.
+template <ModuleHandle H>
+std::shared_ptr<torch::nn::Module> module_of(const H& h) {
+  if constexpr (detail::shared_module<H>::value) return h;
+  else return h.ptr();
+}
+
+template <ModuleHandle Holder>
+class PreparedModel {
+ public:
+  PreparedModel(Holder holder, std::shared_ptr<DistributedModule> distributed)
+      : holder_(std::move(holder)), ddp_(std::move(distributed)) {}
+
+  //! The module (non-const, as through the user's holder: a handle's constness is not the module's).
+  [[nodiscard]] auto* get() const noexcept {
+    if constexpr (detail::shared_module<Holder>::value) return holder_.get();
+    else return holder_.ptr().get();
+  }
+  [[nodiscard]] auto* operator->() const noexcept { return get(); }
+  [[nodiscard]] auto& operator*() const noexcept { return *get(); }
+  //! `model(x...)` is `model->forward(x...)`.
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) const {
+    return get()->forward(std::forward<Args>(args)...);
+  }
+  //! The user's holder, unwrapped (Accelerate's `unwrap_model`).
+  [[nodiscard]] const Holder& unwrap() const noexcept { return holder_; }
+  //! The gradient synchroniser (buckets, `no_sync`).
+  [[nodiscard]] DistributedModule& distributed() const noexcept { return *ddp_; }
+  [[nodiscard]] const std::shared_ptr<DistributedModule>& distributed_ptr() const noexcept { return ddp_; }
+
+ private:
+  Holder holder_;
+  std::shared_ptr<DistributedModule> ddp_;
+};
+
+template <class T> inline constexpr bool is_prepared_model = false;
+template <class H> inline constexpr bool is_prepared_model<PreparedModel<H>> = true;
+
+//! Accelerate's `unwrap_model`: the user's holder behind a prepared model (a plain holder is returned as is).
+template <class M>
+  requires ModuleHandle<M> || is_prepared_model<M>
+const auto& unwrap_model(const M& model) {
+  if constexpr (is_prepared_model<M>) return model.unwrap();
+  else return model;
+}
+
+}  // namespace accel
