@@ -1,11 +1,16 @@
 # Build-failure test: compiles SOURCE and passes only if the compiler rejects it with exactly one error whose
-# text matches the file's `// expected-error: <regex>` line. A file may add compiler flags with `// flags: ...`.
+# text matches the file's `// expected-error: <regex>` line. A file may add compiler flags with `// flags: ...`,
+# and ask for LibTorch's include directories and definitions (read from TORCH_FLAGS) with `// needs: torch`.
 # With EXPECT_SUCCESS=ON it instead checks that SOURCE compiles (keeps the harness honest).
 #   cmake -DCOMPILER=c++ -DSOURCE=f.cpp -DINCLUDES="a;b" [-DEXPECT_SUCCESS=ON] -P check_build_failure.cmake
 file(READ "${SOURCE}" text)
 set(flags "")
 if(text MATCHES "// flags: ([^\n]*)")
   separate_arguments(flags UNIX_COMMAND "${CMAKE_MATCH_1}")
+endif()
+if(text MATCHES "// needs: torch")
+  file(STRINGS "${TORCH_FLAGS}" torch_flags)
+  list(APPEND flags ${torch_flags})
 endif()
 set(include_flags "")
 foreach(dir IN LISTS INCLUDES)

@@ -1,4 +1,4 @@
 // expected-error: two policies fill slot 'rng' .*list every kind in one accel::rng::sync<\.\.\.>
-#include <accel/accelerator.hpp>  // where the configuration diagnostics live (accel.hpp includes it)
-struct Acc : accel::Accelerator<accel::rng::sync<accel::rng::torch>, accel::rng::sync<accel::rng::generator>> {};
+#include <accel/config.hpp>  // where the configuration diagnostics live (Accelerator<...>::config names them)
+using Acc = accel::CheckedConfig<accel::rng::sync<accel::rng::torch>, accel::rng::sync<accel::rng::generator>>;
 Acc acc;

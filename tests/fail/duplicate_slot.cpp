@@ -1,4 +1,4 @@
 // expected-error: two policies fill slot 'batching' \(accel::batches::\.\.\.\); keep one
-#include <accel/accelerator.hpp>  // where the configuration diagnostics live (accel.hpp includes it)
-struct Acc : accel::Accelerator<accel::batches::split, accel::dist::gloo, accel::batches::per_process> {};
+#include <accel/config.hpp>  // where the configuration diagnostics live (Accelerator<...>::config names them)
+using Acc = accel::CheckedConfig<accel::batches::split, accel::dist::gloo, accel::batches::per_process>;
 Acc acc;

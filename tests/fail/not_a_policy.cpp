@@ -1,5 +1,5 @@
 // expected-error: a template argument is not an accel policy; use the tags of accel::dist
-#include <accel/accelerator.hpp>  // where the configuration diagnostics live (accel.hpp includes it)
+#include <accel/config.hpp>  // where the configuration diagnostics live (Accelerator<...>::config names them)
 struct MyPolicy {};
-struct Acc : accel::Accelerator<accel::dist::gloo, MyPolicy> {};
+using Acc = accel::CheckedConfig<accel::dist::gloo, MyPolicy>;
 Acc acc;

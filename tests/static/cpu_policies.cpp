@@ -1,7 +1,7 @@
 // Resolution when accel is built without CUDA: the CUDA-only policies are refused.
 #undef ACCEL_WITH_CUDA
 #define ACCEL_WITH_CUDA 0
-#include <accel/accelerator.hpp>
+#include <accel/config.hpp>
 
 namespace {
 using namespace accel;

@@ -2,7 +2,7 @@
 // way a CUDA build of LibTorch does), so it is checked on every machine.
 #undef ACCEL_WITH_CUDA
 #define ACCEL_WITH_CUDA 1
-#include <accel/accelerator.hpp>
+#include <accel/config.hpp>
 
 namespace {
 using namespace accel;
@@ -11,6 +11,6 @@ static_assert(diagnose<dist::from_env, place::async>() == ConfigProblem::none);
 static_assert(diagnose<dist::none, place::async>() == ConfigProblem::none);  // one process on one GPU
 static_assert(diagnose<dist::none, rng::sync<rng::cuda>>() == ConfigProblem::rng_cuda_without_gpu_engine);
 static_assert(Config<dist::nccl>::may_use_cuda && !Config<dist::gloo>::may_use_cuda);
-struct Gpu : Accelerator<dist::nccl, place::async, rng::sync<rng::cuda>> {};
-static_assert(Gpu::config::async_placement && Gpu::config::sync_cuda_rng);
+using Gpu = CheckedConfig<dist::nccl, place::async, rng::sync<rng::cuda>>;
+static_assert(Gpu::async_placement && Gpu::sync_cuda_rng);
 }  // namespace

@@ -1,5 +1,5 @@
 // Policy resolution, checked entirely at compile time: compiling this file is the test.
-#include <accel/accelerator.hpp>
+#include <accel/config.hpp>
 
 #include <concepts>
 
@@ -50,11 +50,11 @@ constexpr bool same_config = std::same_as<typename X::dist, typename Y::dist> &&
 static_assert(same_config<A, B> && same_config<B, C>);
 static_assert(same_config<Config<batches::split>, Config<batches::split, dist::from_env, tail::even>>);
 
-// ---- Accelerator exposes the resolved config ---------------------------------------------------------
-struct Acc : Accelerator<batches::split, dist::gloo> {};
-static_assert(std::same_as<Acc::config::dist, dist::gloo> && Acc::config::split_batches);
-struct Dispatching : Accelerator<loading::dispatched, dist::gloo> {};
-static_assert(Dispatching::config::dispatch);
+// ---- CheckedConfig (Accelerator<...>::config) is the resolved config, checked ------------------------
+using Acc = CheckedConfig<batches::split, dist::gloo>;
+static_assert(std::same_as<Acc::dist, dist::gloo> && Acc::split_batches && Acc::problem == ConfigProblem::none);
+using Dispatching = CheckedConfig<loading::dispatched, dist::gloo>;
+static_assert(Dispatching::dispatch);
 
 // ---- every diagnosis (the messages themselves are checked by tests/fail) -----------------------------
 static_assert(!Policy<int> && !Policy<rng::torch> && Policy<rng::none>);
