@@ -47,6 +47,13 @@ int main() {
   check(accel::gather_object(c, 3).size() == 1, "gather_object");
   auto g = accel::gather_for_metrics(c, x, {.size = {8}, .real = {6}});
   check(at::equal(g.cpu(), at::arange(6, at::kFloat)), "gather_for_metrics");
+  // The gradient-bucket path of DistributedModule: an all-reduce started asynchronously, finished later.
+  {
+    auto t = on(at::arange(1024, at::kFloat));
+    auto pending = c->all_reduce_start(t);
+    c->finish(pending);
+    check(at::equal(t.cpu(), at::arange(1024, at::kFloat)), "all_reduce_start / finish on the NCCL stream");
+  }
   c->barrier();
   accel::synchronize_rng_states<accel::rng::sync<accel::rng::cuda, accel::rng::torch>>(c);
   check(true, "rng sync (cuda, torch)");

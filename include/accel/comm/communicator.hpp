@@ -195,6 +195,7 @@ class Communicator {
   struct Pending {
     c10::intrusive_ptr<c10d::Work> work;
     std::uint64_t sequence = 0;
+    std::shared_ptr<void> native;  //!< the specialisation's own handle (NCCL: the completion event)
   };
   //! Starts a sum all-reduce of `t` in place and returns at once (overlaps with the caller's work).
   virtual Pending all_reduce_start(at::Tensor& t) {

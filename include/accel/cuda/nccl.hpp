@@ -90,6 +90,37 @@ class NcclCommunicator final : public comm::Communicator {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), rop, comm_, stream_);
     });
   }
+  // The gradient-bucket path: the all-reduce is queued on accel's stream after the work already on the caller's
+  // stream, and `finish` polls its completion event against the timeout, then orders the caller's stream after it.
+  // The caller keeps `t` alive until `finish` (DistributedModule's bucket does).
+  Pending all_reduce_start(at::Tensor& t) override {
+    require_cuda(t, "all_reduce");
+    const auto n = next_sequence();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_, stream_),
+               "all_reduce", n);
+    wait_comm("all_reduce", n);
+    cudaEvent_t* done = new cudaEvent_t;
+    check_cuda(cudaEventCreateWithFlags(done, cudaEventDisableTiming), "cudaEventCreate");
+    std::shared_ptr<void> event(done, [](void* e) {
+      cudaEventDestroy(*static_cast<cudaEvent_t*>(e));
+      delete static_cast<cudaEvent_t*>(e);
+    });
+    check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
+    return {{}, n, std::move(event)};
+  }
+  void finish(Pending& p) override {
+    if (!p.native) return Communicator::finish(p);
+    const cudaEvent_t done = *static_cast<cudaEvent_t*>(p.native.get());
+    wait_event(done, "all_reduce", p.sequence);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    check_cuda(cudaStreamWaitEvent(current, done, 0), "cudaStreamWaitEvent");
+    p.native.reset();
+  }
   void broadcast(at::Tensor& t, int root) override {
     require_cuda(t, "broadcast");
     check_root(root, "broadcast");
@@ -164,10 +195,15 @@ class NcclCommunicator final : public comm::Communicator {
     check_nccl(call(), op, n);
     wait_comm(op, n);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    wait_event(done_, op, n);
+    check_cuda(cudaStreamWaitEvent(current, done_, 0), "cudaStreamWaitEvent");
+  }
+  // Polls `event` until it completes; an NCCL error or the timeout aborts the communicator.
+  void wait_event(cudaEvent_t event, const char* op, std::uint64_t n) {
     const auto deadline = comm::Clock::now() + options().timeout;
     for (;;) {
-      const cudaError_t q = cudaEventQuery(done_);
-      if (q == cudaSuccess) break;
+      const cudaError_t q = cudaEventQuery(event);
+      if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) abort_and_fail(op, n, cudaGetErrorString(q));
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
@@ -175,7 +211,6 @@ class NcclCommunicator final : public comm::Communicator {
       if (comm::Clock::now() > deadline) abort_and_fail(op, n, "timed out");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    check_cuda(cudaStreamWaitEvent(current, done_, 0), "cudaStreamWaitEvent");
   }
   [[noreturn]] void abort_and_fail(const char* op, std::uint64_t n, const std::string& why) {
     ncclCommAbort(comm_);
