@@ -6,11 +6,14 @@
 //! - At construction, rank 0's parameters and buffers are broadcast, so every process starts equal.
 //! - Parameters are grouped into buckets of about `bucket_bytes` (25 MiB by default), in reverse registration
 //!   order (roughly the order backward produces their gradients).
-//! - During backward, a hook after each parameter's gradient accumulation marks it ready; when a bucket is
-//!   complete (and all buckets before it have started: every rank issues the same collectives in the same
-//!   order), its gradients are flattened and an asynchronous all-reduce starts, overlapping the rest of backward.
-//! - At the end of backward (an autograd engine callback) every bucket is waited for, divided by N and copied
-//!   back into the gradients.
+//! - Each bucket owns one flat buffer, allocated once; a parameter's gradient becomes an alias of its slice
+//!   (PyTorch DDP's `gradient_as_bucket_view`), so nothing is concatenated or copied back.
+//! - During backward, a hook after each parameter's gradient accumulation marks it ready (moving a freshly
+//!   allocated gradient into its view: one copy, during backward); when a bucket is complete (and all buckets
+//!   before it have started: every rank issues the same collectives in the same order), it is divided by N and
+//!   an asynchronous all-reduce (sum) starts, overlapping the rest of backward.
+//! - At the end of backward (an autograd engine callback) every bucket is waited for: the gradients, views of
+//!   the buckets, then hold the average.
 //! - `no_sync()` (RAII) keeps gradients local: they accumulate until a step with sync.
 //! - A parameter that received no gradient in a synchronising backward is an error naming it, unless
 //!   `find_unused_parameters` (then it contributes zeros, as in DDP).
@@ -19,7 +22,8 @@
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
 
-#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -43,14 +47,15 @@ class DistributedModule {
     std::string name;
     at::Tensor tensor;
     std::size_t bucket = 0;
+    std::int64_t offset = 0;  // in the bucket's buffer
     bool ready = false;
   };
   struct Bucket {
     std::vector<std::size_t> params;
     std::size_t ready = 0;
-    at::Tensor flat;
+    std::int64_t numel = 0;
+    at::Tensor flat;  // every gradient of the bucket, as views
     comm::Communicator::Pending pending;
-    bool launched = false;
   };
   struct State {
     comm::Communicator* comm = nullptr;
@@ -89,14 +94,18 @@ class DistributedModule {
     }
     for (auto& p : module_->named_parameters())
       if (p.value().requires_grad()) s.params.push_back({p.key(), p.value()});
-    // Buckets in reverse registration order.
+    // Buckets in reverse registration order; a bucket holds one dtype on one device.
     std::int64_t bytes = 0;
     for (std::size_t k = s.params.size(); k-- > 0;) {
       const auto& t = s.params[k].tensor;
       const std::int64_t b = t.numel() * std::int64_t(t.element_size());
-      if (s.buckets.empty() || bytes + b > opt.bucket_bytes) s.buckets.emplace_back(), bytes = 0;
+      const bool other_kind = !s.buckets.empty() && !same_kind(s.params[s.buckets.back().params.front()].tensor, t);
+      if (s.buckets.empty() || other_kind || bytes + b > opt.bucket_bytes) s.buckets.emplace_back(), bytes = 0;
+      auto& bucket = s.buckets.back();
       s.params[k].bucket = s.buckets.size() - 1;
-      s.buckets.back().params.push_back(k);
+      s.params[k].offset = bucket.numel;
+      bucket.params.push_back(k);
+      bucket.numel += t.numel();
       bytes += b;
     }
     if (comm && comm->size() > 1)
@@ -156,15 +165,34 @@ class DistributedModule {
       ++s.next_launch;
     }
   }
-  static void launch(State& s, Bucket& b) {
-    std::vector<at::Tensor> grads;
-    for (auto k : b.params) {
-      const auto& t = s.params[k].tensor;
-      grads.push_back(t.grad().defined() ? t.grad().reshape({-1}) : at::zeros({t.numel()}, t.options()));
+  static bool same_kind(const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.device() == b.device();
+  }
+  // Makes the parameter's gradient its alias of the bucket, divided by N for the all-reduce's sum (a gradient
+  // autograd allocated is moved in by one fused multiply; none gives zeros).
+  static void adopt(State& s, Param& p) {
+    auto& b = s.buckets[p.bucket];
+    if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));
+    const auto& g = p.tensor.grad();
+    const at::Scalar share = 1.0 / double(s.comm->size());
+    if (g.defined() && g.data_ptr() == static_cast<char*>(b.flat.data_ptr()) + p.offset * std::int64_t(b.flat.element_size())) {
+      g.mul_(share);
+      return;
     }
-    b.flat = at::cat(grads, 0);
-    b.pending = s.comm->all_reduce_start(b.flat);
-    b.launched = true;
+    // An alias of the bucket's storage that is not an autograd view: LibTorch's Optimizer::zero_grad calls
+    // detach_() on gradients, which views refuse.
+    const auto sizes = p.tensor.sizes();
+    std::vector<std::int64_t> strides(sizes.size(), 1);
+    for (std::size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+    at::Tensor view = at::empty({0}, b.flat.options());
+    view.set_(b.flat.storage(), b.flat.storage_offset() + p.offset, sizes, strides);
+    if (g.defined()) at::mul_out(view, g, share);
+    else view.zero_();
+    p.tensor.mutable_grad() = view;
+  }
+  static void launch(State& s, Bucket& b) {
+    for (auto k : b.params) adopt(s, s.params[k]);
+    b.pending = s.comm->all_reduce_start(b.flat);  // the sum of the shares is the average
   }
   static void finalize(State& s) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -179,25 +207,12 @@ class DistributedModule {
     for (auto& p : s.params)  // unused parameters contribute zeros
       if (!p.ready) p.ready = true, ++s.buckets[p.bucket].ready;
     launch_ready(s);
-    const double n = double(s.comm->size());
-    for (auto& b : s.buckets) {
-      s.comm->finish(b.pending);
-      b.flat.div_(n);
-      std::int64_t offset = 0;
-      for (auto k : b.params) {
-        auto& t = s.params[k].tensor;
-        const auto count = t.numel();
-        auto avg = b.flat.narrow(0, offset, count).view(t.sizes());
-        if (t.grad().defined()) t.mutable_grad().copy_(avg);
-        else t.mutable_grad() = avg.clone();
-        offset += count;
-      }
-    }
+    for (auto& b : s.buckets) s.comm->finish(b.pending);  // the gradients, views of the buckets, are averaged
     reset(s);
   }
   static void reset(State& s) {
     for (auto& p : s.params) p.ready = false;
-    for (auto& b : s.buckets) b.ready = 0, b.launched = false, b.flat = at::Tensor();
+    for (auto& b : s.buckets) b.ready = 0;
     s.next_launch = 0;
     s.callback_queued = false;
   }
