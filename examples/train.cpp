@@ -10,6 +10,8 @@
 // synchronised (2-step gradient accumulation here). The held-out accuracy is computed with gather_for_metrics
 // over exactly the 297 test samples (the padding that evens out the last batch is dropped). Logs and the progress
 // bar appear on the main process only. The parameter checksum printed at the end identifies the trained weights.
+#include "digits.hpp"
+
 #include <accel/accel.hpp>
 
 #include <ATen/ops/argmax.h>
@@ -35,25 +37,6 @@ struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::per_proce
                                 accel::loading::sharded, accel::rng::sync<accel::rng::generator>, accel::place::device> {};
 
 namespace {
-std::pair<at::Tensor, at::Tensor> read_digits(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw accel::InvalidArgument("train: cannot read " + path + " (run from the repository root, or pass --data)");
-  std::vector<float> pixels;
-  std::vector<std::int64_t> labels;
-  for (std::string line; std::getline(in, line);) {
-    std::stringstream row(line);
-    std::vector<float> values;
-    for (std::string cell; std::getline(row, cell, ',');) values.push_back(std::stof(cell));
-    if (values.size() != 65) throw accel::InvalidArgument("train: " + path + ": a row has " + std::to_string(values.size()) + " values, not 65");
-    pixels.insert(pixels.end(), values.begin(), values.end() - 1);
-    labels.push_back(std::int64_t(values.back()));
-  }
-  const auto n = std::int64_t(labels.size());
-  auto x = at::from_blob(pixels.data(), {n, 64}, at::kFloat).clone() / 16.0;
-  auto y = at::from_blob(labels.data(), {n}, at::kLong).clone();
-  return {x, y};
-}
-
 //! A one-line progress bar on the main process, redrawn in place on a terminal (logs get the epoch lines only).
 class Progress {
  public:
@@ -98,7 +81,7 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(cli, argc, argv);
 
   Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2}};
-  const auto [x, y] = read_digits(data);
+  const auto [x, y] = examples::read_digits(data);
   const std::int64_t n_test = 297, n_train = x.size(0) - n_test;
 
   auto net = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Dropout(0.1), torch::nn::Linear(128, 10));
