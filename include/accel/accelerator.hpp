@@ -37,7 +37,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/ops/from_blob.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cstdint>
@@ -341,23 +340,18 @@ class Accelerator {
       if (scaler_) save_one([&](auto& a) { scaler_->save(a); }, tmp / ck::scaler_file);
     }
     {
+      ck::ProcessRecord record{accumulation_.step(), data::detail::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
+      if (device().is_cuda()) record.rng_device = data::detail::generator_bytes(at::globalContext().defaultGenerator(device()));
+      for (const auto& l : loaders_) record.loaders.push_back(l.save());
+      std::vector<std::uint8_t> blob;
+      comm::serialize(record, blob);
       torch::serialize::OutputArchive a;
-      ck::write(a, "step", accumulation_.step());
-      a.write("rng_cpu", generator_state(at::detail::getDefaultCPUGenerator()));
-      if (device().is_cuda()) a.write("rng_device", generator_state(at::globalContext().defaultGenerator(device())));
+      a.write("record", detail::bytes_tensor(blob, c10::Device(c10::kCPU)));
       // Mid-window of gradient accumulation, the gradients gathered so far are local to this process.
       if (!sync_gradients())
         for (std::size_t m = 0; m < models_.size(); ++m)
           for (const auto& p : models_[m]->named_parameters())
             if (p.value().grad().defined()) a.write("grad_" + std::to_string(m) + "_" + p.key(), p.value().grad());
-      for (std::size_t i = 0; i < loaders_.size(); ++i) {
-        const data::LoaderState s = loaders_[i].save();
-        const std::string k = "loader_" + std::to_string(i) + "_";
-        ck::write(a, k + "epoch", s.epoch);
-        ck::write(a, k + "batches", s.batches);
-        auto bytes = s.generator_state;
-        a.write(k + "generator", at::from_blob(bytes.data(), {std::int64_t(bytes.size())}, at::kByte).clone());
-      }
       a.save_to((tmp / ck::process_file(process_index())).string());
     }
     wait_for_everyone();
@@ -404,29 +398,20 @@ class Accelerator {
     if (scaler_) load_one([&](auto& a) { scaler_->load(a); }, dir, ck::scaler_file);
     torch::serialize::InputArchive a;
     ck::open(a, dir, ck::process_file(process_index()));
-    accumulation_.set_step(ck::read_int(a, "step"));
-    at::Tensor rng;
-    a.read("rng_cpu", rng);
-    set_generator_state(at::detail::getDefaultCPUGenerator(), rng);
-    if (device().is_cuda() && a.try_read("rng_device", rng)) set_generator_state(at::globalContext().defaultGenerator(device()), rng);
+    at::Tensor blob;
+    a.read("record", blob);
+    const auto record = detail::from_bytes<ck::ProcessRecord>(blob, blob.numel());
+    accumulation_.set_step(record.step);
+    data::detail::set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
+    if (device().is_cuda() && !record.rng_device.empty())
+      data::detail::set_generator_bytes(at::globalContext().defaultGenerator(device()), record.rng_device);
     for (std::size_t m = 0; m < models_.size(); ++m)
       for (auto& p : models_[m]->named_parameters()) {
         at::Tensor g;
         if (a.try_read("grad_" + std::to_string(m) + "_" + p.key(), g)) p.value().mutable_grad() = g.to(p.value().device());
         else p.value().mutable_grad() = at::Tensor();
       }
-    for (std::size_t i = 0; i < loaders_.size(); ++i) {
-      const std::string k = "loader_" + std::to_string(i) + "_";
-      data::LoaderState s;
-      s.epoch = ck::read_int(a, k + "epoch");
-      s.batches = ck::read_int(a, k + "batches");
-      at::Tensor g;
-      a.read(k + "generator", g);
-      g = g.contiguous();
-      const auto* p = g.data_ptr<std::uint8_t>();
-      s.generator_state.assign(p, p + g.numel());
-      loaders_[i].load(s);
-    }
+    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
     wait_for_everyone();
   }
 
@@ -536,14 +521,6 @@ class Accelerator {
     else return nullptr;  // dist::none: nothing to keep local
   }
 
-  static at::Tensor generator_state(at::Generator g) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    return g.get_state();
-  }
-  static void set_generator_state(at::Generator g, const at::Tensor& state) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(state);
-  }
   template <class F>
   static void save_one(F&& save, const std::filesystem::path& path) {
     torch::serialize::OutputArchive a;

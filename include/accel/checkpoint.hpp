@@ -22,6 +22,7 @@
 //! written into `<dir>.partial` and renamed into place once every process has written its part, so `<dir>`
 //! always holds a complete checkpoint (the previous one until the new one is whole).
 
+#include <accel/data/loader.hpp>
 #include <accel/error.hpp>
 
 #include <torch/serialize/archive.h>
@@ -29,6 +30,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace accel::checkpoint {
 
@@ -41,6 +44,16 @@ inline std::string indexed(const std::string& stem, std::size_t i) {
 inline std::string process_file(int rank) { return "process_" + std::to_string(rank) + ".pt"; }
 inline constexpr const char* meta_file = "accel_checkpoint.pt";
 inline constexpr const char* scaler_file = "scaler.pt";
+
+//! What `process_<r>.pt` holds besides local gradients (serialised with accel's own `comm::serialize`, one
+//! byte tensor under the key "record").
+struct ProcessRecord {
+  std::int64_t step = 0;                        //!< the accumulation step counter (Accelerate's `step`)
+  std::vector<std::uint8_t> rng_cpu, rng_device;  //!< generator states (rng_device empty on the CPU)
+  std::vector<data::LoaderState> loaders;       //!< every prepared loader, in prepare order
+};
+inline auto accel_fields(ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
+inline auto accel_fields(const ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
 
 inline std::filesystem::path partial_dir(const std::filesystem::path& dir) {
   return std::filesystem::path(dir.string() + ".partial");
