@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   accel::ProcessState state;
   const double accel_rdzv = std::chrono::duration<double>(Clock::now() - r1).count();
   auto& comm = *state.comm();
-  auto& pg = *comm.backend();  // raw calls on the same process group as accel's
+  auto& pg = *dynamic_cast<accel::comm::GlooCommunicator&>(comm).backend();  // raw calls on the same process group as accel's
 
   nlohmann::json entries = nlohmann::json::array();
   auto add = [&](const std::string& name, std::pair<double, double> t, const nlohmann::json& extra = {}) {

@@ -3,7 +3,7 @@
 // must pad like Accelerate). Both fill the same reusable index buffer per batch.
 #include "alloc_counter.hpp"
 
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
 

@@ -1,6 +1,6 @@
 // Includes the umbrella header, resolves a configuration and runs a sharding plan with LibTorch's RNG.
 #include <accel/accel.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/sampler.hpp>
 
 #include <ATen/Context.h>

@@ -2,7 +2,7 @@
 // recomputes a golden file of Python Accelerate's vectors from its parameters (--golden F --emit|--check).
 #include "plan/golden.hpp"
 
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/sampler.hpp>
 
 #include <ATen/Context.h>

@@ -10,10 +10,10 @@
 #include <accel/config.hpp>
 #include <accel/data/batch_sampler_shard.hpp>
 #include <accel/data/dataset.hpp>
-#include <accel/data/gradient_state.hpp>
+#include <accel/state/gradient_state.hpp>
 #include <accel/data/loader.hpp>
 #include <accel/data/iterable_shard.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
 #include <accel/error.hpp>

@@ -23,11 +23,13 @@
 //! wrong argument to `prepare` with one message too. Run-time knobs that never change a type are in `Options`.
 
 #include <accel/checkpoint.hpp>
+#include <accel/core/generator_state.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
-#include <accel/data/gradient_state.hpp>
+#include <accel/state/gradient_state.hpp>
 #include <accel/data/loader.hpp>
+#include <accel/model/autocast.hpp>
 #include <accel/model/prepared_model.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
@@ -36,7 +38,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cstdint>
@@ -102,48 +103,6 @@ consteval Prepares classify() {
 template <class S> struct PendingScheduler { std::shared_ptr<S> scheduler; };
 struct NotPrepared {};
 
-//! RAII autocast region for one device type (what `torch.autocast` does on entry and exit).
-class Autocast {
- public:
-  Autocast(c10::DeviceType device, at::ScalarType dtype, bool enabled)
-      : device_(device), previous_enabled_(at::autocast::is_autocast_enabled(device)),
-        previous_dtype_(at::autocast::get_autocast_dtype(device)) {
-    at::autocast::set_autocast_enabled(device, enabled);
-    at::autocast::set_autocast_dtype(device, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_, previous_enabled_);
-    at::autocast::set_autocast_dtype(device_, previous_dtype_);
-  }
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  c10::DeviceType device_;
-  bool previous_enabled_;
-  at::ScalarType previous_dtype_;
-};
-
-//! RAII: the models' gradients stay local while it lives (set by `accumulate` on accumulation steps).
-class SyncScope {
- public:
-  SyncScope() = default;
-  SyncScope(SyncScope&&) = default;
-  SyncScope& operator=(SyncScope&&) = delete;
-  ~SyncScope() {
-    for (auto& [m, previous] : held_) m->set_sync(previous);
-  }
-  void hold(const std::shared_ptr<DistributedModule>& m) {
-    if (!m) return;
-    held_.emplace_back(m, m->sync());
-    m->set_sync(false);
-  }
-
- private:
-  std::vector<std::pair<std::shared_ptr<DistributedModule>, bool>> held_;
-};
 }  // namespace detail
 
 template <class... Policies>
@@ -154,9 +113,12 @@ class Accelerator {
   using config = CheckedConfig<Policies...>;
   static constexpr ConfigProblem problem = config::problem;
   static constexpr bool one_process = std::is_same_v<typename config::dist, dist::none>;
+  //! The engine connecting the processes (state/engine.hpp); a configuration with a problem, which has already
+  //! stopped the build with its message, falls back to `dist::none` so that it is the only error.
+  using engine = std::conditional_t<problem == ConfigProblem::none, typename config::dist, dist::none>;
 
   Accelerator(Options o = {})  // NOLINT: implicit, so that `Acc acc{accel::Options{...}}` reads well
-      : opt_(o), state_(process_options(o)),
+      : opt_(o), state_(ProcessOptions{.launch = o.launch, .comm = o.comm}, engine{}),
         accumulation_({.steps = o.gradient_accumulation_steps, .sync_with_dataloader = o.sync_with_dataloader,
                        .sync_each_batch = o.sync_each_batch}) {
     if (o.seed) set_seed(*o.seed, state_.process_index(), o.device_specific_seed);
@@ -218,17 +180,16 @@ class Accelerator {
   //! whether this step synchronises gradients (every `gradient_accumulation_steps`-th step and at the end of the
   //! loader); on the others the models' gradients stay local.
   template <class... Models>
-  [[nodiscard]] detail::SyncScope accumulate(const Models&... models) {
+  [[nodiscard]] SyncScope accumulate(const Models&... models) {
     accumulation_.begin_step();
-    detail::SyncScope scope;
-    const bool allow = GradientState::instance().sync_gradients() || (state_.use_distributed() && opt_.sync_each_batch);
-    if (!allow) (scope.hold(distributed_of(models)), ...);
+    SyncScope scope;
+    if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models)), ...);
     return scope;
   }
   //! Gradients of `models` stay local while the result lives (Accelerate's `no_sync`).
   template <class... Models>
-  [[nodiscard]] detail::SyncScope no_sync(const Models&... models) {
-    detail::SyncScope scope;
+  [[nodiscard]] SyncScope no_sync(const Models&... models) {
+    SyncScope scope;
     (scope.hold(distributed_of(models)), ...);
     return scope;
   }
@@ -261,7 +222,7 @@ class Accelerator {
 
   //! RAII: the forward pass runs in `Options::mixed_precision` (bf16 or fp16 autocast on this process's
   //! device); disabled under `Precision::no`.
-  [[nodiscard]] detail::Autocast autocast() const {
+  [[nodiscard]] AutocastScope autocast() const {
     const auto dtype = opt_.mixed_precision == Precision::fp16 ? at::kHalf : at::kBFloat16;
     return {state_.device().type(), dtype, opt_.mixed_precision != Precision::no};
   }
@@ -340,11 +301,11 @@ class Accelerator {
       if (scaler_) save_one([&](auto& a) { scaler_->save(a); }, tmp / ck::scaler_file);
     }
     {
-      ck::ProcessRecord record{accumulation_.step(), data::detail::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
-      if (device().is_cuda()) record.rng_device = data::detail::generator_bytes(at::globalContext().defaultGenerator(device()));
+      ck::ProcessRecord record{accumulation_.step(), accel::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
+      if (device().is_cuda()) record.rng_device = accel::generator_bytes(at::globalContext().defaultGenerator(device()));
       for (const auto& l : loaders_) record.loaders.push_back(l.save());
       std::vector<std::uint8_t> blob;
-      comm::serialize(record, blob);
+      accel::serialize(record, blob);
       torch::serialize::OutputArchive a;
       a.write("record", detail::bytes_tensor(blob, c10::Device(c10::kCPU)));
       // Mid-window of gradient accumulation, the gradients gathered so far are local to this process.
@@ -402,9 +363,9 @@ class Accelerator {
     a.read("record", blob);
     const auto record = detail::from_bytes<ck::ProcessRecord>(blob, blob.numel());
     accumulation_.set_step(record.step);
-    data::detail::set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
+    accel::set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
     if (device().is_cuda() && !record.rng_device.empty())
-      data::detail::set_generator_bytes(at::globalContext().defaultGenerator(device()), record.rng_device);
+      accel::set_generator_bytes(at::globalContext().defaultGenerator(device()), record.rng_device);
     for (std::size_t m = 0; m < models_.size(); ++m)
       for (auto& p : models_[m]->named_parameters()) {
         at::Tensor g;
@@ -422,24 +383,12 @@ class Accelerator {
   };
   struct OptimizerEntry : Saveable {
     std::shared_ptr<torch::optim::Optimizer> optimizer;
-    std::shared_ptr<const detail::StepRecord> record;
+    std::shared_ptr<const StepRecord> record;
   };
   struct LoaderEntry {
     std::function<data::LoaderState()> save;
     std::function<void(const data::LoaderState&)> load;
   };
-
-  static ProcessOptions process_options(const Options& o) {
-    ProcessOptions p;
-    using D = typename config::dist;
-    p.engine = std::is_same_v<D, dist::none> ? Engine::none
-             : std::is_same_v<D, dist::gloo> ? Engine::gloo
-             : std::is_same_v<D, dist::nccl> ? Engine::nccl
-                                              : Engine::automatic;
-    p.launch = o.launch;
-    p.comm = o.comm;
-    return p;
-  }
 
   template <class T>
   auto first_pass(T&& x) {
@@ -477,7 +426,7 @@ class Accelerator {
   auto second_pass(T&& x) {
     if constexpr (requires { x.scheduler; }) {
       using S = typename std::remove_cvref_t<decltype(*x.scheduler)>;
-      std::vector<std::shared_ptr<const detail::StepRecord>> records;
+      std::vector<std::shared_ptr<const StepRecord>> records;
       for (const auto& o : optimizers_) records.push_back(o.record);
       AcceleratedScheduler<S> wrapped(std::move(x.scheduler), std::move(records),
                                       {.num_processes = num_processes(), .split_batches = config::split_batches,
@@ -516,8 +465,8 @@ class Accelerator {
   }
 
   template <class M>
-  static std::shared_ptr<DistributedModule> distributed_of(const M& m) {
-    if constexpr (is_prepared_model<M>) return m.distributed_ptr();
+  static DistributedModule* distributed_of(const M& m) {
+    if constexpr (is_prepared_model<M>) return m.distributed_ptr().get();
     else return nullptr;  // dist::none: nothing to keep local
   }
 

@@ -22,7 +22,7 @@
 //! written into `<dir>.partial` and renamed into place once every process has written its part, so `<dir>`
 //! always holds a complete checkpoint (the previous one until the new one is whole).
 
-#include <accel/data/loader.hpp>
+#include <accel/data/loader_state.hpp>
 #include <accel/error.hpp>
 
 #include <torch/serialize/archive.h>
@@ -45,7 +45,7 @@ inline std::string process_file(int rank) { return "process_" + std::to_string(r
 inline constexpr const char* meta_file = "accel_checkpoint.pt";
 inline constexpr const char* scaler_file = "scaler.pt";
 
-//! What `process_<r>.pt` holds besides local gradients (serialised with accel's own `comm::serialize`, one
+//! What `process_<r>.pt` holds besides local gradients (serialised with accel's own `accel::serialize`, one
 //! byte tensor under the key "record").
 struct ProcessRecord {
   std::int64_t step = 0;                        //!< the accumulation step counter (Accelerate's `step`)

@@ -68,8 +68,6 @@ struct Config {
   static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
-  //! Whether this configuration may run on a GPU (then ACCEL_WITH_CUDA selects the CUDA specialisations).
-  static constexpr bool may_use_cuda = bool(ACCEL_WITH_CUDA) && !std::is_same_v<dist, accel::dist::gloo>;
 };
 
 //! What is wrong with a list of policies (the first problem found), or `none`.
@@ -124,10 +122,6 @@ consteval ConfigProblem diagnose() {
   if (C::dispatch && !C::device_placement) return P::dispatched_without_placement;
   return P::none;
 }
-
-//! Whether `Ps...` is a valid configuration.
-template <class... Ps>
-concept ValidConfig = (diagnose<Ps...>() == ConfigProblem::none);
 
 //! `Config<Ps...>` with its checks: naming this type with a wrong list of policies stops the build with exactly
 //! one `static_assert` that says what is wrong and how to fix it. `Accelerator<Ps...>::config` is this type;

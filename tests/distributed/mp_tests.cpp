@@ -9,7 +9,7 @@
 // Each rank ends with "rank R: N passed, M failed" and exits non-zero on any failure.
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/state/process_state.hpp>
 #include <accel/accelerator.hpp>
 #include <accel/data/loader.hpp>

@@ -26,11 +26,11 @@ int main() {
                  "linked, not run" << std::endl;
     return 77;
   }
-  accel::LaunchEnv env;
-  env.master_port = 29741;
+  accel::comm::RendezvousSpec spec;
+  spec.port = 29741;
   accel::comm::CommOptions opt;
   opt.timeout = std::chrono::seconds(30);
-  auto comm = accel::cuda::make_nccl_communicator(env, opt);
+  auto comm = accel::cuda::make_nccl_communicator(spec, opt, 0);
   auto* c = comm.get();
   const auto dev = c->device();
   check(dev.is_cuda(), "the NCCL communicator works on the GPU");

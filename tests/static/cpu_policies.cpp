@@ -8,5 +8,4 @@ using namespace accel;
 static_assert(diagnose<dist::nccl>() == ConfigProblem::nccl_without_cuda_build);
 static_assert(diagnose<rng::sync<rng::cuda>>() == ConfigProblem::rng_cuda_without_cuda_build);
 static_assert(diagnose<place::async>() == ConfigProblem::async_without_cuda_build);
-static_assert(!Config<dist::from_env>::may_use_cuda);
 }  // namespace

@@ -10,7 +10,6 @@ static_assert(diagnose<dist::nccl, place::async, rng::sync<rng::cuda, rng::torch
 static_assert(diagnose<dist::from_env, place::async>() == ConfigProblem::none);
 static_assert(diagnose<dist::none, place::async>() == ConfigProblem::none);  // one process on one GPU
 static_assert(diagnose<dist::none, rng::sync<rng::cuda>>() == ConfigProblem::rng_cuda_without_gpu_engine);
-static_assert(Config<dist::nccl>::may_use_cuda && !Config<dist::gloo>::may_use_cuda);
 using Gpu = CheckedConfig<dist::nccl, place::async, rng::sync<rng::cuda>>;
 static_assert(Gpu::async_placement && Gpu::sync_cuda_rng);
 }  // namespace

@@ -14,8 +14,8 @@
 namespace {
 using namespace accel::data;
 using Sampler = std::vector<std::vector<std::int64_t>>;
-using Shard = decltype(BatchSamplerShard(std::declval<Sampler>(), BatchSamplerShardOptions{}));
-using Iter = decltype(IterableShard(std::views::iota(std::int64_t{0}, std::int64_t{10}), IterableShardOptions{}));
+using Shard = decltype(BatchSamplerShard(std::declval<Sampler>(), accel::plan::ShardSpec{}));
+using Iter = decltype(IterableShard(std::views::iota(std::int64_t{0}, std::int64_t{10}), accel::plan::ShardSpec{}));
 
 // PlannedBatches: pure index math, so random access and sized.
 static_assert(std::ranges::random_access_range<PlannedBatches> && std::ranges::sized_range<PlannedBatches>);

@@ -4,7 +4,7 @@
 
 #include <accel/data/batch_sampler_shard.hpp>
 #include <accel/data/iterable_shard.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
 
@@ -117,7 +117,7 @@ TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
       const auto in = as_batches(e.at("batches_in"));
       const auto& expected = e.at("expected");
       for (int r = 0; r < int(expected.size()); ++r) {
-        data::BatchSamplerShard shard(in, {.drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
+        data::BatchSamplerShard shard(in, {.batch_size = accel::plan::varying, .drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
                                            .process_index = r, .even_batches = e.at("even_batches")});
         Batches got;
         for (const auto& b : shard) got.push_back(b.indices);
@@ -126,7 +126,7 @@ TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
     } else if (kind == "batch_sampler_shard_error") {
       if (e.contains("batches_in")) {
         CHECK_THROWS_WITH((data::BatchSamplerShard(as_batches(e.at("batches_in")),
-                                                   {.num_processes = e.at("num_processes"), .split_batches = true})),
+                                                   {.batch_size = accel::plan::varying, .num_processes = e.at("num_processes"), .split_batches = true})),
                           Catch::Contains("batches::split needs a batch sampler with a fixed batch_size"));
       } else {
         CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = e.at("batch_size"), .num_processes = e.at("num_processes"),

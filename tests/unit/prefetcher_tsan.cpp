@@ -3,6 +3,7 @@
 #include <accel/data/prefetcher.hpp>
 
 #include <atomic>
+#include <optional>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -42,6 +43,24 @@ int main() {
           message = e.what();
         }
         check(message == "batch 7 is broken", "an error reaches the consumer with its message");
+      }
+      {  // a stream: unknown length, read in order (InOrder) while the rest of each item runs in parallel
+        accel::data::detail::InOrder order;
+        std::int64_t cursor = 0;  // the stream's position: only touched in item order
+        accel::data::detail::Prefetcher<std::int64_t> p(accel::data::detail::unknown_count, workers, depth,
+                                                        [&](std::int64_t j) -> std::optional<std::int64_t> {
+          const auto read = order.run(j, [&]() -> std::optional<std::int64_t> {
+            if (cursor == 100) return std::nullopt;
+            return cursor++;
+          });
+          if (!read) return std::nullopt;
+          return *read * 2;
+        });
+        bool ordered = true;
+        std::int64_t seen = 0;
+        while (auto x = p.next()) ordered &= *x == 2 * seen++;
+        check(ordered && seen == 100, "a stream of unknown length comes whole and in order");
+        check(!p.next(), "nothing after the end of a stream");
       }
       {  // abandoned after 3 batches with work in flight: the destructor joins
         accel::data::detail::Prefetcher<int> p(1000, workers, depth, [](std::int64_t j) {

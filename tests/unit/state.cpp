@@ -1,6 +1,6 @@
 // Process state without processes: launcher environments, garbage, one-process collectives, serialisation.
 #include <accel/comm/collectives.hpp>
-#include <accel/comm/serialize.hpp>
+#include <accel/core/serialize.hpp>
 #include <accel/state/launch_env.hpp>
 #include <accel/state/process_state.hpp>
 
@@ -126,9 +126,8 @@ TEST_CASE("one process: the state and every collective work without communicatin
   // dist::none with a multi-process launch is refused.
   accel::ProcessState::reset();
   accel::ProcessOptions two;
-  two.engine = accel::Engine::none;
   two.env = lookup({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}});
-  CHECK_THROWS_WITH(accel::ProcessState(two), Catch::Contains("dist::none runs one process, but the launcher started 2"));
+  CHECK_THROWS_WITH(accel::ProcessState(two, accel::dist::none{}), Catch::Contains("dist::none runs one process, but the launcher started 2"));
   accel::ProcessState::reset();
 }
 
@@ -145,15 +144,15 @@ auto accel_fields(const Record& r) { return std::tie(r.name, r.values, r.extra);
 TEST_CASE("typed serialisation round-trips", "[comm][serialize]") {
   Record in{"metrics", {1.5, std::nullopt, -2.0}, {7, {{"a", {1, 2}}, {"b", {}}}}};
   std::vector<std::uint8_t> bytes;
-  accel::comm::serialize(in, bytes);
+  accel::serialize(in, bytes);
   Record out;
   std::span<const std::uint8_t> view(bytes);
-  accel::comm::deserialize(out, view);
+  accel::deserialize(out, view);
   CHECK(view.empty());
   CHECK(out.name == in.name);
   CHECK((out.values == in.values));
   CHECK((std::get<1>(out.extra) == std::get<1>(in.extra)));
   std::span<const std::uint8_t> truncated(bytes.data(), 5);
   Record bad;
-  CHECK_THROWS_WITH(accel::comm::deserialize(bad, truncated), Catch::Contains("truncated"));
+  CHECK_THROWS_WITH(accel::deserialize(bad, truncated), Catch::Contains("truncated"));
 }

@@ -2,7 +2,7 @@
 // accel-plan --golden: recompute every case of a golden file (the schema of the vectors produced by Python
 // Accelerate) from its parameters alone, with the library's plans, and emit or check the results.
 
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <nlohmann/json.hpp>
 

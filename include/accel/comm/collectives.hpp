@@ -6,8 +6,8 @@
 //! communicating. Every rank must call the same collectives in the same order.
 
 #include <accel/comm/communicator.hpp>
-#include <accel/comm/serialize.hpp>
-#include <accel/comm/structure.hpp>
+#include <accel/core/serialize.hpp>
+#include <accel/core/structure.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/ops/cat.h>
@@ -87,13 +87,6 @@ T pad_across_processes(comm::Communicator* comm, const T& x, int64_t dim = 0, do
   });
 }
 
-//! What each rank holds in one batch: `size[r]` rows, of which the first `real[r]` are real samples (the
-//! plans of `accel/data/plan.hpp` give both for every rank without communicating).
-struct GatherLayout {
-  std::vector<int64_t> size;
-  std::vector<int64_t> real;
-};
-
 // [accelerate:accelerator.py gather_for_metrics]
 //! Gathers a batch's results and drops exactly the padding duplicates: rank r contributes its first
 //! `layout.real[r]` rows. Works when ranks hold different numbers of rows (uneven tails: the rows are padded
@@ -138,7 +131,7 @@ T from_bytes(const at::Tensor& device_bytes, int64_t n) {
   const at::Tensor t = device_bytes.cpu();
   T out{};
   std::span<const std::uint8_t> in(t.data_ptr<std::uint8_t>(), std::size_t(n));
-  comm::deserialize(out, in);
+  accel::deserialize(out, in);
   return out;
 }
 inline at::Tensor long_tensor(int64_t v, c10::Device device) {
@@ -151,7 +144,7 @@ template <class T>
 T broadcast_object(comm::Communicator* comm, const T& value, int from = 0) {
   if (!comm || comm->size() == 1) return value;
   std::vector<std::uint8_t> bytes;
-  if (comm->rank() == from) comm::serialize(value, bytes);
+  if (comm->rank() == from) accel::serialize(value, bytes);
   at::Tensor size = detail::long_tensor(int64_t(bytes.size()), comm->device());
   comm->broadcast(size, from);
   const int64_t n = size.item<int64_t>();
@@ -172,7 +165,7 @@ T scatter_object(comm::Communicator* comm, const std::vector<T>& values, int roo
   if (comm->rank() == root) {
     detail::require(int(values.size()) == N, "accel::scatter_object: " + std::to_string(values.size()) + " values for " +
                                                  std::to_string(N) + " ranks");
-    for (int r = 0; r < N; ++r) comm::serialize(values[std::size_t(r)], bytes[std::size_t(r)]), sizes[std::size_t(r)] = std::int64_t(bytes[std::size_t(r)].size());
+    for (int r = 0; r < N; ++r) accel::serialize(values[std::size_t(r)], bytes[std::size_t(r)]), sizes[std::size_t(r)] = std::int64_t(bytes[std::size_t(r)].size());
   }
   sizes = broadcast_object(comm, sizes, root);
   const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
@@ -189,7 +182,7 @@ template <class T>
 std::vector<T> gather_object(comm::Communicator* comm, const T& value) {
   if (!comm || comm->size() == 1) return {value};
   std::vector<std::uint8_t> bytes;
-  comm::serialize(value, bytes);
+  accel::serialize(value, bytes);
   const auto sizes = comm->all_gather(detail::long_tensor(int64_t(bytes.size()), comm->device()));
   int64_t longest = 0;
   for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());

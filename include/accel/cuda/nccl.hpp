@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! CUDA specialisation of the distributed slot: a `Communicator` that drives NCCL directly on accel's own
-//! CUDA stream (the NCCL unique id travels through the rendezvous store), plus the hooks `ProcessState` uses
-//! to see GPUs and build it. Included by <accel/accel.hpp> when ACCEL_WITH_CUDA.
+//! CUDA stream (the NCCL unique id travels through the rendezvous store). `Engine<dist::nccl>`
+//! (state/engine.hpp) builds it; that header includes this one whenever ACCEL_WITH_CUDA is set.
 //!
 //! Note [Never hang on NCCL]: every NCCL call is issued non-blocking; accel polls the stream and the
 //! communicator's async error until `CommOptions::timeout`, then aborts the communicator and throws, so a
@@ -13,8 +13,7 @@
 #endif
 
 #include <accel/comm/communicator.hpp>
-#include <accel/state/launch_env.hpp>
-#include <accel/state/process_state.hpp>
+#include <accel/comm/rendezvous.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
@@ -54,15 +53,15 @@ inline ncclDataType_t nccl_type(at::ScalarType t) {
 //! NCCL on one GPU per process, on accel's own stream.
 class NcclCommunicator final : public comm::Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<comm::Rendezvous> rdzv, const LaunchEnv& env, comm::CommOptions opt, int device)
-      : Communicator(std::move(rdzv), {}, env.rank, env.world_size, opt), device_(device) {
+  NcclCommunicator(std::unique_ptr<comm::Rendezvous> rdzv, const comm::RendezvousSpec& spec, comm::CommOptions opt, int device)
+      : Communicator(spec.rank, spec.size, opt), rdzv_(std::move(rdzv)), device_(device) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     // The unique id: drawn by rank 0, shared through the rendezvous store.
     ncclUniqueId id;
-    auto store = rendezvous().store();
+    auto store = rdzv_->store();
     if (rank() == 0) {
       check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
       store->set("accel/nccl/id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
@@ -83,7 +82,7 @@ class NcclCommunicator final : public comm::Communicator {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  void all_reduce(at::Tensor& t, comm::ReduceOp op) override {
+  void all_reduce(at::Tensor& t, comm::ReduceOp op = comm::ReduceOp::sum) override {
     require_cuda(t, "all_reduce");
     const ncclRedOp_t rop = op == comm::ReduceOp::sum ? ncclSum : op == comm::ReduceOp::max ? ncclMax : ncclMin;
     launch("all_reduce", [&] {
@@ -110,10 +109,10 @@ class NcclCommunicator final : public comm::Communicator {
       delete static_cast<cudaEvent_t*>(e);
     });
     check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
-    return {{}, n, std::move(event)};
+    return {n, std::move(event)};
   }
   void finish(Pending& p) override {
-    if (!p.native) return Communicator::finish(p);
+    if (!p.native) return;
     const cudaEvent_t done = *static_cast<cudaEvent_t*>(p.native.get());
     wait_event(done, "all_reduce", p.sequence);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
@@ -121,7 +120,7 @@ class NcclCommunicator final : public comm::Communicator {
     check_cuda(cudaStreamWaitEvent(current, done, 0), "cudaStreamWaitEvent");
     p.native.reset();
   }
-  void broadcast(at::Tensor& t, int root) override {
+  void broadcast(at::Tensor& t, int root = 0) override {
     require_cuda(t, "broadcast");
     check_root(root, "broadcast");
     launch("broadcast", [&] {
@@ -141,7 +140,7 @@ class NcclCommunicator final : public comm::Communicator {
     for (int r = 0; r < size(); ++r) parts.push_back(out[r]);
     return parts;
   }
-  void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root) override {
+  void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root = 0) override {
     require_cuda(out, "scatter");
     check_root(root, "scatter");
     const auto type = nccl_type(out.scalar_type());
@@ -162,6 +161,9 @@ class NcclCommunicator final : public comm::Communicator {
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
+
+ protected:
+  [[nodiscard]] std::string census() const noexcept override { return rdzv_->census(); }
 
  private:
   void require_cuda(const at::Tensor& t, const char* op) const {
@@ -218,29 +220,18 @@ class NcclCommunicator final : public comm::Communicator {
     fail(op, n, why);
   }
 
+  std::unique_ptr<comm::Rendezvous> rdzv_;
   int device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   ncclComm_t comm_ = nullptr;
 };
 
-//! Connects the launcher's processes with NCCL, one GPU each (`local_rank % device_count`).
-inline std::unique_ptr<comm::Communicator> make_nccl_communicator(const LaunchEnv& env, const comm::CommOptions& opt) {
-  const int gpus = c10::cuda::device_count();
-  detail::require(gpus > 0, "accel: NCCL needs a GPU, and this process sees none");
-  auto rdzv = std::make_unique<comm::Rendezvous>(env, opt);
-  return std::make_unique<NcclCommunicator>(std::move(rdzv), env, opt, env.local_rank % gpus);
+//! Connects the job's processes with NCCL, this one on GPU `device`.
+inline std::unique_ptr<comm::Communicator> make_nccl_communicator(const comm::RendezvousSpec& spec, const comm::CommOptions& opt,
+                                                                  int device) {
+  auto rdzv = std::make_unique<comm::Rendezvous>(spec, opt);
+  return std::make_unique<NcclCommunicator>(std::move(rdzv), spec, opt, device);
 }
-
-namespace detail {
-inline bool register_hooks() {
-  auto& hooks = accel::detail::cuda_hooks();
-  hooks.device_count = [] { return int(c10::cuda::device_count()); };
-  hooks.make_nccl = make_nccl_communicator;
-  return true;
-}
-//! Registers the hooks when any translation unit includes this header.
-inline const bool hooks_registered = register_hooks();
-}  // namespace detail
 
 }  // namespace accel::cuda

@@ -10,7 +10,7 @@
 #error "<accel/cuda/placement.hpp> needs ACCEL_WITH_CUDA"
 #endif
 
-#include <accel/comm/structure.hpp>
+#include <accel/core/structure.hpp>
 #include <accel/data/placement.hpp>
 
 #include <ATen/cuda/CUDAEvent.h>

@@ -4,18 +4,19 @@
 //!
 //! The closed-form plans of `plan.hpp` cover a batch sampler of fixed batch size over an index order. This
 //! view covers the rest: a user's batch sampler that yields lists of indices of any sizes (a max-tokens
-//! bucketing sampler, say), with `batch_size = std::nullopt` ("dynamic"). It runs Accelerate's algorithm
+//! bucketing sampler, say), with `batch_size = plan::varying`. It runs Accelerate's algorithm
 //! step by step, holding at most one round of batches (the padding pool), so it works on unsized,
 //! single-pass sources too.
 //!
 //! \code
 //! std::vector<std::vector<std::int64_t>> batches{{0, 1, 2}, {3, 4}, {5, 6, 7, 8}, {9, 10, 11}, {12, 13}};
-//! accel::data::BatchSamplerShard shard(batches, {.num_processes = 2, .process_index = 1});
+//! accel::data::BatchSamplerShard shard(batches, {.batch_size = accel::plan::varying, .num_processes = 2, .process_index = 1});
 //! for (const auto& b : shard) ...;   // {3,4}, {9,10,11}, then the padding batch {0,1,2} (b.real == 0)
 //! \endcode
 
 #include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <range/v3/range/concepts.hpp>
 
@@ -37,22 +38,13 @@ struct ShardBatch {
   friend bool operator==(const ShardBatch&, const ShardBatch&) = default;
 };
 
-//! Settings of a `BatchSamplerShard`. `batch_size` and `drop_last` are the wrapped sampler's attributes:
-//! `batch_size = nullopt` means batches of any size.
-struct BatchSamplerShardOptions {
-  std::optional<std::int64_t> batch_size;
-  bool drop_last = false;
-  int num_processes = 1;
-  int process_index = 0;
-  bool split_batches = false;
-  bool even_batches = true;
-};
-
 // [accelerate:data_loader.py BatchSamplerShard]
+//! The spec's `batch_size` and `drop_last` are the wrapped sampler's attributes: `batch_size = plan::varying`
+//! means batches of any size.
 template <std::ranges::input_range Sampler>
   requires std::ranges::input_range<std::ranges::range_reference_t<Sampler>>
 class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<Sampler>> {
-  using Options = BatchSamplerShardOptions;
+  using Options = plan::ShardSpec;
   using Batch = std::vector<std::int64_t>;
 
   // One pass over the wrapped sampler (shared by the copies of an iterator).
@@ -72,7 +64,8 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
     bool done = false;
     ShardBatch current;
 
-    [[nodiscard]] bool full(const Batch& b) const { return !opt.batch_size || std::int64_t(b.size()) == *opt.batch_size; }
+    [[nodiscard]] bool varying() const { return opt.batch_size == plan::varying; }
+    [[nodiscard]] bool full(const Batch& b) const { return varying() || std::int64_t(b.size()) == opt.batch_size; }
     void emit(Batch b, std::int64_t real) { ready.push_back({std::move(b), real}); }
 
     // Reads batches until something is ready or the sampler is exhausted (then runs the tail once).
@@ -89,12 +82,12 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
         ++idx;
         if (opt.split_batches) {
           if (idx == 0) first = batch;
-          const std::int64_t per = *opt.batch_size / N;
+          const std::int64_t per = plan::per_process(opt);
           if (full(batch)) emit(slice(batch, r * per, per), per);
           continue;
         }
         if (!opt.drop_last && idx < N) {
-          if (opt.batch_size) first.insert(first.end(), batch.begin(), batch.end());
+          if (!varying()) first.insert(first.end(), batch.begin(), batch.end());
           else first_round.push_back(batch);
         }
         if (idx % N == r) pending = batch;
@@ -118,7 +111,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
       if (opt.drop_last || idx < 0) return;
       const std::int64_t N = opt.num_processes, r = opt.process_index;
       if (opt.split_batches) {
-        const std::int64_t B = *opt.batch_size, per = B / N;
+        const std::int64_t B = opt.batch_size, per = plan::per_process(opt);
         if (std::int64_t(batch.size()) >= B) return;
         if (!opt.even_batches) {
           if (std::int64_t(batch.size()) > r * per) {
@@ -142,7 +135,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
         if (!pending.empty()) emit(pending, std::int64_t(pending.size()));
         return;
       }
-      if (!opt.batch_size) {  // dynamic sizes: pad with whole batches of the first round
+      if (varying()) {  // batches of varying sizes: pad with whole batches of the first round
         if (!pending.empty()) emit(pending, std::int64_t(pending.size()));
         std::vector<Batch> pool = first_round;
         while (std::int64_t(pool.size()) < N) {
@@ -154,7 +147,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
           if (slot % N == r) emit(pool[c], 0);
         return;
       }
-      const std::int64_t B = *opt.batch_size;
+      const std::int64_t B = opt.batch_size;
       if (std::int64_t(pending.size()) == B) emit(pending, B);
       Batch pool = first;
       while (std::int64_t(pool.size()) < N * B) {
@@ -191,20 +184,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
 
   BatchSamplerShard() = default;
   BatchSamplerShard(Sampler sampler, Options opt) : sampler_(std::make_shared<Sampler>(std::move(sampler))), opt_(opt) {
-    using accel::detail::require;
-    require(opt.num_processes >= 1, "accel::data::BatchSamplerShard: num_processes must be at least 1");
-    require(opt.process_index >= 0 && opt.process_index < opt.num_processes,
-            "accel::data::BatchSamplerShard: process_index " + std::to_string(opt.process_index) +
-                " is out of range for " + std::to_string(opt.num_processes) + " processes");
-    require(!opt.batch_size || *opt.batch_size >= 1, "accel::data::BatchSamplerShard: batch_size must be at least 1");
-    if (opt.split_batches) {
-      require(opt.batch_size.has_value(),
-              "accel::data::BatchSamplerShard: batches::split needs a batch sampler with a fixed batch_size; "
-              "use batches::per_process for batches of varying size");
-      require(*opt.batch_size % opt.num_processes == 0,
-              "accel::data::BatchSamplerShard: under batches::split the batch size (" + std::to_string(*opt.batch_size) +
-                  ") must be a round multiple of the number of processes (" + std::to_string(opt.num_processes) + ")");
-    }
+    plan::validate(opt, plan::Loading::sharded, /*varying_ok=*/true);
   }
   //! Starts a new pass over the wrapped sampler.
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(sampler_, opt_)); }
@@ -217,7 +197,7 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
 };
 
 template <class S>
-BatchSamplerShard(S&&, BatchSamplerShardOptions) -> BatchSamplerShard<std::views::all_t<S>>;
+BatchSamplerShard(S&&, plan::ShardSpec) -> BatchSamplerShard<std::views::all_t<S>>;
 
 }  // namespace accel::data
 

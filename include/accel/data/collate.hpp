@@ -5,7 +5,7 @@
 //! with `accel_fields` (comm/structure.hpp) are collated member by member. Anything else needs a collate
 //! function of the user's (`DataLoader(dataset, options, my_collate)`).
 
-#include <accel/comm/structure.hpp>
+#include <accel/core/structure.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/ops/stack.h>

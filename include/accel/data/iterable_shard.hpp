@@ -9,6 +9,7 @@
 
 #include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <range/v3/range/concepts.hpp>
 
@@ -22,14 +23,6 @@
 
 namespace accel::data {
 
-struct IterableShardOptions {
-  std::int64_t batch_size = 1;
-  bool drop_last = false;
-  int num_processes = 1;
-  int process_index = 0;
-  bool split_batches = false;
-};
-
 template <class T>
 struct ShardSample {
   T value;
@@ -41,13 +34,13 @@ struct ShardSample {
 template <std::ranges::input_range Source>
 class IterableShard : public std::ranges::view_interface<IterableShard<Source>> {
   using T = std::ranges::range_value_t<Source>;
-  using Options = IterableShardOptions;
+  using Options = plan::ShardSpec;
 
   struct Pass {
     Pass(std::shared_ptr<Source> s, const Options& o) : source(std::move(s)), opt(o),
         it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
       chunk = opt.split_batches ? opt.batch_size : opt.batch_size * opt.num_processes;
-      per = opt.split_batches ? opt.batch_size / opt.num_processes : opt.batch_size;
+      per = plan::per_process(opt);
       buffer.reserve(std::size_t(chunk));
     }
     std::shared_ptr<Source> source;
@@ -100,15 +93,7 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
 
   IterableShard() = default;
   IterableShard(Source source, Options opt) : source_(std::make_shared<Source>(std::move(source))), opt_(opt) {
-    using accel::detail::require;
-    require(opt.batch_size >= 1, "accel::data::IterableShard: batch_size must be at least 1");
-    require(opt.num_processes >= 1, "accel::data::IterableShard: num_processes must be at least 1");
-    require(opt.process_index >= 0 && opt.process_index < opt.num_processes,
-            "accel::data::IterableShard: process_index " + std::to_string(opt.process_index) + " is out of range for " +
-                std::to_string(opt.num_processes) + " processes");
-    require(!opt.split_batches || opt.batch_size == 1 || opt.batch_size % opt.num_processes == 0,
-            "accel::data::IterableShard: under batches::split the batch size (" + std::to_string(opt.batch_size) +
-                ") must be a round multiple of the number of processes (" + std::to_string(opt.num_processes) + ")");
+    plan::validate(opt, plan::Loading::iterable);
   }
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(source_, opt_)); }
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
@@ -119,7 +104,7 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
 };
 
 template <class S>
-IterableShard(S&&, IterableShardOptions) -> IterableShard<std::views::all_t<S>>;
+IterableShard(S&&, plan::ShardSpec) -> IterableShard<std::views::all_t<S>>;
 
 }  // namespace accel::data
 

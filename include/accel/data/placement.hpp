@@ -3,7 +3,7 @@
 //! Placement: where a batch is put before the loop sees it, one specialisation per `place` policy.
 //! `place::async` (pinned staging, a copy stream, events) lives in `accel/cuda/placement.hpp`.
 
-#include <accel/comm/structure.hpp>
+#include <accel/core/structure.hpp>
 #include <accel/policy/place.hpp>
 
 #include <c10/core/Device.h>

@@ -14,7 +14,7 @@
 //! Nothing is allocated per batch: a batch is two integers and two pointers; its indices are computed on
 //! access. The view must outlive the batches it yields (like `std::string_view`).
 
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/data/sampler.hpp>
 
 #include <range/v3/range/concepts.hpp>

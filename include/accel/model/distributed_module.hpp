@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -40,6 +41,25 @@ namespace accel {
 struct DistributedOptions {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;
   bool find_unused_parameters = false;
+};
+
+class DistributedModule;
+
+//! RAII: while it lives, the gradients of the modules it holds stay local (no all-reduce in backward); on exit
+//! each module goes back to what it did before. The one no-sync mechanism: `DistributedModule::no_sync()`,
+//! `Accelerator::no_sync(models...)` and `Accelerator::accumulate(models...)` on accumulation steps return it.
+class SyncScope {
+ public:
+  SyncScope() = default;
+  SyncScope(SyncScope&& o) noexcept : held_(std::exchange(o.held_, {})) {}
+  SyncScope& operator=(SyncScope&&) = delete;
+  SyncScope(const SyncScope&) = delete;
+  ~SyncScope();
+  //! Keeps `m`'s gradients local until this scope ends (nothing for a null module).
+  void hold(DistributedModule* m);
+
+ private:
+  std::vector<std::pair<DistributedModule*, bool>> held_;
 };
 
 class DistributedModule {
@@ -123,19 +143,8 @@ class DistributedModule {
   [[nodiscard]] const std::shared_ptr<torch::nn::Module>& shared() const noexcept { return module_; }
   [[nodiscard]] std::size_t buckets() const noexcept { return state_->buckets.size(); }
 
-  //! RAII: gradients stay local while it lives (accumulation steps).
-  class NoSync {
-   public:
-    explicit NoSync(State& s) : s_(&s), previous_(s.sync) { s.sync = false; }
-    ~NoSync() { s_->sync = previous_; }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-
-   private:
-    State* s_;
-    bool previous_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*state_); }
+  //! RAII: gradients stay local while the result lives (`SyncScope`).
+  [[nodiscard]] SyncScope no_sync();
   //! Whether the next backward averages gradients.
   void set_sync(bool sync) { state_->sync = sync; }
   [[nodiscard]] bool sync() const noexcept { return state_->sync; }
@@ -220,5 +229,19 @@ class DistributedModule {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<State> state_;
 };
+
+inline SyncScope::~SyncScope() {
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) it->first->set_sync(it->second);
+}
+inline void SyncScope::hold(DistributedModule* m) {
+  if (!m) return;
+  held_.emplace_back(m, m->sync());
+  m->set_sync(false);
+}
+inline SyncScope DistributedModule::no_sync() {
+  SyncScope scope;
+  scope.hold(this);
+  return scope;
+}
 
 }  // namespace accel

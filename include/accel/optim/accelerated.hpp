@@ -11,7 +11,7 @@
 //!
 //! Both are handles: copies share one wrapper (the `Accelerator` keeps one for checkpoints, the loop another).
 
-#include <accel/data/gradient_state.hpp>
+#include <accel/state/gradient_state.hpp>
 #include <accel/optim/grad_scaler.hpp>
 
 #include <torch/optim/optimizer.h>
@@ -26,11 +26,12 @@
 
 namespace accel {
 
-namespace detail {
-//! What a scheduler needs to know about an optimizer's last step.
+//! What a scheduler needs to know about an optimizer's last step (`AcceleratedOptimizer::record()`).
 struct StepRecord {
   bool skipped = false;
 };
+
+namespace detail {
 
 //! The step counter LibTorch keeps protected in `LRScheduler` (its whole state besides the optimizer's lrs).
 struct SchedulerAccess : torch::optim::LRScheduler {
@@ -51,7 +52,7 @@ class AcceleratedOptimizer {
   struct Shared {
     std::shared_ptr<Optimizer> opt;
     std::shared_ptr<GradScaler> scaler;
-    std::shared_ptr<detail::StepRecord> record = std::make_shared<detail::StepRecord>();
+    std::shared_ptr<StepRecord> record = std::make_shared<StepRecord>();
   };
 
  public:
@@ -80,7 +81,7 @@ class AcceleratedOptimizer {
   [[nodiscard]] Optimizer& inner() const noexcept { return *s_->opt; }
   [[nodiscard]] Optimizer* operator->() const noexcept { return s_->opt.get(); }
   [[nodiscard]] const std::shared_ptr<Optimizer>& shared() const noexcept { return s_->opt; }
-  [[nodiscard]] std::shared_ptr<const detail::StepRecord> record() const noexcept { return s_->record; }
+  [[nodiscard]] std::shared_ptr<const StepRecord> record() const noexcept { return s_->record; }
 
   //! The inner optimizer's state (parameter groups with their options, and per-parameter buffers).
   void save(torch::serialize::OutputArchive& a) const { s_->opt->save(a); }
@@ -102,7 +103,7 @@ class AcceleratedScheduler {
   };
   //! `optimizers`: the records of the optimizers whose skipped steps hold the scheduler back
   //! (`AcceleratedOptimizer::record()`).
-  AcceleratedScheduler(std::shared_ptr<Scheduler> scheduler, std::vector<std::shared_ptr<const detail::StepRecord>> optimizers,
+  AcceleratedScheduler(std::shared_ptr<Scheduler> scheduler, std::vector<std::shared_ptr<const StepRecord>> optimizers,
                        Options o)
       : s_(std::make_shared<Shared>(Shared{std::move(scheduler), std::move(optimizers), o})) {}
 
@@ -140,7 +141,7 @@ class AcceleratedScheduler {
  private:
   struct Shared {
     std::shared_ptr<Scheduler> sched;
-    std::vector<std::shared_ptr<const detail::StepRecord>> optimizers;
+    std::vector<std::shared_ptr<const StepRecord>> optimizers;
     Options opt;
     std::int64_t count = 0;
   };

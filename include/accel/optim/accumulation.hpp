@@ -8,7 +8,7 @@
 //! optimizer and scheduler wrappers read. `allow_sync()` adds `sync_each_batch` (reduce every batch, step every
 //! `steps`), for the model's no_sync.
 
-#include <accel/data/gradient_state.hpp>
+#include <accel/state/gradient_state.hpp>
 #include <accel/error.hpp>
 
 #include <cstdint>

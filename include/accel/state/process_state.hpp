@@ -12,71 +12,49 @@
 //! state.print("loss ", loss);                           // local main process only
 //! \endcode
 //!
-//! Engine choice (`Engine::automatic`, the `dist::from_env` policy): one process is `none`; several use
+//! The engine is the `dist` tag given to the first construction (`ProcessState(opt, accel::dist::gloo{})`;
+//! `dist::from_env` by default), chosen at compile time (state/engine.hpp): one process is `none`; several use
 //! NCCL when the process sees a GPU and accel was built with CUDA, else Gloo. Several processes without a GPU
 //! therefore get the CPU engine with no flag (Accelerate needs `cpu=True`, Q19). Like Accelerate, when
 //! `OMP_NUM_THREADS` is not set, the CPU processes of a node share its cores (intra-op threads = cores / local
 //! processes) instead of each taking all of them.
 
-#include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
-#include <accel/comm/gloo.hpp>
+#include <accel/state/engine.hpp>
 #include <accel/state/launch_env.hpp>
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/cat.h>
 #include <c10/core/Device.h>
 
-#include <functional>
-#include <map>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
-#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace accel {
 
-//! Accelerate's `DistributedType`, the subset LibTorch can run.
-enum class DistributedType { no, multi_cpu, multi_gpu };
-
-//! Which engine to connect processes with (the `dist` policy at run time).
-enum class Engine { automatic, none, gloo, nccl };
-
-struct ProcessOptions {
-  Engine engine = Engine::automatic;
-  LaunchOverrides launch;        //!< explicit rank / world size / rendezvous, winning over the environment
-  comm::CommOptions comm;        //!< timeouts
-  EnvLookup env = process_env;   //!< where the launcher's variables are read (tests pass their own)
-};
-
-namespace detail {
-//! Hook for the CUDA specialisation (accel/cuda/): whether a GPU is visible, and how to build NCCL.
-struct CudaHooks {
-  std::function<int()> device_count;
-  std::function<std::unique_ptr<comm::Communicator>(const LaunchEnv&, const comm::CommOptions&)> make_nccl;
-};
-inline CudaHooks& cuda_hooks() {
-  static CudaHooks hooks;
-  return hooks;
-}
-}  // namespace detail
-
 class ProcessState {
   struct Shared {
     LaunchEnv env;
-    DistributedType type = DistributedType::no;
-    c10::Device device = c10::Device(c10::kCPU);
-    std::unique_ptr<comm::Communicator> comm;
+    Connection conn;
   };
 
  public:
-  explicit ProcessState(ProcessOptions opt = {}) {
+  //! Joins the job with the engine of `Dist` (the first construction in a process; later ones share it).
+  template <class Dist = dist::from_env>
+  explicit ProcessState(ProcessOptions opt = {}, Dist = {}) {
     std::lock_guard<std::mutex> lock(mutex());
     auto& global = instance();
-    if (!global) global = start(opt);
+    if (!global) {
+      auto s = std::make_shared<Shared>();
+      s->env = detect_launch_env(opt.env, opt.launch);
+      s->conn = Engine<Dist>::connect(s->env, opt);
+      global = std::move(s);
+    }
     s_ = global;
   }
 
@@ -95,15 +73,15 @@ class ProcessState {
   [[nodiscard]] int process_index() const noexcept { return s_->env.rank; }
   [[nodiscard]] int local_process_index() const noexcept { return s_->env.local_rank; }
   [[nodiscard]] int local_num_processes() const noexcept { return s_->env.local_world_size; }
-  [[nodiscard]] DistributedType distributed_type() const noexcept { return s_->type; }
-  [[nodiscard]] const c10::Device& device() const noexcept { return s_->device; }
+  [[nodiscard]] DistributedType distributed_type() const noexcept { return s_->conn.type; }
+  [[nodiscard]] const c10::Device& device() const noexcept { return s_->conn.device; }
   [[nodiscard]] const LaunchEnv& launch_env() const noexcept { return s_->env; }
-  [[nodiscard]] bool use_distributed() const noexcept { return s_->type != DistributedType::no && num_processes() > 1; }
+  [[nodiscard]] bool use_distributed() const noexcept { return s_->conn.type != DistributedType::no && num_processes() > 1; }
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
   [[nodiscard]] bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
   //! The communicator, or nullptr with one process (the collectives accept both).
-  [[nodiscard]] comm::Communicator* comm() const noexcept { return s_->comm.get(); }
+  [[nodiscard]] comm::Communicator* comm() const noexcept { return s_->conn.comm.get(); }
 
   //! A barrier over every process (nothing with one process).
   void wait_for_everyone() const {
@@ -216,51 +194,6 @@ class ProcessState {
   static std::shared_ptr<Shared>& instance() {
     static std::shared_ptr<Shared> s;
     return s;
-  }
-
-  static std::shared_ptr<Shared> start(const ProcessOptions& opt) {
-    auto s = std::make_shared<Shared>();
-    s->env = detect_launch_env(opt.env, opt.launch);
-    const auto& hooks = detail::cuda_hooks();
-    const int gpus = hooks.device_count ? hooks.device_count() : 0;
-    Engine engine = opt.engine;
-    if (engine == Engine::automatic)
-      engine = s->env.world_size == 1 ? Engine::none : (gpus > 0 && hooks.make_nccl ? Engine::nccl : Engine::gloo);
-    switch (engine) {
-      case Engine::none:
-        detail::require(s->env.world_size == 1,
-                        "accel: dist::none runs one process, but the launcher started " + std::to_string(s->env.world_size) +
-                            " (WORLD_SIZE); use dist::from_env or dist::gloo, or launch one process");
-        s->type = DistributedType::no;
-        s->device = gpus > 0 ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
-        break;
-      case Engine::gloo:
-        s->type = s->env.world_size > 1 ? DistributedType::multi_cpu : DistributedType::no;
-        share_cores(opt.env, s->env.local_world_size);
-        if (s->env.world_size > 1)
-          s->comm = comm::make_gloo_communicator(s->env, opt.comm);
-        break;
-      case Engine::nccl:
-        detail::require(hooks.make_nccl != nullptr,
-                        "accel: dist::nccl needs the CUDA specialisation: include <accel/cuda/nccl.hpp> (ACCEL_WITH_CUDA)");
-        detail::require(gpus > 0, "accel: dist::nccl, but this process sees no GPU (CUDA_VISIBLE_DEVICES?); use dist::gloo "
-                                  "or dist::from_env to run on the CPU");
-        s->type = s->env.world_size > 1 ? DistributedType::multi_gpu : DistributedType::no;
-        s->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s->env.local_rank % gpus));
-        if (s->env.world_size > 1) s->comm = hooks.make_nccl(s->env, opt.comm);
-        break;
-      case Engine::automatic: break;
-    }
-    return s;
-  }
-
-  // [accelerate:state.py PartialState.__init__] (MULTI_CPU): without OMP_NUM_THREADS, the processes of a node
-  // share its cores instead of each taking all of them.
-  static void share_cores(const EnvLookup& env, int local_processes) {
-    if (local_processes <= 1) return;
-    if (auto v = env("OMP_NUM_THREADS"); v && !v->empty() && v->find_first_not_of("0123456789") == std::string::npos && std::stoi(*v) > 0) return;
-    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    at::set_num_threads(std::max(1, cores / local_processes));
   }
 
   std::shared_ptr<Shared> s_;

@@ -1,5 +1,5 @@
 #include <accel/accel.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <iostream>
 

@@ -7,8 +7,8 @@
 //! loops work). Registration is RAII: an abandoned loop unregisters when its iterator goes (Accelerate leaves
 //! it on the stack, Q16).
 
-#include <accel/comm/collectives.hpp>
-#include <accel/data/plan.hpp>
+#include <accel/core/structure.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -92,6 +92,12 @@ class GradientState {
       view_.end_of_dataloader = end;
       if (view_.plans != plans) view_.plans = std::move(plans);
       view_.batch = batch;
+    }
+    //! Publishes the batch the loop now holds.
+    void update(LoaderView view) {
+      if (!gs_) return;
+      std::lock_guard<std::mutex> lock(gs_->mu_);
+      view_ = std::move(view);
     }
     void update(bool end, GatherLayout layout) {
       if (!gs_) return;

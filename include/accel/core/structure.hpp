@@ -15,6 +15,7 @@
 
 #include <array>
 #include <concepts>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -107,5 +108,13 @@ std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
                                   "gather_object for other values");
   }
 }
+
+//! What each rank holds in one batch: `size[r]` rows, of which the first `real[r]` are real samples (the
+//! plans of `accel/plan/plan.hpp` give both for every rank without communicating; `gather_for_metrics` keeps
+//! exactly the real rows).
+struct GatherLayout {
+  std::vector<std::int64_t> size;
+  std::vector<std::int64_t> real;
+};
 
 }  // namespace accel

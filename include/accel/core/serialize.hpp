@@ -6,7 +6,7 @@
 //! `torch::data::Example`, and structs with `accel_fields` (see structure.hpp).
 //! Host byte order: every process of a job runs the same binary on the same kind of machine.
 
-#include <accel/comm/structure.hpp>
+#include <accel/core/structure.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/ops/empty.h>
@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace accel::comm {
+namespace accel {
 
 template <class T>
 void serialize(const T& x, std::vector<std::uint8_t>& out);
@@ -33,7 +33,7 @@ inline void put_size(std::size_t n, std::vector<std::uint8_t>& out) {
 }
 inline std::size_t get_size(std::span<const std::uint8_t>& in) {
   std::uint64_t v = 0;
-  accel::detail::require(in.size() >= sizeof v, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
+  detail::require(in.size() >= sizeof v, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
   std::memcpy(&v, in.data(), sizeof v);
   in = in.subspan(sizeof v);
   return static_cast<std::size_t>(v);
@@ -87,19 +87,19 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
     deserialize(shape, in);
     x = at::empty(shape, at::TensorOptions().dtype(at::ScalarType(dtype)));
     const auto bytes = std::size_t(x.numel() * std::int64_t(x.element_size()));
-    accel::detail::require(in.size() >= bytes, "accel: broadcast_object: truncated tensor data");
+    detail::require(in.size() >= bytes, "accel: broadcast_object: truncated tensor data");
     if (bytes) std::memcpy(x.data_ptr(), in.data(), bytes);
     in = in.subspan(bytes);
   } else if constexpr (is_example<T>::value) {
     deserialize(x.data, in);
     deserialize(x.target, in);
   } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
-    accel::detail::require(in.size() >= sizeof x, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
+    detail::require(in.size() >= sizeof x, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
     std::memcpy(&x, in.data(), sizeof x);
     in = in.subspan(sizeof x);
   } else if constexpr (std::same_as<T, std::string>) {
     const auto n = detail::get_size(in);
-    accel::detail::require(in.size() >= n, "accel: broadcast_object: truncated string");
+    detail::require(in.size() >= n, "accel: broadcast_object: truncated string");
     x.assign(reinterpret_cast<const char*>(in.data()), n);
     in = in.subspan(n);
   } else if constexpr (is_tuple_like<T>::value) {
@@ -108,7 +108,7 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
     x.resize(detail::get_size(in));
     for (auto& e : x) deserialize(e, in);
   } else if constexpr (is_vector_like<T>::value) {  // std::array
-    accel::detail::require(detail::get_size(in) == x.size(), "accel: broadcast_object: array size differs between ranks");
+    detail::require(detail::get_size(in) == x.size(), "accel: broadcast_object: array size differs between ranks");
     for (auto& e : x) deserialize(e, in);
   } else if constexpr (is_map_like<T>::value) {
     const auto n = detail::get_size(in);
@@ -135,4 +135,4 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
   }
 }
 
-}  // namespace accel::comm
+}  // namespace accel

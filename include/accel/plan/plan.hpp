@@ -36,16 +36,25 @@
 
 namespace accel::plan {
 
-//! How one process takes part in an epoch; the data-loading half of an `Accelerator`'s configuration
-//! plus the user's `DataLoader` settings.
+//! How one process takes part in an epoch: the data-loading half of an `Accelerator`'s configuration plus the
+//! user's `DataLoader` settings. The one vocabulary of every sharding path: the closed-form plans below, the
+//! streaming `data::BatchSamplerShard` and `data::IterableShard`, and the prepared loaders.
 struct ShardSpec {
-  std::int64_t batch_size = 1;  //!< the user's `batch_size` (global under `split_batches`)
+  std::int64_t batch_size = 1;  //!< the user's `batch_size` (global under `split_batches`); `varying` for a batch sampler's
   bool drop_last = false;       //!< the user's `drop_last`
   int num_processes = 1;
   int process_index = 0;
   bool split_batches = false;
   bool even_batches = true;
 };
+
+//! `ShardSpec::batch_size` of a batch sampler whose batches vary in size (`data::BatchSamplerShard` only).
+inline constexpr std::int64_t varying = 0;
+
+//! Samples of one global batch that each process receives: `batch_size / N` under `split_batches`, else `batch_size`.
+[[nodiscard]] constexpr std::int64_t per_process(const ShardSpec& s) noexcept {
+  return s.split_batches ? s.batch_size / s.num_processes : s.batch_size;
+}
 
 //! Stream positions `[begin, end)` of one batch.
 struct Span {
@@ -129,38 +138,74 @@ class BatchPlan {
   Span last_{};
 };
 
-namespace detail {
+//! Which loading path a spec is used for (their checks differ in one place: see `validate`).
+enum class Loading { sharded, iterable, dispatched };
 
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
-constexpr std::int64_t unbounded = INT64_MAX / 4;
-
-inline void validate(const ShardSpec& s, std::int64_t n) {
+// [accelerate:data_loader.py BatchSamplerShard.__init__, IterableDatasetShard.__init__, prepare_data_loader]
+//! The one validation of a spec, for every path: a batch size of at least 1 (or `varying`, where the caller shards
+//! a batch sampler of varying sizes, `varying_ok`; never under `split_batches`), at least one process, a process index in range, and under
+//! `split_batches` a batch size that is a round multiple of the processes (Accelerate lets a batch size of 1 through
+//! on the iterable and dispatched paths, where it then yields nothing; `prepare_data_loader` refuses it).
+inline void validate(const ShardSpec& s, Loading path = Loading::sharded, bool varying_ok = false) {
   using accel::detail::require;
-  require(n >= 0, "accel: the dataset length is negative (" + std::to_string(n) + ")");
-  require(s.batch_size >= 1, "accel: batch_size must be at least 1 (got " + std::to_string(s.batch_size) + ")");
+  require(s.batch_size >= 1 || (varying_ok && s.batch_size == varying),
+          "accel: batch_size must be at least 1 (got " + std::to_string(s.batch_size) + ")");
   require(s.num_processes >= 1,
           "accel: num_processes must be at least 1 (got " + std::to_string(s.num_processes) +
               "); check WORLD_SIZE or the launcher's --nproc-per-node");
   require(s.process_index >= 0 && s.process_index < s.num_processes,
           "accel: process_index " + std::to_string(s.process_index) + " is out of range for " +
-              std::to_string(s.num_processes) + " processes; it must be in [0, " +
-              std::to_string(s.num_processes) + ")");
+              std::to_string(s.num_processes) + " processes; it must be in [0, " + std::to_string(s.num_processes) + ")");
+  if (!s.split_batches) return;
+  require(s.batch_size != varying, "accel: batches::split needs a batch sampler with a fixed batch_size; use "
+                                   "batches::per_process for batches of varying size");
+  if (s.batch_size % s.num_processes == 0 || (path != Loading::sharded && s.batch_size == 1)) return;
+  require(false, "accel: under batches::split the batch size (" + std::to_string(s.batch_size) +
+                     ") must be a round multiple of the number of processes (" + std::to_string(s.num_processes) +
+                     "); use a batch size divisible by it, or batches::per_process");
 }
 
-inline void require_split_divisible(const ShardSpec& s, bool allow_one) {
-  if (!s.split_batches || s.batch_size % s.num_processes == 0) return;
-  if (allow_one && s.batch_size == 1) return;
-  accel::detail::require(false, "accel: under batches::split the batch size (" + std::to_string(s.batch_size) +
-                                    ") must be a round multiple of the number of processes (" +
-                                    std::to_string(s.num_processes) +
-                                    "); use a batch size divisible by it, or batches::per_process");
+//! `validate`, plus a dataset length of 0 or more.
+inline void validate(const ShardSpec& s, std::int64_t n, Loading path) {
+  accel::detail::require(n >= 0, "accel: the dataset length is negative (" + std::to_string(n) + ")");
+  validate(s, path);
 }
+
+// [accelerate:data_loader.py DataLoaderDispatcher._fetch_batches]
+//! How the dispatcher cuts one global batch of `observed` samples between `N` processes: rank r keeps
+//! `[min(r*per, total), min((r+1)*per, total))` of it. On the epoch's last step, when `observed` is not a multiple
+//! of N and `drop_last` is off, the first `first` samples of the epoch are appended and `per` grows by one, so the
+//! slices are re-cut evenly and may be short or empty. Map-style (`dispatch_plan`) and streamed dispatching
+//! (the stream loader, which learns `observed` as it reads) share this rule.
+struct DispatchCut {
+  std::int64_t per = 0;       //!< samples per rank
+  std::int64_t total = 0;     //!< samples of the step, appended padding included
+  std::int64_t observed = 0;  //!< real samples of the step
+  [[nodiscard]] constexpr Span slice(int r) const noexcept {
+    const std::int64_t b = std::min(r * per, total);
+    return {b, std::min(b + per, total)};
+  }
+  //! How many leading entries of rank r's slice are real samples.
+  [[nodiscard]] constexpr std::int64_t real(int r) const noexcept {
+    return std::clamp<std::int64_t>(observed - r * per, 0, slice(r).size());
+  }
+};
+[[nodiscard]] constexpr DispatchCut dispatch_cut(std::int64_t observed, int N, bool last, bool drop_last,
+                                                 std::int64_t first) noexcept {
+  const bool pad = last && !drop_last && observed % N != 0;
+  return {observed / N + (pad ? 1 : 0), observed + (pad ? first : 0), observed};
+}
+
+namespace detail {
+
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+constexpr std::int64_t unbounded = INT64_MAX / 4;
 
 }  // namespace detail
 
 //! `BatchSampler(order, batch_size, drop_last)`: the user's loader on one process, no padding.
 inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_t n) {
-  detail::validate({.batch_size = batch_size, .drop_last = drop_last}, n);
+  validate({.batch_size = batch_size, .drop_last = drop_last}, n, Loading::iterable);
   const std::int64_t count = drop_last ? n / batch_size : detail::ceil_div(n, batch_size);
   return BatchPlan::affine({.samples = n, .wrap = 1, .count = count, .stride = batch_size, .offset = 0,
                             .width = batch_size, .limit = n});
@@ -170,8 +215,7 @@ inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_
 //! `BatchSamplerShard(BatchSampler(order, B, drop_last), N, r, split, even)`. Pads even with one process,
 //! exactly like Accelerate's class (the prepared loader does not shard at all then: see `loader_plan`).
 inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
-  detail::validate(s, n);
-  detail::require_split_divisible(s, /*allow_one=*/false);
+  validate(s, n, Loading::sharded);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
   const std::int64_t L = s.drop_last ? n / B : detail::ceil_div(n, B);  // batches of the user's sampler
   const std::int64_t full = n / B;
@@ -206,11 +250,10 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
 //! Like Accelerate, split with `batch_size == 1` and several processes yields nothing; `prepare()`
 //! refuses that configuration before it gets here.
 inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
-  detail::validate(s, n);
-  detail::require_split_divisible(s, /*allow_one=*/true);
+  validate(s, n, Loading::iterable);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
   const std::int64_t chunk = s.split_batches ? B : B * N;
-  const std::int64_t per = s.split_batches ? B / N : B;
+  const std::int64_t per = per_process(s);
   const std::int64_t chunks = s.drop_last ? n / chunk : detail::ceil_div(n, chunk);
   return BatchPlan::affine({.samples = n, .wrap = std::min(n, chunk), .count = per > 0 ? chunks : 0,
                             .stride = chunk, .offset = r * per, .width = per, .limit = detail::unbounded});
@@ -222,8 +265,7 @@ inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
 //! global batch, when its size is not a multiple of N and `drop_last` is off, gets the first N samples of the
 //! epoch appended and `per + 1` (so slices are re-cut evenly and may be short or empty).
 inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
-  detail::validate(s, n);
-  detail::require_split_divisible(s, /*allow_one=*/true);
+  validate(s, n, Loading::dispatched);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
   const std::int64_t inner = s.drop_last ? n / B : detail::ceil_div(n, B);
   const std::int64_t global = s.split_batches ? B : N * B;
@@ -235,21 +277,15 @@ inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
   const BatchPlan full = BatchPlan::affine({.samples = n, .wrap = first, .count = steps, .stride = global,
                                             .offset = r * per, .width = per, .limit = detail::unbounded});
   const std::int64_t start = (steps - 1) * global;
-  const std::int64_t observed = std::min(global, n - start);
-  const bool pad = !s.drop_last && observed % N != 0;
-  const std::int64_t last_per = observed / N + (pad ? 1 : 0);
-  const std::int64_t end = start + observed + (pad ? first : 0);
-  const std::int64_t b = std::min(start + r * last_per, end);
-  return full.with_last({b, std::min(b + last_per, end)});
+  const auto cut = dispatch_cut(std::min(global, n - start), int(N), /*last=*/true, s.drop_last, first);
+  const Span mine = cut.slice(int(r));
+  return full.with_last({start + mine.begin, start + mine.end});
 }
-
-//! Which loading path `loader_plan` follows.
-enum class Loading { sharded, iterable, dispatched };
 
 //! What `prepare_data_loader` yields on one process for a loader of `n` samples (map-style: sharded;
 //! an iterable dataset: iterable; `loading::dispatched`: dispatched). One process is not sharded at all.
 inline BatchPlan loader_plan(const ShardSpec& s, std::int64_t n, Loading loading) {
-  detail::validate(s, n);
+  validate(s, n, loading);
   switch (loading) {
     case Loading::dispatched: return dispatch_plan(s, n);
     case Loading::iterable:

@@ -1,0 +1,91 @@
+#pragma once
+//! \file
+//! The planned step source: a map-style dataset's epoch from the closed-form plans (plan/plan.hpp). Every rank
+//! computes every rank's plan alone, so the last step, each rank's padding rows (for `gather_for_metrics`) and
+//! skipping need no look-ahead and no communication. Sharded loading fetches this rank's batch; dispatched
+//! loading fetches, on rank 0, the union of every rank's slice of the step (the global batch) and describes the
+//! cut for the dispatch transport.
+
+#include <accel/data/loader_core.hpp>
+#include <accel/data/plan_view.hpp>
+#include <accel/data/transport.hpp>
+#include <accel/plan/plan.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+namespace accel::data {
+
+template <class Dataset, class Collate, class Config>
+class PlannedEpoch {
+ public:
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Batch = typename Core::Batch;
+  using Payload = std::conditional_t<Config::dispatch, detail::DispatchPayload<Batch>, Batch>;
+
+  explicit PlannedEpoch(const std::shared_ptr<Core>& c) : core_(c) {
+    auto& k = *core_;
+    IndexOrder order = k.begin_epoch();
+    auto all = std::make_shared<std::vector<plan::BatchPlan>>();
+    for (int r = 0; r < k.ctx.num_processes; ++r) all->push_back(k.plan_of(r).skip(k.skip));
+    plans_ = std::move(all);
+    lead_ = (*plans_)[std::size_t(Config::dispatch ? 0 : k.ctx.process_index)];
+    view_ = planned_batches(lead_, std::move(order));
+    k.run_epoch(lead_.skipped(), lead_.size());
+  }
+  //! Steps this rank runs (under dispatch, every rank runs rank 0's steps).
+  [[nodiscard]] std::int64_t count() const noexcept { return lead_.size(); }
+  [[nodiscard]] static std::size_t size(Core& k) {
+    return std::size_t(k.plan_of(Config::dispatch ? 0 : k.ctx.process_index).skip(k.skip).size());
+  }
+
+  //! Step `q` of the epoch (after the skipped ones). Called from the loader's workers, concurrently for distinct `q`.
+  std::optional<detail::Fetched<Payload>> produce(std::int64_t q) const {
+    const auto& k = *core_;
+    detail::Fetched<Payload> f{{}, {.end_of_dataloader = lead_.end_of_dataloader(q), .plans = plans_, .batch = q}};
+    if constexpr (!Config::dispatch) {
+      thread_local std::vector<std::int64_t> idx;  // one index buffer per thread, reused batch after batch
+      view_[std::ptrdiff_t(q)].indices_into(idx);
+      f.payload = k.placement()(
+          detail::fetch_batch(*k.dataset, k.collate, idx, q + lead_.skipped(), k.epoch, k.ctx.process_index));
+    } else if (k.ctx.process_index == 0) {
+      // The step's global batch: the positions from the first rank's slice to the last one's.
+      auto& step = f.payload.step;
+      std::int64_t start = INT64_MAX, stop = 0;
+      for (const auto& p : *plans_) {
+        const auto s = p.span(q);
+        if (s.size() > 0) start = std::min(start, s.begin), stop = std::max(stop, s.end);
+      }
+      if (start == INT64_MAX) start = stop = 0;
+      step.has_step = true;
+      step.end = lead_.end_of_dataloader(q);
+      for (const auto& p : *plans_) {
+        const auto s = p.span(q);
+        step.begin.push_back(s.size() > 0 ? s.begin - start : 0);
+        step.size.push_back(s.size());
+        step.real.push_back(p.real(q));
+      }
+      std::vector<std::int64_t> idx;
+      for (auto pos = start; pos < stop; ++pos) idx.push_back(view_.order()[lead_.sample(pos)]);
+      try {
+        if (!idx.empty()) f.payload.global.emplace(detail::fetch_batch(*k.dataset, k.collate, idx, q + lead_.skipped(), k.epoch, 0));
+      } catch (const std::exception& e) {
+        step.error = e.what();  // sent to every rank so that all of them stop with it
+      }
+    }
+    return f;
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<const std::vector<plan::BatchPlan>> plans_;
+  plan::BatchPlan lead_;  // this rank's plan (rank 0's under dispatch, whose steps every rank follows)
+  PlannedBatches view_;
+};
+
+}  // namespace accel::data

@@ -1,0 +1,202 @@
+#pragma once
+//! \file
+//! The stream step sources: an iterable dataset (any input range of samples), read in order.
+//!
+//! * `StreamShardEpoch` (sharded loading): every process reads the stream and keeps its part of each chunk
+//!   (`IterableShard`: `batch_size` samples of every `batch_size * N`, or `batch_size / N` of every `batch_size`
+//!   under `batches::split`), the last chunk completed from the first unless `drop_last`. One process batches the
+//!   stream as it comes (a short last batch). Every rank's real rows follow from the chunk.
+//! * `StreamDispatchEpoch` (dispatched loading): rank 0 alone reads the stream, in batches of `batch_size` (the
+//!   user's `drop_last` applies to them); a step is N of them (one under `batches::split`). The last step is re-cut
+//!   by `plan::dispatch_cut`, the dispatcher's rule shared with map-style loading. The other ranks learn each step
+//!   (and the end) from rank 0's description.
+//!
+//! Both read one batch (one step) ahead, so that a step knows whether it is the last (`end_of_dataloader`). The
+//! reading runs in step order (`InOrder`), the collating on the loader's workers. Resuming re-reads the stream and
+//! drops the batches already handed out.
+
+#include <accel/data/iterable_shard.hpp>
+#include <accel/data/loader_core.hpp>
+#include <accel/data/prefetcher.hpp>
+#include <accel/data/transport.hpp>
+#include <accel/plan/plan.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+
+template <class Dataset, class Collate, class Config>
+class StreamShardEpoch {
+ public:
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Batch = typename Core::Batch;
+  using Payload = Batch;
+
+  explicit StreamShardEpoch(const std::shared_ptr<Core>& c)
+      : core_(c), shard_(Source(*core_->dataset), core_->spec(core_->ctx.process_index)) {
+    auto& k = *core_;
+    // Only one pass over the source is started: single-pass streams are read once.
+    if (k.ctx.num_processes == 1) plain_.emplace(std::ranges::begin(*k.dataset));
+    else it_.emplace(shard_.begin());
+    k.begin_epoch();
+    ahead_ = read();
+    for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read(), ++first_;
+    k.run_epoch(first_, Core::unknown_total);
+  }
+  [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
+  [[nodiscard]] static std::size_t size(Core& k)
+    requires std::ranges::sized_range<const Dataset>
+  {
+    return std::size_t(k.plan_of(k.ctx.process_index).skip(k.skip).size());
+  }
+
+  std::optional<detail::Fetched<Payload>> produce(std::int64_t q) {
+    auto raw = order_.run(q, [&]() -> std::optional<std::pair<Raw, bool>> {
+      if (!ahead_) return std::nullopt;
+      Raw now = std::move(*ahead_);
+      ahead_ = read();  // look-ahead: is this the last batch?
+      return std::pair{std::move(now), !ahead_.has_value()};
+    });
+    if (!raw) return std::nullopt;
+    const auto& k = *core_;
+    Batch batch = k.placement()(
+        detail::collate_stream(k.collate, raw->first.samples, "batch", first_ + q, k.epoch, k.ctx.process_index));
+    return detail::Fetched<Payload>{std::move(batch),
+                                    {.end_of_dataloader = raw->second, .direct = std::move(raw->first.layout)}};
+  }
+
+ private:
+  using Sample = std::ranges::range_value_t<const Dataset>;
+  using Source = std::ranges::ref_view<const Dataset>;
+  struct Raw {
+    std::vector<Sample> samples;
+    GatherLayout layout;
+  };
+  // The next batch of this process, or nothing at the end of the stream.
+  std::optional<Raw> read() {
+    const auto& k = *core_;
+    const int N = k.ctx.num_processes;
+    Raw out;
+    if (N == 1) {
+      const auto stop = std::ranges::end(*k.dataset);
+      for (auto& p = *plain_; p != stop && std::int64_t(out.samples.size()) < k.options.batch_size; ++p) out.samples.push_back(*p);
+      const auto got = std::int64_t(out.samples.size());
+      if (got == 0 || (k.options.drop_last && got < k.options.batch_size)) return std::nullopt;
+      out.layout = {{got}, {got}};
+      return out;
+    }
+    const std::int64_t per = plan::per_process(k.spec(k.ctx.process_index));
+    std::int64_t chunk_real = 0;
+    for (auto& i = *it_; i != std::default_sentinel && std::int64_t(out.samples.size()) < per; ++i) {
+      out.samples.push_back((*i).value);
+      chunk_real = (*i).chunk_real;
+    }
+    if (out.samples.empty()) return std::nullopt;
+    for (int q = 0; q < N; ++q) {
+      out.layout.size.push_back(per);
+      out.layout.real.push_back(std::clamp<std::int64_t>(chunk_real - q * per, 0, per));
+    }
+    return out;
+  }
+
+  std::shared_ptr<Core> core_;
+  IterableShard<Source> shard_;
+  std::optional<std::ranges::iterator_t<IterableShard<Source>>> it_;
+  std::optional<std::ranges::iterator_t<const Dataset>> plain_;
+  std::optional<Raw> ahead_;
+  std::int64_t first_ = 0;  // batches skipped
+  detail::InOrder order_;
+};
+
+template <class Dataset, class Collate, class Config>
+class StreamDispatchEpoch {
+ public:
+  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Batch = typename Core::Batch;
+  using Payload = detail::DispatchPayload<Batch>;
+
+  explicit StreamDispatchEpoch(const std::shared_ptr<Core>& c) : core_(c) {
+    auto& k = *core_;
+    k.begin_epoch();
+    if (k.ctx.process_index == 0) {
+      reader_.emplace(std::ranges::begin(*k.dataset));
+      ahead_ = read_step();
+      for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read_step();
+    }
+    first_ = k.skip;
+    k.run_epoch(first_, Core::unknown_total);
+  }
+  //! Rank 0 says when the stream ends; until then every rank has a step to take part in.
+  [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
+  [[nodiscard]] static std::size_t size(Core& k)
+    requires std::ranges::sized_range<const Dataset>
+  {
+    return std::size_t(k.plan_of(0).skip(k.skip).size());
+  }
+
+  std::optional<detail::Fetched<Payload>> produce(std::int64_t q) {
+    detail::Fetched<Payload> f;
+    const auto& k = *core_;
+    const int N = k.ctx.num_processes;
+    if (k.ctx.process_index != 0) return f;
+    auto raw = order_.run(q, [&]() -> std::optional<std::pair<std::vector<Sample>, bool>> {
+      if (!ahead_) return std::nullopt;
+      std::vector<Sample> now = std::move(*ahead_);
+      ahead_ = read_step();
+      return std::pair{std::move(now), !ahead_.has_value()};
+    });
+    if (!raw) return f;  // no step: rank 0 tells the others so
+    auto& [samples, last] = *raw;
+    auto& step = f.payload.step;
+    const auto cut = plan::dispatch_cut(std::int64_t(samples.size()), N, last, k.options.drop_last, std::int64_t(first_samples_.size()));
+    if (cut.total > cut.observed) samples.insert(samples.end(), first_samples_.begin(), first_samples_.end());
+    step.has_step = true;
+    step.end = last;
+    step.cut(cut, N);
+    try {
+      f.payload.global.emplace(detail::collate_stream(k.collate, samples, "step", first_ + q, k.epoch, 0));
+    } catch (const std::exception& e) {
+      step.error = e.what();  // sent to every rank so that all of them stop with it
+    }
+    return f;
+  }
+
+ private:
+  using Sample = std::ranges::range_value_t<const Dataset>;
+  // Rank 0: the samples of the next step, or nothing at the end of the stream.
+  std::optional<std::vector<Sample>> read_step() {
+    const auto& k = *core_;
+    const std::int64_t B = k.options.batch_size;
+    const int batches = Config::split_batches ? 1 : k.ctx.num_processes;
+    std::vector<Sample> step;
+    const auto stop = std::ranges::end(*k.dataset);
+    int full = 0;
+    for (int b = 0; b < batches; ++b) {
+      std::vector<Sample> inner;
+      for (auto& it = *reader_; it != stop && std::int64_t(inner.size()) < B; ++it) inner.push_back(*it);
+      if (inner.empty() || (k.options.drop_last && std::int64_t(inner.size()) < B)) break;
+      step.insert(step.end(), inner.begin(), inner.end());
+      ++full;
+      if (std::int64_t(inner.size()) < B) break;
+    }
+    if (step.empty() || (k.options.drop_last && full < batches)) return std::nullopt;
+    if (first_samples_.empty())  // the epoch's first N samples: what the last step is padded with
+      first_samples_.assign(step.begin(), step.begin() + std::min<std::size_t>(step.size(), std::size_t(k.ctx.num_processes)));
+    return step;
+  }
+
+  std::shared_ptr<Core> core_;
+  std::optional<std::ranges::iterator_t<const Dataset>> reader_;  // rank 0 only
+  std::optional<std::vector<Sample>> ahead_;
+  std::vector<Sample> first_samples_;
+  std::int64_t first_ = 0;  // steps skipped
+  detail::InOrder order_;
+};
+
+}  // namespace accel::data

@@ -1,0 +1,142 @@
+#pragma once
+//! \file
+//! The distributed engine, chosen by the `dist` policy at compile time: one specialisation of `Engine` per tag.
+//!
+//! | tag              | engine                                                                              |
+//! |------------------|-------------------------------------------------------------------------------------|
+//! | `dist::none`     | one process, no communicator; the GPU when the build has CUDA and one is visible     |
+//! | `dist::gloo`     | c10d `ProcessGroupGloo` over accel's rendezvous (comm/gloo.hpp), CPU tensors          |
+//! | `dist::nccl`     | NCCL on accel's own stream (cuda/nccl.hpp), one GPU per process; CUDA builds only     |
+//! | `dist::from_env` | one process: `none`; several: `nccl` when the build has CUDA and the process sees a GPU, else `gloo` |
+//!
+//! There is no registry and no static initialisation: this header includes the NCCL engine itself whenever
+//! ACCEL_WITH_CUDA is set, so every public header gives the same engine for the same policy on the same
+//! machine, whatever else a translation unit includes. Naming `Engine<dist::nccl>` in a build without CUDA is
+//! one `static_assert` (`Accelerator<dist::nccl>` reports it through its configuration check instead).
+
+#include <accel/comm/communicator.hpp>
+#include <accel/comm/gloo.hpp>
+#include <accel/config.hpp>
+#include <accel/state/launch_env.hpp>
+
+#include <ATen/Parallel.h>
+#include <c10/core/Device.h>
+
+#if ACCEL_WITH_CUDA
+#include <accel/cuda/nccl.hpp>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+namespace accel {
+
+//! Accelerate's `DistributedType`, the subset LibTorch can run.
+enum class DistributedType { no, multi_cpu, multi_gpu };
+
+//! How a process joins its job: explicit launch arguments, timeouts, and where the launcher's variables are read.
+struct ProcessOptions {
+  LaunchOverrides launch;        //!< explicit rank / world size / rendezvous, winning over the environment
+  comm::CommOptions comm;        //!< timeouts
+  EnvLookup env = process_env;   //!< where the launcher's variables are read (tests pass their own)
+};
+
+//! What an engine gives a process: its kind of job, its device and its communicator (null with one process).
+struct Connection {
+  DistributedType type = DistributedType::no;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::unique_ptr<comm::Communicator> comm;
+};
+
+//! GPUs this process sees: the CUDA device count in a build with CUDA, 0 otherwise.
+inline int visible_gpus() {
+#if ACCEL_WITH_CUDA
+  return int(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+namespace detail {
+inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env) {
+  return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
+          .host_store = !env.agent_store};
+}
+}  // namespace detail
+
+//! The engine of a `dist` tag: `static Connection connect(const LaunchEnv&, const ProcessOptions&)`.
+template <class Dist>
+struct Engine {
+  static_assert(!std::is_same_v<Dist, dist::nccl>,
+                "accel::dist::nccl needs CUDA, but accel is built without it (ACCEL_WITH_CUDA=0); use accel::dist::gloo "
+                "or a LibTorch with CUDA");
+  static_assert(std::is_same_v<Dist, dist::nccl>,
+                "accel: no engine for this type; use accel::dist::none, gloo, nccl or from_env");
+};
+
+template <>
+struct Engine<dist::none> {
+  static Connection connect(const LaunchEnv& env, const ProcessOptions&) {
+    detail::require(env.world_size == 1, "accel: dist::none runs one process, but the launcher started " +
+                                             std::to_string(env.world_size) +
+                                             " (WORLD_SIZE); use dist::from_env or dist::gloo, or launch one process");
+    return {DistributedType::no, visible_gpus() > 0 ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU), nullptr};
+  }
+};
+
+template <>
+struct Engine<dist::gloo> {
+  static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
+    Connection c;
+    if (env.world_size == 1) return c;
+    share_cores(opt.env, env.local_world_size);
+    c.type = DistributedType::multi_cpu;
+    c.comm = comm::make_gloo_communicator(detail::rendezvous_of(env), opt.comm);
+    return c;
+  }
+
+  // [accelerate:state.py PartialState.__init__] (MULTI_CPU): without OMP_NUM_THREADS, the processes of a node
+  // share its cores instead of each taking all of them.
+  static void share_cores(const EnvLookup& env, int local_processes) {
+    if (local_processes <= 1) return;
+    if (auto v = env("OMP_NUM_THREADS");
+        v && !v->empty() && v->find_first_not_of("0123456789") == std::string::npos && std::stoi(*v) > 0)
+      return;
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    at::set_num_threads(std::max(1, cores / local_processes));
+  }
+};
+
+#if ACCEL_WITH_CUDA
+template <>
+struct Engine<dist::nccl> {
+  static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
+    const int gpus = visible_gpus();
+    detail::require(gpus > 0, "accel: dist::nccl, but this process sees no GPU (CUDA_VISIBLE_DEVICES?); use dist::gloo "
+                              "or dist::from_env to run on the CPU");
+    const int device = env.local_rank % gpus;
+    Connection c{DistributedType::no, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)), nullptr};
+    if (env.world_size == 1) return c;
+    c.type = DistributedType::multi_gpu;
+    c.comm = cuda::make_nccl_communicator(detail::rendezvous_of(env), opt.comm, device);
+    return c;
+  }
+};
+#endif
+
+template <>
+struct Engine<dist::from_env> {
+  static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
+    if (env.world_size == 1) return Engine<dist::none>::connect(env, opt);
+#if ACCEL_WITH_CUDA
+    if (visible_gpus() > 0) return Engine<dist::nccl>::connect(env, opt);
+#endif
+    return Engine<dist::gloo>::connect(env, opt);
+  }
+};
+
+}  // namespace accel

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The library's layers, checked: every #include <accel/...> in include/accel points to the same layer or one below.
+
+    base        error.hpp, detail/, policy/, config.hpp   tags, resolved configuration, errors
+    core        core/                                     tensor structures, serialisation, generator state
+    plan        plan/                                     sharding plans: pure index math
+    comm        comm/, cuda/nccl.hpp, cuda/rng.hpp        communicator interface, engines' collectives, RNG sync
+    state       state/                                    launch environment, engines, ProcessState, GradientState
+    data        data/, cuda/placement.hpp                 loaders: step sources, transports, placement
+    model       model/                                    DistributedModule, PreparedModel, autocast
+    optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
+    checkpoint  checkpoint/                               checkpoint layout and orchestration
+    top         accelerator.hpp, accel.hpp                the user's surface
+
+Also checked: each folder's headers declare one namespace (besides accel::detail). Exits non-zero naming every
+back edge found.
+"""
+import pathlib
+import re
+import sys
+
+LAYERS = ["base", "core", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
+SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
+           "cuda/nccl.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
+FOLDER = {"detail": "base", "policy": "base"}
+# The namespace every header of a folder declares its public names in.
+NAMESPACE = {"core": "accel", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
+             "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint"}
+
+
+def layer_of(rel: str) -> str:
+    if rel in SPECIAL:
+        return SPECIAL[rel]
+    folder = rel.split("/")[0]
+    return FOLDER.get(folder, folder)
+
+
+def main(root: str) -> int:
+    inc = pathlib.Path(root) / "include" / "accel"
+    problems = []
+    for path in sorted(inc.rglob("*.hpp")):
+        rel = path.relative_to(inc).as_posix()
+        mine = layer_of(rel)
+        if mine not in LAYERS:
+            problems.append(f"{rel}: in no layer (add its folder to tests/static/layers.py and to the README's layout)")
+            continue
+        text = path.read_text()
+        for target in re.findall(r'#include <accel/([^>]+)>', text):
+            theirs = layer_of(target)
+            if theirs in LAYERS and LAYERS.index(theirs) > LAYERS.index(mine):
+                problems.append(f"{rel} ({mine}) includes accel/{target} ({theirs}): a back edge")
+        folder = rel.split("/")[0]
+        if folder in NAMESPACE:
+            for ns in re.findall(r'^namespace ([a-z_:]+) \{', text, flags=re.M):
+                full = ns if ns.startswith("accel") else None
+                if full and not re.fullmatch(NAMESPACE[folder] + r"(::detail)?", full):
+                    problems.append(f"{rel}: namespace {full} in folder {folder}/ (expected {NAMESPACE[folder]})")
+    for p in problems:
+        print(p)
+    print(f"{len(list(inc.rglob('*.hpp')))} headers checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
