@@ -268,11 +268,14 @@ void golden_run(const nlohmann::json& c, const accel::ProcessState& state, Loade
   check(loader.size() == batches.size(), "size() of " + what);
 }
 
+int golden_workers_ = 0;  // loader workers for the golden runs (every loading path has them)
+
 template <class Config>
 void golden_case(const nlohmann::json& c, const accel::ProcessState& state, bool stream) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(c.at("n").get<std::int64_t>()));
   std::iota(v.begin(), v.end(), 0);
-  const accel::data::DataLoaderOptions opt{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last")};
+  const accel::data::DataLoaderOptions opt{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"),
+                                           .workers = golden_workers_, .prefetch = 3};
   if (stream) {  // the same samples as an iterable dataset (a stream: no get(i))
     accel::data::DataLoader dl(std::views::all(v), opt);
     golden_run(c, state, accel::data::prepare_data_loader<Config>(dl, state));
@@ -315,8 +318,8 @@ void golden(const std::string& path, bool stream) {
     else if (even) golden_case<Cfg<accel::dist::gloo>::config>(c, state, false);
     else golden_case<Cfg<accel::dist::gloo, accel::tail::uneven>::config>(c, state, false);
   }
-  state.print(stream ? "stream " : "", "golden ", path.substr(path.find_last_of('/') + 1), " on ", state.num_processes(), " processes: ",
-              refused, " configurations refused on purpose");
+  state.print(stream ? "stream " : "", "golden ", path.substr(path.find_last_of('/') + 1), " on ", state.num_processes(), " processes, ",
+              golden_workers_, " worker(s): ", refused, " configurations refused on purpose");
 }
 
 // A batch with a non-tensor field, for dispatched loading with a slice function.
@@ -563,8 +566,10 @@ int main(int argc, char** argv) {
   try {
     if (mode == "collectives") collectives(argc > 2 ? argv[2] : ".");
     else if (mode == "kill") kill_mid_collective();
-    else if (mode == "golden") golden(argv[2], false);
-    else if (mode == "golden-stream") golden(argv[2], true);
+    else if (mode == "golden" || mode == "golden-stream") {
+      golden_workers_ = argc > 3 ? std::atoi(argv[3]) : 0;
+      golden(argv[2], mode == "golden-stream");
+    }
     else if (mode == "dispatch") dispatch_checks();
     else if (mode == "ddp") ddp_checks();
     else if (mode == "training") training_checks();

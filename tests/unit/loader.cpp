@@ -201,7 +201,7 @@ TEST_CASE("GradientState follows the loops: nested loaders, abandoned loops", "[
   CHECK(!gs.in_dataloader());
 }
 
-TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerate's share", "[loader][iterable]") {
+TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerate's share, with and without workers", "[loader][iterable]") {
   const auto file = accel_test::golden("iterable_dataset_shard.json");
   std::size_t checked = 0;
   for (const auto& c : file.at("cases")) {
@@ -212,8 +212,9 @@ TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerat
     std::vector<std::int64_t> stream(static_cast<std::size_t>(n));
     std::iota(stream.begin(), stream.end(), 0);
     auto source = std::views::all(stream);
-    data::DataLoader loader(source, {.batch_size = bs, .drop_last = dl});
+    for (int workers : {0, 2})  // workers read the stream in order and collate ahead of the loop
     for (const auto& proc : c.at("processes")) {
+      data::DataLoader loader(source, {.batch_size = bs, .drop_last = dl, .workers = workers});
       const int r = proc.at("process_index");
       auto run = [&]<class Config>(Config*) {
         auto l = data::prepare_data_loader<Config>(loader, data::PrepareContext{N, r, nullptr});
@@ -227,7 +228,7 @@ TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerat
           REQUIRE(layout.real.size() == std::size_t(N));
           ++batches;
         }
-        INFO(c.dump().substr(0, 160) << " rank " << r);
+        INFO(c.dump().substr(0, 160) << " rank " << r << ", " << workers << " worker(s)");
         REQUIRE(flat == proc.at("samples").get<std::vector<std::int64_t>>());
         REQUIRE(l.size() == batches);
         if (!ends.empty()) REQUIRE(ends.back());
