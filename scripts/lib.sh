@@ -61,7 +61,10 @@ configure() {
   fi
 }
 
+# build [TARGET...]: everything, or only the targets named (the demo builds only what it runs).
 build() {
   configure
-  cmake --build "$ACCEL_BUILD" --parallel "${ACCEL_JOBS:-$(nproc)}"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$ACCEL_BUILD" --parallel "${ACCEL_JOBS:-$(nproc)}" "${targets[@]}"
 }

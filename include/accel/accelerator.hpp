@@ -22,13 +22,13 @@
 //! A wrong configuration stops the build with exactly one of the messages of `CheckedConfig` (config.hpp); a
 //! wrong argument to `prepare` with one message too. Run-time knobs that never change a type are in `Options`.
 
-#include <accel/checkpoint.hpp>
+#include <accel/checkpoint/checkpointer.hpp>
 #include <accel/core/generator_state.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
 #include <accel/state/gradient_state.hpp>
-#include <accel/data/loader.hpp>
+#include <accel/data/prepare.hpp>
 #include <accel/model/autocast.hpp>
 #include <accel/model/prepared_model.hpp>
 #include <accel/optim/accelerated.hpp>
@@ -126,6 +126,7 @@ class Accelerator {
       detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
                                                  "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
       scaler_ = std::make_shared<GradScaler>(state_.device(), state_.comm(), o.scaler);
+      checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); }});
     }
   }
   Accelerator(Accelerator&&) = default;
@@ -268,127 +269,28 @@ class Accelerator {
   template <class... Args>
   void print(const Args&... args) const { state_.print(args...); }
 
-  // ---- checkpoints (layout: accel/checkpoint.hpp) --------------------------------------------------------
+  // ---- checkpoints (checkpoint/checkpointer.hpp; layout: checkpoint/format.hpp) ---------------------------------
 
   // [accelerate:accelerator.py Accelerator.save_state]
   //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators and
   //! the step counter into `dir` (replaced whole once every process has written its part). Every process calls it.
   void save_state(const std::filesystem::path& dir) {
-    namespace ck = checkpoint;
-    const auto tmp = ck::partial_dir(dir);
-    if (is_main_process()) {
-      std::filesystem::remove_all(tmp);
-      std::filesystem::create_directories(tmp);
-    }
-    wait_for_everyone();
-    if (is_main_process()) {
-      torch::serialize::OutputArchive meta;
-      ck::write(meta, "format_version", ck::format_version);
-      ck::write(meta, "num_processes", num_processes());
-      ck::write(meta, "models", std::int64_t(models_.size()));
-      ck::write(meta, "optimizers", std::int64_t(optimizers_.size()));
-      ck::write(meta, "schedulers", std::int64_t(schedulers_.size()));
-      ck::write(meta, "loaders", std::int64_t(loaders_.size()));
-      ck::write(meta, "scaler", scaler_ ? 1 : 0);
-      meta.save_to((tmp / ck::meta_file).string());
-      for (std::size_t i = 0; i < models_.size(); ++i) {
-        torch::serialize::OutputArchive a;
-        models_[i]->save(a);
-        a.save_to((tmp / ck::indexed("model", i)).string());
-      }
-      for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / ck::indexed("optimizer", i));
-      for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / ck::indexed("scheduler", i));
-      if (scaler_) save_one([&](auto& a) { scaler_->save(a); }, tmp / ck::scaler_file);
-    }
-    {
-      ck::ProcessRecord record{accumulation_.step(), accel::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
-      if (device().is_cuda()) record.rng_device = accel::generator_bytes(at::globalContext().defaultGenerator(device()));
-      for (const auto& l : loaders_) record.loaders.push_back(l.save());
-      std::vector<std::uint8_t> blob;
-      accel::serialize(record, blob);
-      torch::serialize::OutputArchive a;
-      a.write("record", detail::bytes_tensor(blob, c10::Device(c10::kCPU)));
-      // Mid-window of gradient accumulation, the gradients gathered so far are local to this process.
-      if (!sync_gradients())
-        for (std::size_t m = 0; m < models_.size(); ++m)
-          for (const auto& p : models_[m]->named_parameters())
-            if (p.value().grad().defined()) a.write("grad_" + std::to_string(m) + "_" + p.key(), p.value().grad());
-      a.save_to((tmp / ck::process_file(process_index())).string());
-    }
-    wait_for_everyone();
-    if (is_main_process()) {  // swap the complete checkpoint in
-      const auto old = std::filesystem::path(dir.string() + ".old");
-      std::filesystem::remove_all(old);
-      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
-      std::filesystem::rename(tmp, dir);
-      std::filesystem::remove_all(old);
-    }
-    wait_for_everyone();
+    checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients());
   }
 
   // [accelerate:accelerator.py Accelerator.load_state]
   //! Restores what `save_state` wrote into the objects prepared (in the same order) by this job. Every
   //! process calls it; the next batch of each loader is the one after the checkpoint.
-  void load_state(const std::filesystem::path& dir) {
-    namespace ck = checkpoint;
-    detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
-    torch::serialize::InputArchive meta;
-    ck::open(meta, dir, ck::meta_file);
-    detail::require(ck::read_int(meta, "format_version") == ck::format_version,
-                    "accel::load_state: " + dir.string() + " has checkpoint format " + std::to_string(ck::read_int(meta, "format_version")) +
-                        ", this accel reads format " + std::to_string(ck::format_version));
-    const auto saved_processes = ck::read_int(meta, "num_processes");
-    detail::require(saved_processes == num_processes(),
-                    "accel::load_state: " + dir.string() + " was written by " + std::to_string(saved_processes) +
-                        " process(es), this job has " + std::to_string(num_processes()) +
-                        "; resume with the same number of processes (the loaders' positions are per process)");
-    expect_count(meta, dir, "models", models_.size());
-    expect_count(meta, dir, "optimizers", optimizers_.size());
-    expect_count(meta, dir, "schedulers", schedulers_.size());
-    expect_count(meta, dir, "loaders", loaders_.size());
-    detail::require((ck::read_int(meta, "scaler") != 0) == bool(scaler_),
-                    "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present in one "
-                    "only); use the same Options::mixed_precision");
-    for (std::size_t i = 0; i < models_.size(); ++i) {
-      torch::serialize::InputArchive a;
-      ck::open(a, dir, ck::indexed("model", i), device());
-      models_[i]->load(a);
-    }
-    for (std::size_t i = 0; i < optimizers_.size(); ++i) load_one(optimizers_[i].load, dir, ck::indexed("optimizer", i));
-    for (std::size_t i = 0; i < schedulers_.size(); ++i) load_one(schedulers_[i].load, dir, ck::indexed("scheduler", i));
-    if (scaler_) load_one([&](auto& a) { scaler_->load(a); }, dir, ck::scaler_file);
-    torch::serialize::InputArchive a;
-    ck::open(a, dir, ck::process_file(process_index()));
-    at::Tensor blob;
-    a.read("record", blob);
-    const auto record = detail::from_bytes<ck::ProcessRecord>(blob, blob.numel());
-    accumulation_.set_step(record.step);
-    accel::set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
-    if (device().is_cuda() && !record.rng_device.empty())
-      accel::set_generator_bytes(at::globalContext().defaultGenerator(device()), record.rng_device);
-    for (std::size_t m = 0; m < models_.size(); ++m)
-      for (auto& p : models_[m]->named_parameters()) {
-        at::Tensor g;
-        if (a.try_read("grad_" + std::to_string(m) + "_" + p.key(), g)) p.value().mutable_grad() = g.to(p.value().device());
-        else p.value().mutable_grad() = at::Tensor();
-      }
-    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
-    wait_for_everyone();
-  }
+  void load_state(const std::filesystem::path& dir) { accumulation_.set_step(checkpointer_.load(dir, checkpoint_process())); }
 
  private:
-  struct Saveable {
-    std::function<void(torch::serialize::OutputArchive&)> save;
-    std::function<void(torch::serialize::InputArchive&)> load;
-  };
-  struct OptimizerEntry : Saveable {
+  struct OptimizerEntry {
     std::shared_ptr<torch::optim::Optimizer> optimizer;
     std::shared_ptr<const StepRecord> record;
   };
-  struct LoaderEntry {
-    std::function<data::LoaderState()> save;
-    std::function<void(const data::LoaderState&)> load;
-  };
+  [[nodiscard]] checkpoint::Checkpointer::Process checkpoint_process() const {
+    return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); }};
+  }
 
   template <class T>
   auto first_pass(T&& x) {
@@ -397,7 +299,7 @@ class Accelerator {
     if constexpr (kind == detail::Prepares::model) {
       auto module = module_of(x);
       if constexpr (config::device_placement) module->to(device());
-      models_.push_back(module);
+      checkpointer_.add_model(module);
       if constexpr (one_process) {
         return U(std::forward<T>(x));
       } else {
@@ -411,8 +313,8 @@ class Accelerator {
       if constexpr (TorchOptimizer<U>) p = std::make_shared<O>(std::move(x));
       else p = x;
       AcceleratedOptimizer<O> wrapped(p, scaler_);
-      optimizers_.push_back({{[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }},
-                             p, wrapped.record()});
+      checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
+      optimizers_.push_back({p, wrapped.record()});
       return wrapped;
     } else if constexpr (kind == detail::Prepares::scheduler) {
       return detail::PendingScheduler<detail::shared_t<U>>{x};
@@ -431,7 +333,7 @@ class Accelerator {
       AcceleratedScheduler<S> wrapped(std::move(x.scheduler), std::move(records),
                                       {.num_processes = num_processes(), .split_batches = config::split_batches,
                                        .step_with_optimizer = opt_.step_scheduler_with_optimizer, .always_once = opt_.scheduler_steps_once});
-      schedulers_.push_back({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
+      checkpointer_.add_scheduler({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
       return wrapped;
     } else {
       return std::forward<T>(x);
@@ -439,14 +341,15 @@ class Accelerator {
   }
   template <class Loader>
   Loader register_loader(Loader l) {
-    loaders_.push_back({[l] { return l.state_dict(); }, [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); }});
+    checkpointer_.add_loader({[l] { return l.state_dict(); },
+                              [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); }});
     return l;
   }
 
   void check_optimizer_parameters(std::size_t first) const {
-    if (models_.empty()) return;
+    if (checkpointer_.models().empty()) return;
     std::unordered_set<const void*> known;
-    for (const auto& m : models_)
+    for (const auto& m : checkpointer_.models())
       for (const auto& p : m->parameters()) known.insert(p.unsafeGetTensorImpl());
     for (std::size_t i = first; i < optimizers_.size(); ++i) {
       const auto& groups = optimizers_[i].optimizer->param_groups();
@@ -470,33 +373,12 @@ class Accelerator {
     else return nullptr;  // dist::none: nothing to keep local
   }
 
-  template <class F>
-  static void save_one(F&& save, const std::filesystem::path& path) {
-    torch::serialize::OutputArchive a;
-    save(a);
-    a.save_to(path.string());
-  }
-  template <class F>
-  void load_one(F&& load, const std::filesystem::path& dir, const std::string& name) {
-    torch::serialize::InputArchive a;
-    checkpoint::open(a, dir, name, device());
-    load(a);
-  }
-  static void expect_count(torch::serialize::InputArchive& meta, const std::filesystem::path& dir, const char* what, std::size_t have) {
-    const auto saved = checkpoint::read_int(meta, what);
-    detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " + what +
-                                                     ", this job prepared " + std::to_string(have) +
-                                                     "; prepare the same objects, in the same order, as the job that saved it");
-  }
-
   Options opt_;
   ProcessState state_;
   Accumulation accumulation_;
   std::shared_ptr<GradScaler> scaler_;
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<OptimizerEntry> optimizers_;
-  std::vector<Saveable> schedulers_;
-  std::vector<LoaderEntry> loaders_;
+  checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
 };
 
 }  // namespace accel

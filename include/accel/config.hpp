@@ -14,6 +14,7 @@
 //! Whether the combination is valid is `diagnose<Policies...>()`; `Accelerator` turns a problem into one
 //! `static_assert` that names it and says how to fix it.
 
+#include <accel/detail/cuda_build.hpp>
 #include <accel/detail/resolve.hpp>
 #include <accel/policy/batches.hpp>
 #include <accel/policy/dist.hpp>
@@ -25,9 +26,6 @@
 
 #include <type_traits>
 
-#ifndef ACCEL_WITH_CUDA
-#define ACCEL_WITH_CUDA 0
-#endif
 
 namespace accel {
 

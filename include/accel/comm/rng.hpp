@@ -2,10 +2,10 @@
 //! \file
 //! RNG synchronisation (Accelerate's `synchronize_rng_states`) and `set_seed`. Rank 0's generator state is
 //! broadcast to every rank. One specialisation of `sync_rng` per kind of generator; `rng::cuda`'s lives in
-//! `accel/cuda/rng.hpp`.
+//! `accel/cuda/rng.hpp`, which this header includes itself in a CUDA build.
 
 #include <accel/comm/communicator.hpp>
-#include <accel/config.hpp>
+#include <accel/detail/cuda_build.hpp>
 #include <accel/policy/rng.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,7 +21,7 @@ namespace accel {
 template <class Kind>
 struct sync_rng {
   static_assert(sizeof(Kind) == 0, "accel: no RNG synchronisation for this kind; use accel::rng::torch, "
-                                   "accel::rng::generator, or accel::rng::cuda with <accel/cuda/rng.hpp> (ACCEL_WITH_CUDA)");
+                                   "accel::rng::generator, or accel::rng::cuda in a CUDA build (ACCEL_WITH_CUDA=1)");
 };
 
 namespace detail {
@@ -69,3 +69,7 @@ inline void set_seed(std::uint64_t seed, int process_index = 0, bool device_spec
 }
 
 }  // namespace accel
+
+#if ACCEL_WITH_CUDA
+#include <accel/cuda/rng.hpp>
+#endif

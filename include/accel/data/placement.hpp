@@ -1,9 +1,11 @@
 #pragma once
 //! \file
 //! Placement: where a batch is put before the loop sees it, one specialisation per `place` policy.
-//! `place::async` (pinned staging, a copy stream, events) lives in `accel/cuda/placement.hpp`.
+//! `place::async` (pinned staging, a copy stream, events) lives in `accel/cuda/placement.hpp`, which this header
+//! includes itself in a CUDA build.
 
 #include <accel/core/structure.hpp>
+#include <accel/detail/cuda_build.hpp>
 #include <accel/policy/place.hpp>
 
 #include <c10/core/Device.h>
@@ -12,8 +14,8 @@ namespace accel::data {
 
 template <class Place>
 struct Placement {
-  static_assert(sizeof(Place) == 0, "accel: no placement for this policy; place::async needs <accel/cuda/placement.hpp> "
-                                    "(ACCEL_WITH_CUDA)");
+  static_assert(sizeof(Place) == 0, "accel: no placement for this policy; place::async needs a CUDA build "
+                                    "(ACCEL_WITH_CUDA=1)");
 };
 
 //! Every placement: `operator()(batch)` runs where the batch is prepared (a worker thread, with workers),
@@ -49,3 +51,7 @@ struct Placement<place::device> {
 };
 
 }  // namespace accel::data
+
+#if ACCEL_WITH_CUDA
+#include <accel/cuda/placement.hpp>
+#endif

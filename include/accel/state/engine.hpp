@@ -16,7 +16,8 @@
 
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/gloo.hpp>
-#include <accel/config.hpp>
+#include <accel/detail/cuda_build.hpp>
+#include <accel/policy/dist.hpp>
 #include <accel/state/launch_env.hpp>
 
 #include <ATen/Parallel.h>
@@ -76,6 +77,7 @@ struct Engine {
                 "or a LibTorch with CUDA");
   static_assert(std::is_same_v<Dist, dist::nccl>,
                 "accel: no engine for this type; use accel::dist::none, gloo, nccl or from_env");
+  static Connection connect(const LaunchEnv&, const ProcessOptions&);  // declared only: the assertion above is the error
 };
 
 template <>

@@ -1,0 +1,181 @@
+#pragma once
+//! \file
+//! `Checkpointer`: what a job registers for checkpointing, in `prepare` order, and how it is written and read
+//! (the directory layout is format.hpp). `Accelerator::save_state` and `load_state` are this class.
+//!
+//! Saving: every process calls `save`; the main process writes the shared files (models, optimizers, schedulers,
+//! scaler), every process its own record, all into `<dir>.partial`, which the main process swaps in whole once
+//! every process has written its part. Loading checks what the checkpoint holds against what this job prepared
+//! (format, processes, counts, mixed precision) before anything is restored.
+
+#include <accel/checkpoint/format.hpp>
+#include <accel/comm/collectives.hpp>
+#include <accel/core/generator_state.hpp>
+#include <accel/core/serialize.hpp>
+#include <accel/data/loader_state.hpp>
+#include <accel/error.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::checkpoint {
+
+class Checkpointer {
+ public:
+  //! An object that saves into and loads from one archive (an optimizer, a scheduler, the scaler).
+  struct Saveable {
+    std::function<void(torch::serialize::OutputArchive&)> save;
+    std::function<void(torch::serialize::InputArchive&)> load;
+  };
+  //! A prepared loader's position.
+  struct Loader {
+    std::function<data::LoaderState()> save;
+    std::function<void(const data::LoaderState&)> load;
+  };
+  //! The process that writes or reads: its rank, the job's size, its device, and a barrier over every process.
+  struct Process {
+    int index = 0;
+    int count = 1;
+    c10::Device device = c10::Device(c10::kCPU);
+    std::function<void()> barrier;
+  };
+
+  void add_model(std::shared_ptr<torch::nn::Module> m) { models_.push_back(std::move(m)); }
+  void add_optimizer(Saveable s) { optimizers_.push_back(std::move(s)); }
+  void add_scheduler(Saveable s) { schedulers_.push_back(std::move(s)); }
+  void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
+  void set_scaler(Saveable s) { scaler_ = std::move(s); }
+  [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
+
+  //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
+  //! window, so each process's gradients gathered so far are saved too.
+  void save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients) const {
+    const auto tmp = partial_dir(dir);
+    const bool main = p.index == 0;
+    if (main) {
+      std::filesystem::remove_all(tmp);
+      std::filesystem::create_directories(tmp);
+    }
+    p.barrier();
+    if (main) {
+      torch::serialize::OutputArchive meta;
+      write(meta, "format_version", format_version);
+      write(meta, "num_processes", p.count);
+      write(meta, "models", std::int64_t(models_.size()));
+      write(meta, "optimizers", std::int64_t(optimizers_.size()));
+      write(meta, "schedulers", std::int64_t(schedulers_.size()));
+      write(meta, "loaders", std::int64_t(loaders_.size()));
+      write(meta, "scaler", scaler_ ? 1 : 0);
+      meta.save_to((tmp / meta_file).string());
+      for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
+      for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
+      for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / indexed("scheduler", i));
+      if (scaler_) save_one(scaler_->save, tmp / scaler_file);
+    }
+    {
+      ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
+      if (p.device.is_cuda()) record.rng_device = generator_bytes(at::globalContext().defaultGenerator(p.device));
+      for (const auto& l : loaders_) record.loaders.push_back(l.save());
+      std::vector<std::uint8_t> blob;
+      accel::serialize(record, blob);
+      torch::serialize::OutputArchive a;
+      a.write("record", accel::detail::bytes_tensor(blob, c10::Device(c10::kCPU)));
+      if (local_gradients)
+        for (std::size_t m = 0; m < models_.size(); ++m)
+          for (const auto& param : models_[m]->named_parameters())
+            if (param.value().grad().defined()) a.write(grad_key(m, param.key()), param.value().grad());
+      a.save_to((tmp / process_file(p.index)).string());
+    }
+    p.barrier();
+    if (main) {  // swap the complete checkpoint in
+      const auto old = std::filesystem::path(dir.string() + ".old");
+      std::filesystem::remove_all(old);
+      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
+      std::filesystem::rename(tmp, dir);
+      std::filesystem::remove_all(old);
+    }
+    p.barrier();
+  }
+
+  //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter.
+  std::int64_t load(const std::filesystem::path& dir, const Process& p) {
+    accel::detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
+    torch::serialize::InputArchive meta;
+    open(meta, dir, meta_file);
+    accel::detail::require(read_int(meta, "format_version") == format_version,
+                           "accel::load_state: " + dir.string() + " has checkpoint format " +
+                               std::to_string(read_int(meta, "format_version")) + ", this accel reads format " +
+                               std::to_string(format_version));
+    const auto saved_processes = read_int(meta, "num_processes");
+    accel::detail::require(saved_processes == p.count,
+                           "accel::load_state: " + dir.string() + " was written by " + std::to_string(saved_processes) +
+                               " process(es), this job has " + std::to_string(p.count) +
+                               "; resume with the same number of processes (the loaders' positions are per process)");
+    expect_count(meta, dir, "models", models_.size());
+    expect_count(meta, dir, "optimizers", optimizers_.size());
+    expect_count(meta, dir, "schedulers", schedulers_.size());
+    expect_count(meta, dir, "loaders", loaders_.size());
+    accel::detail::require((read_int(meta, "scaler") != 0) == bool(scaler_),
+                           "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present "
+                           "in one only); use the same Options::mixed_precision");
+    for (std::size_t i = 0; i < models_.size(); ++i) load_one([&](auto& a) { models_[i]->load(a); }, dir, indexed("model", i), p.device);
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) load_one(optimizers_[i].load, dir, indexed("optimizer", i), p.device);
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) load_one(schedulers_[i].load, dir, indexed("scheduler", i), p.device);
+    if (scaler_) load_one(scaler_->load, dir, scaler_file, p.device);
+    torch::serialize::InputArchive a;
+    open(a, dir, process_file(p.index));
+    at::Tensor blob;
+    a.read("record", blob);
+    const auto record = accel::detail::from_bytes<ProcessRecord>(blob, blob.numel());
+    set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
+    if (p.device.is_cuda() && !record.rng_device.empty())
+      set_generator_bytes(at::globalContext().defaultGenerator(p.device), record.rng_device);
+    for (std::size_t m = 0; m < models_.size(); ++m)
+      for (auto& param : models_[m]->named_parameters()) {
+        at::Tensor g;
+        if (a.try_read(grad_key(m, param.key()), g)) param.value().mutable_grad() = g.to(param.value().device());
+        else param.value().mutable_grad() = at::Tensor();
+      }
+    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
+    p.barrier();
+    return record.step;
+  }
+
+ private:
+  static std::string grad_key(std::size_t model, const std::string& name) { return "grad_" + std::to_string(model) + "_" + name; }
+  template <class F>
+  static void save_one(F&& save, const std::filesystem::path& path) {
+    torch::serialize::OutputArchive a;
+    save(a);
+    a.save_to(path.string());
+  }
+  template <class F>
+  static void load_one(F&& load, const std::filesystem::path& dir, const std::string& name, c10::Device device) {
+    torch::serialize::InputArchive a;
+    open(a, dir, name, device);
+    load(a);
+  }
+  static void expect_count(torch::serialize::InputArchive& meta, const std::filesystem::path& dir, const char* what, std::size_t have) {
+    const auto saved = read_int(meta, what);
+    accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +
+                                                            what + ", this job prepared " + std::to_string(have) +
+                                                            "; prepare the same objects, in the same order, as the job that saved it");
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<Saveable> optimizers_, schedulers_;
+  std::vector<Loader> loaders_;
+  std::optional<Saveable> scaler_;
+};
+
+}  // namespace accel::checkpoint
