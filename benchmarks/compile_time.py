@@ -50,9 +50,11 @@ def main() -> int:
                              check=True, capture_output=True, text=True).stdout
         loader_sees_c10d = "c10d" in "".join(l for l in pre.splitlines() if l.startswith("# "))
     torch = times["torch.h"]
-    entries = [{"name": f"compile_{k}", "accel_seconds": v, "baseline": "torch.h alone", "baseline_seconds": torch,
+    entries = [{"name": "compile_" + k.split(" (")[0].replace(" + ", "+").replace(" ", "_"), "accel_seconds": v, "baseline": "torch.h alone", "baseline_seconds": torch,
                 "ratio": v / torch} for k, v in times.items() if k != "torch.h"]
-    entries.append({"name": "loader_headers_include_c10d", "value": loader_sees_c10d})
+    for e in entries:
+        if e["name"].startswith("compile_loader"):
+            e["includes_c10d"] = loader_sees_c10d
     for e in entries:
         if "ratio" in e:
             print(f"{e['name']}: ratio {e['ratio']:.2f} against torch.h alone ({torch:.1f} s)")
