@@ -190,14 +190,14 @@ struct LoaderCore {
     if (resume_after) set_generator_bytes(*gen, *resume_after);
     return order;
   }
-  //! Marks the epoch as running, with `first` batches already handed out and `count` more to come.
+  //! Marks the epoch as running, with `first` batches already handed out and `count` more to come
+  //! (`unknown_count` for a stream).
   void run_epoch(std::int64_t first, std::int64_t count) {
     skip = 0;
     running = true;
     handed = first;
-    total = count == unknown_total ? unknown_total : first + count;
+    total = count == unknown_count ? unknown_count : first + count;
   }
-  static constexpr std::int64_t unknown_total = unknown_count;
   void end_epoch() {
     running = false;
     handed = 0;

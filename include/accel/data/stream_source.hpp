@@ -47,7 +47,7 @@ class StreamShardEpoch {
     k.begin_epoch();
     ahead_ = read();
     for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read(), ++first_;
-    k.run_epoch(first_, Core::unknown_total);
+    k.run_epoch(first_, count());
   }
   [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
   [[nodiscard]] static std::size_t size(Core& k)
@@ -130,7 +130,7 @@ class StreamDispatchEpoch {
       for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read_step();
     }
     first_ = k.skip;
-    k.run_epoch(first_, Core::unknown_total);
+    k.run_epoch(first_, count());
   }
   //! Rank 0 says when the stream ends; until then every rank has a step to take part in.
   [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }

@@ -86,25 +86,11 @@ class GradientState {
     }
     Registration(const Registration&) = delete;
     Registration& operator=(const Registration&) = delete;
-    void update(bool end, std::shared_ptr<const std::vector<plan::BatchPlan>> plans, std::int64_t batch) {
-      if (!gs_) return;
-      std::lock_guard<std::mutex> lock(gs_->mu_);
-      view_.end_of_dataloader = end;
-      if (view_.plans != plans) view_.plans = std::move(plans);
-      view_.batch = batch;
-    }
     //! Publishes the batch the loop now holds.
     void update(LoaderView view) {
       if (!gs_) return;
       std::lock_guard<std::mutex> lock(gs_->mu_);
       view_ = std::move(view);
-    }
-    void update(bool end, GatherLayout layout) {
-      if (!gs_) return;
-      std::lock_guard<std::mutex> lock(gs_->mu_);
-      view_.end_of_dataloader = end;
-      view_.plans.reset();
-      view_.direct = std::move(layout);
     }
 
    private:
