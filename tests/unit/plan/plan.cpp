@@ -1,102 +1,21 @@
-// Sharding plans: against Python Accelerate's vectors (seeded shuffles, upstream expectations), against
-// the streaming implementations of the same algorithms, and on a randomised grid of properties.
-#include "support.hpp"
+// Sharding plans (plan/plan.hpp): Accelerate's own test expectations, properties on a randomised grid (nothing lost
+// or duplicated, equal lengths where Accelerate has them), skipping, errors, range composition.
+#include "../support.hpp"
 
 #include <accel/data/batch_sampler_shard.hpp>
-#include <accel/data/iterable_shard.hpp>
 #include <accel/plan/plan.hpp>
 #include <accel/data/plan_view.hpp>
-#include <accel/data/sampler.hpp>
-
-#include <ATen/Context.h>
 #include <catch2/catch.hpp>
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
 #include <range/v3/view/transform.hpp>
-
 #include <map>
-#include <random>
 #include <ranges>
-#include <vector>
 
-namespace {
-
-using accel::plan::BatchPlan;
+using namespace accel_test;
+namespace data = accel::data;
 using accel::plan::Loading;
 using accel::plan::ShardSpec;
-namespace data = accel::data;
-using Batches = std::vector<std::vector<std::int64_t>>;
-
-Batches batches_of(const BatchPlan& p, const data::IndexOrder& order) {
-  Batches out;
-  for (const auto& b : data::planned_batches(p, order)) {
-    std::vector<std::int64_t> v;
-    b.indices_into(v);
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
-Batches batches_of(const BatchPlan& p) { return batches_of(p, data::IndexOrder::sequential(p.samples())); }
-
-Batches as_batches(const nlohmann::json& j) { return j.get<Batches>(); }
-
-}  // namespace
-
-TEST_CASE("seeded shuffles are bit-identical to Python Accelerate's", "[plan][shuffle][golden]") {
-  const auto file = accel_test::golden("shuffles.json");
-  std::size_t checked = 0;
-  for (const auto& c : file.at("cases")) {
-    const int N = c.at("num_processes");
-    const std::int64_t n = c.at("n");
-    const bool replacement = c.at("replacement");
-    const auto mode = c.at("sampler") == "seedable" ? data::Shuffle::seedable : data::Shuffle::synchronized;
-    std::optional<std::uint64_t> data_seed;
-    if (!c.at("data_seed").is_null()) data_seed = c.at("data_seed").get<std::uint64_t>();
-    data::RandomSamplerOptions opts{.replacement = replacement,
-                                    .num_samples = replacement ? std::optional<std::int64_t>(n + 5) : std::nullopt};
-    for (const auto& proc : c.at("processes")) {
-      const int r = proc.at("process_index");
-      // Every rank of a job starts from the job's seed.
-      at::manual_seed(c.at("seed").get<std::uint64_t>());
-      data::ShuffledOrders orders(n, N, mode, data_seed, opts);
-      const ShardSpec spec{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"), .num_processes = N,
-                           .process_index = r, .split_batches = c.at("split_batches"), .even_batches = c.at("even_batches")};
-      const auto& epochs = proc.at("epochs");
-      for (std::size_t e = 0; e < epochs.size(); ++e) {
-        const auto order = orders.next(static_cast<std::int64_t>(e));
-        const auto p = accel::plan::loader_plan(spec, order.size(), Loading::sharded);
-        INFO("case " << c.dump().substr(0, 160) << " rank " << r << " epoch " << e);
-        REQUIRE(batches_of(p, order) == as_batches(epochs[e]));
-        ++checked;
-      }
-    }
-  }
-  CHECK(checked > 5000);
-}
-
-TEST_CASE("SeedableRandomSampler: epoch e is seeded with initial_seed + e", "[plan][shuffle]") {
-  at::manual_seed(5);
-  data::SeedableRandomSampler a(50);  // initial seed from the global generator
-  data::SeedableRandomSampler b(50, 5);
-  CHECK(a.initial_seed() == 5);
-  for (std::int64_t e = 0; e < 3; ++e) {
-    a.set_epoch(e);
-    b.set_epoch(e);
-    const auto oa = a.order(), ob = b.order();
-    const auto direct = data::RandomSampler(50, data::make_generator(5 + e)).next_epoch();
-    for (std::int64_t i = 0; i < 50; ++i) {
-      REQUIRE(oa[i] == ob[i]);
-      REQUIRE(oa[i] == direct[i]);
-    }
-  }
-  a.set_epoch(0);
-  data::SeedableRandomSampler c(50, 6);
-  const auto o0 = a.order(), o1 = c.order();
-  bool differs = false;
-  for (std::int64_t i = 0; i < 50; ++i) differs |= o0[i] != o1[i];
-  CHECK(differs);
-}
 
 TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
   const auto file = accel_test::golden("accelerate_tests_expectations.json");
@@ -159,105 +78,6 @@ TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
   }
   CHECK(seen.at("batch_sampler_shard") == 36);
   CHECK(seen.at("batch_sampler_shard_varying") == 8);
-}
-
-namespace {
-
-// Every index of one process's epoch, with its padding flag, from the closed-form plan.
-struct Yield {
-  Batches batches;
-  std::vector<std::int64_t> real;
-};
-Yield yield_of(const BatchPlan& p) {
-  Yield y;
-  for (std::int64_t j = 0; j < p.size(); ++j) {
-    const auto s = p.span(j);
-    std::vector<std::int64_t> v;
-    for (auto pos = s.begin; pos < s.end; ++pos) v.push_back(p.sample(pos));
-    y.batches.push_back(std::move(v));
-    y.real.push_back(p.real(j));
-  }
-  return y;
-}
-
-ShardSpec random_spec(std::mt19937_64& rng, bool small) {
-  const int N = small ? int(rng() % 5) + 1 : int(rng() % 64) + 1;
-  std::int64_t B = small ? std::int64_t(rng() % 7) + 1 : std::int64_t(rng() % 100) + 1;
-  const bool split = rng() % 3 == 0;
-  if (split) B = N * (std::int64_t(rng() % (small ? 3 : 8)) + 1);
-  return {.batch_size = B, .drop_last = rng() % 3 == 0, .num_processes = N, .process_index = 0,
-          .split_batches = split, .even_batches = rng() % 2 == 0};
-}
-
-}  // namespace
-
-TEST_CASE("the closed-form shard plan equals Accelerate's streaming algorithm", "[plan][property]") {
-  std::mt19937_64 rng(1234);
-  for (int trial = 0; trial < 1500; ++trial) {
-    ShardSpec s = random_spec(rng, /*small=*/true);
-    const std::int64_t n = std::int64_t(rng() % 60);
-    Batches base;
-    for (const auto& b : data::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n), data::IndexOrder::sequential(n))) {
-      std::vector<std::int64_t> v;
-      b.indices_into(v);
-      base.push_back(v);
-    }
-    for (int r = 0; r < s.num_processes; ++r) {
-      s.process_index = r;
-      const auto closed = yield_of(accel::plan::shard_plan(s, n));
-      data::BatchSamplerShard shard(base, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
-                                           .process_index = r, .split_batches = s.split_batches, .even_batches = s.even_batches});
-      Batches got;
-      std::vector<std::int64_t> real;
-      for (const auto& b : shard) {
-        got.push_back(b.indices);
-        real.push_back(b.real);
-      }
-      INFO("n=" << n << " B=" << s.batch_size << " N=" << s.num_processes << " r=" << r << " split=" << s.split_batches
-                << " even=" << s.even_batches << " drop_last=" << s.drop_last);
-      REQUIRE(got == closed.batches);
-      REQUIRE(real == closed.real);
-    }
-  }
-}
-
-TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves back into the stream", "[plan][property]") {
-  std::mt19937_64 rng(99);
-  for (int trial = 0; trial < 800; ++trial) {
-    auto s = random_spec(rng, /*small=*/true);
-    const std::int64_t n = std::int64_t(rng() % 50);
-    const auto source = std::views::iota(std::int64_t{0}, n);
-    std::vector<Yield> all;
-    for (int r = 0; r < s.num_processes; ++r) {
-      s.process_index = r;
-      const auto closed = yield_of(accel::plan::iterable_plan(s, n));
-      std::vector<std::int64_t> flat, flat_closed;
-      std::vector<bool> pad, pad_closed;
-      for (const auto& x : data::IterableShard(source, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
-                                                        .process_index = r, .split_batches = s.split_batches})) {
-        flat.push_back(x.value);
-        pad.push_back(x.padding);
-      }
-      for (std::size_t j = 0; j < closed.batches.size(); ++j)
-        for (std::size_t i = 0; i < closed.batches[j].size(); ++i) {
-          flat_closed.push_back(closed.batches[j][i]);
-          pad_closed.push_back(std::int64_t(i) >= closed.real[j]);
-        }
-      REQUIRE(flat == flat_closed);
-      REQUIRE(pad == pad_closed);
-      all.push_back(closed);
-    }
-    // Upstream's property: equal lengths; interleaving the shards reproduces the stream, cycled when padded.
-    const std::int64_t per = s.split_batches ? s.batch_size / s.num_processes : s.batch_size;
-    for (const auto& y : all) REQUIRE(y.batches.size() == all[0].batches.size());
-    std::vector<std::int64_t> interleaved;
-    for (std::size_t j = 0; j < all[0].batches.size(); ++j)
-      for (const auto& y : all) interleaved.insert(interleaved.end(), y.batches[j].begin(), y.batches[j].end());
-    for (std::size_t i = 0; i < interleaved.size(); ++i)
-      if (std::int64_t(i) < n) REQUIRE(interleaved[i] == std::int64_t(i));
-      else REQUIRE(interleaved[i] == (std::int64_t(i) - n) % std::min(n, s.split_batches ? s.batch_size : s.batch_size * s.num_processes));
-    if (per > 0 && !s.drop_last) REQUIRE(std::int64_t(interleaved.size()) >= n);
-  }
 }
 
 TEST_CASE("plan properties on a randomised grid (n up to 1e5, up to 64 processes)", "[plan][property]") {

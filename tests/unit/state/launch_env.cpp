@@ -1,16 +1,13 @@
-// Process state without processes: launcher environments, garbage, one-process collectives, serialisation.
-#include <accel/comm/collectives.hpp>
-#include <accel/core/serialize.hpp>
+// Launcher environments (state/launch_env.hpp): torchrun, Open MPI, SLURM, explicit arguments; garbage is a clear error.
+#include "../support.hpp"
+
 #include <accel/state/launch_env.hpp>
-#include <accel/state/process_state.hpp>
-
-#include <ATen/ops/arange.h>
-#include <ATen/ops/equal.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <catch2/catch.hpp>
-
 #include <map>
 #include <string>
+
+using namespace accel_test;
+namespace data = accel::data;
 
 namespace {
 using Env = std::map<std::string, std::string>;
@@ -97,62 +94,4 @@ TEST_CASE("garbage in the environment is a clear error naming the variable", "[s
   CHECK_THROWS_WITH(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}), Contains("SLURM_NTASKS=0 must be at least 1"));
   CHECK_THROWS_WITH(detect({}, {.rank = 3, .world_size = 2}), Contains("rank argument=3 is out of range for world_size argument=2"));
   CHECK_THROWS_AS(detect({{"RANK", "abc"}}), accel::InvalidArgument);
-}
-
-TEST_CASE("one process: the state and every collective work without communicating", "[state][single]") {
-  accel::ProcessState::reset();
-  accel::ProcessOptions opt;
-  opt.env = lookup({});
-  accel::ProcessState s(opt);
-  CHECK(s.num_processes() == 1);
-  CHECK((s.is_main_process() && s.is_local_main_process() && s.is_last_process()));
-  CHECK(s.distributed_type() == accel::DistributedType::no);
-  CHECK(s.comm() == nullptr);
-  CHECK(!s.use_distributed());
-  s.wait_for_everyone();
-  { auto first = s.main_process_first(); }
-  CHECK(s.on_main_process([] {}));
-  std::vector<int> v{1, 2, 3};
-  CHECK((s.split_between_processes(v, true) == v));  // one process gets everything, no padding
-  CHECK(at::equal(accel::gather(nullptr, at::arange(3)), at::arange(3)));
-  CHECK(accel::gather(nullptr, at::scalar_tensor(5)).dim() == 1);  // 0-dim becomes 1-dim, also with one process
-  CHECK(accel::reduce(nullptr, at::scalar_tensor(2.0), accel::Reduction::mean).item<double>() == 2.0);
-  CHECK(accel::broadcast_object(nullptr, std::string("x")) == "x");
-  CHECK((accel::gather_object(nullptr, 7) == std::vector<int>{7}));
-  const auto g = accel::gather_for_metrics(nullptr, at::arange(4), {.size = {4}, .real = {3}});
-  CHECK(at::equal(g, at::arange(3)));
-  CHECK_THROWS_WITH(accel::gather_for_metrics(nullptr, at::arange(4), {.size = {4, 4}, .real = {4, 4}}),
-                    Catch::Contains("the layout describes 2 ranks, the job has 1"));
-  // dist::none with a multi-process launch is refused.
-  accel::ProcessState::reset();
-  accel::ProcessOptions two;
-  two.env = lookup({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}});
-  CHECK_THROWS_WITH(accel::ProcessState(two, accel::dist::none{}), Catch::Contains("dist::none runs one process, but the launcher started 2"));
-  accel::ProcessState::reset();
-}
-
-namespace {
-struct Record {
-  std::string name;
-  std::vector<std::optional<double>> values;
-  std::tuple<int, std::map<std::string, std::vector<int>>> extra;
-};
-auto accel_fields(Record& r) { return std::tie(r.name, r.values, r.extra); }
-auto accel_fields(const Record& r) { return std::tie(r.name, r.values, r.extra); }
-}  // namespace
-
-TEST_CASE("typed serialisation round-trips", "[comm][serialize]") {
-  Record in{"metrics", {1.5, std::nullopt, -2.0}, {7, {{"a", {1, 2}}, {"b", {}}}}};
-  std::vector<std::uint8_t> bytes;
-  accel::serialize(in, bytes);
-  Record out;
-  std::span<const std::uint8_t> view(bytes);
-  accel::deserialize(out, view);
-  CHECK(view.empty());
-  CHECK(out.name == in.name);
-  CHECK((out.values == in.values));
-  CHECK((std::get<1>(out.extra) == std::get<1>(in.extra)));
-  std::span<const std::uint8_t> truncated(bytes.data(), 5);
-  Record bad;
-  CHECK_THROWS_WITH(accel::deserialize(bad, truncated), Catch::Contains("truncated"));
 }

@@ -1,0 +1,60 @@
+#pragma once
+// The multi-process test harness: every rank counts its checks and prints "rank R: N passed, M failed" at the end
+// (ctest passes a test when rank 0 reports no failure and no rank reports one). Each mode is a function of one file
+// of tests/distributed, named after what it tests; main.cpp maps mode names to them.
+#include <accel/error.hpp>
+#include <accel/state/process_state.hpp>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace mp {
+
+struct Tally {
+  int passed = 0, failed = 0, rank = 0;
+};
+inline Tally tally;
+
+inline void check(bool ok, const std::string& what) {
+  if (ok) ++tally.passed;
+  else {
+    ++tally.failed;
+    std::cerr << "FAILED on rank " << tally.rank << ": " << what << std::endl;
+  }
+}
+inline at::Tensor T(std::vector<int64_t> v) { return at::tensor(v, at::kLong); }
+inline at::Tensor F(std::vector<float> v) { return at::tensor(v, at::kFloat); }
+inline bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
+}
+
+//! Process options with one timeout for the rendezvous and every collective.
+inline accel::ProcessOptions options(int timeout_ms) {
+  accel::ProcessOptions o;
+  o.comm.timeout = std::chrono::milliseconds(timeout_ms);
+  o.comm.rendezvous_timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+//! A mode's arguments: what follows the mode's name on the command line.
+using Args = std::vector<std::string>;
+inline std::string arg(const Args& a, std::size_t i, std::string otherwise) { return i < a.size() ? a[i] : otherwise; }
+
+// The modes, one per file.
+void collectives(const Args&);             // comm/collectives.cpp
+void gather_for_metrics(const Args&);      // comm/gather_for_metrics.cpp
+void golden_e2e(const Args&);              // data/golden_e2e.cpp
+void golden_e2e_stream(const Args&);       // data/golden_e2e.cpp
+void dispatch(const Args&);                // data/dispatch.cpp
+void distributed_module(const Args&);      // model/distributed_module.cpp
+void accelerator(const Args&);             // accelerator.cpp
+void kill_mid_collective(const Args&);     // faults.cpp
+void kill_mid_training(const Args&);       // faults.cpp
+void rendezvous(const Args&);              // faults.cpp
+
+}  // namespace mp

@@ -1,0 +1,46 @@
+// Multi-process tests: started by accel-launch (or torchrun) as N real processes on 127.0.0.1; each checks every
+// value it receives. `accel_mp_tests MODE [ARGS...]`, the modes:
+//   collectives [SCRATCH]          comm/: gather, broadcast, reduce, padding, objects, splitting, main_process_first, RNG
+//   gather-for-metrics             comm/: gather_for_metrics with the plan's layouts (even and uneven tails)
+//   golden FILE [WORKERS]          data/: Accelerate's end-to-end vectors of this world size, sharded and dispatched
+//   golden-stream FILE [WORKERS]   data/: the same with the data given as a stream (an iterable dataset)
+//   dispatch                       data/: dispatched loading's transport (<= 1/N of a broadcast), slices, errors
+//   ddp                            model/: DistributedModule equals one process on the concatenated batches
+//   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
+//   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
+//   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
+// Each rank ends with "rank R: N passed, M failed" and exits non-zero on any failure.
+#include "harness.hpp"
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+
+int main(int argc, char** argv) {
+  const std::map<std::string, void (*)(const mp::Args&)> modes{
+      {"collectives", mp::collectives},       {"gather-for-metrics", mp::gather_for_metrics},
+      {"golden", mp::golden_e2e},             {"golden-stream", mp::golden_e2e_stream},
+      {"dispatch", mp::dispatch},             {"ddp", mp::distributed_module},
+      {"training", mp::accelerator},          {"kill", mp::kill_mid_collective},
+      {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous}};
+  const std::string mode = argc > 1 ? argv[1] : "collectives";
+  const auto it = modes.find(mode);
+  if (it == modes.end()) {
+    std::cerr << "unknown mode " << mode << "; the modes are:";
+    for (const auto& [name, f] : modes) std::cerr << " " << name;
+    std::cerr << "\n";
+    return 2;
+  }
+  try {
+    it->second(mp::Args(argv + std::min(argc, 2), argv + argc));
+  } catch (const accel::CommunicationError& e) {
+    std::cerr << e.what() << std::endl;
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 4;
+  }
+  std::cout << "rank " << mp::tally.rank << ": " << mp::tally.passed << " passed, " << mp::tally.failed << " failed" << std::endl;
+  accel::ProcessState::reset();
+  return mp::tally.failed == 0 ? 0 : 1;
+}
