@@ -3,7 +3,8 @@
 
 Compiles (g++ -O2 -std=c++20, the project's include directories and definitions, no ccache) a TU that
 includes <torch/torch.h> alone, one that adds <accel/accel.hpp>, <accel/accel.hpp> alone, and the loader's headers
-alone (what a plan/loader test includes: no c10d), each `--repeat` times, keeping the fastest. Writes a JSON list of
+alone (what a plan/loader test includes: no c10d), the user TU of a CPU-only build, and c10d's ProcessGroupGloo.hpp
+(the Gloo engine's dependency) alone, each `--repeat` times, keeping the fastest. Writes a JSON list of
 {"name", "accel_seconds", "baseline", "baseline_seconds", "ratio"} (the ratio against torch.h alone; goal <= 1.3 for
 torch.h + accel.hpp).
 
@@ -23,6 +24,10 @@ TUS = {
     "torch.h + accel.hpp": "#include <torch/torch.h>\n#include <accel/accel.hpp>\n",
     "accel.hpp": "#include <accel/accel.hpp>\n",
     "loader headers (data/prepare.hpp)": "#include <accel/data/prepare.hpp>\n",
+    # The same user TU in a CPU-only build (LibTorch without CUDA: no NCCL engine, no CUDA headers).
+    "torch.h + accel.hpp, CPU-only build": "#undef ACCEL_WITH_CUDA\n#define ACCEL_WITH_CUDA 0\n#include <torch/torch.h>\n#include <accel/accel.hpp>\n",
+    # What the Gloo engine's one dependency costs by itself: c10d's ProcessGroupGloo.hpp (with Gloo's headers).
+    "torch.h + c10d ProcessGroupGloo.hpp": "#include <torch/torch.h>\n#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>\n",
 }
 
 
@@ -46,11 +51,13 @@ def main() -> int:
             times[name] = best
             print(f"{name}: {best:.1f} s", flush=True)
         # Does the loader TU see c10d? (the plan and loader tests must not)
+        with open(os.path.join(d, "tu.cpp"), "w") as f:
+            f.write(TUS["loader headers (data/prepare.hpp)"] + "int main() { return 0; }\n")
         pre = subprocess.run(base[:4] + ["-E", "-o", "-"] + base[6:] + [os.path.join(d, "tu.cpp")],
                              check=True, capture_output=True, text=True).stdout
         loader_sees_c10d = "c10d" in "".join(l for l in pre.splitlines() if l.startswith("# "))
     torch = times["torch.h"]
-    entries = [{"name": "compile_" + k.split(" (")[0].replace(" + ", "+").replace(" ", "_"), "accel_seconds": v, "baseline": "torch.h alone", "baseline_seconds": torch,
+    entries = [{"name": "compile_" + k.split(" (")[0].replace(" + ", "+").replace(", ", "_").replace(" ", "_"), "accel_seconds": v, "baseline": "torch.h alone", "baseline_seconds": torch,
                 "ratio": v / torch} for k, v in times.items() if k != "torch.h"]
     for e in entries:
         if e["name"].startswith("compile_loader"):

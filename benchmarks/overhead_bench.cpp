@@ -1,0 +1,325 @@
+// Zero overhead, measured: accel's training loop against the same loop written by hand in LibTorch, 2 CPU processes
+// on loopback (run under accel-launch; scripts/bench sets OMP_NUM_THREADS=1).
+//  1. Training steps. accel: prepare + accumulate + backward (bucketed all-reduce started during backward) + the
+//     wrapped step/zero_grad and scheduler. Hand: raw c10d (the same ProcessGroupGloo), its own sharded index loop
+//     (a seeded randperm per epoch, Accelerate's round-robin batches), plain SGD and StepLR, and its own bucketed
+//     gradient all-reduce after backward (25 MiB buckets in reverse registration order: flatten, all-reduce, divide,
+//     copy back). The same model, data, initial weights and batch order on both sides; the small MLP (where
+//     overhead shows) and the 14.7 M MLP, each with and without 2-step gradient accumulation; rounds alternate and
+//     each side keeps its best.
+//  2. Per-call costs (ns) of what a loop calls every step, each beside the raw LibTorch call it wraps.
+//  3. Rendezvous: 10 rounds of accel's (store, arrival check, heartbeat, Gloo mesh) against a bare TCPStore +
+//     ProcessGroupGloo, each on fresh ports, both sides released together from a side store; order alternates.
+// Rank 0 writes entries of build/bench/results.json to argv[1].
+#include <accel/accel.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/schedulers/step_lr.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <thread>
+
+namespace {
+using Clock = std::chrono::steady_clock;
+struct Acc : accel::Accelerator<accel::dist::gloo, accel::batches::per_process> {};
+constexpr std::int64_t kBucketBytes = 25 * 1024 * 1024, kClasses = 10;
+
+struct Size {
+  const char* name;
+  std::int64_t batch, inputs, hidden, layers;
+  int warmup, steps;
+};
+constexpr Size kSmall{"small", 32, 64, 128, 1, 40, 600}, kLarge{"large", 64, 1024, 2048, 4, 4, 16};
+
+torch::nn::Sequential make_net(const Size& z) {
+  torch::nn::Sequential net(torch::nn::Linear(z.inputs, z.hidden), torch::nn::ReLU());
+  for (std::int64_t l = 1; l < z.layers; ++l) net->push_back(torch::nn::Linear(z.hidden, z.hidden)), net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(z.hidden, kClasses));
+  return net;
+}
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Data {
+  at::Tensor x, y;
+};
+Data make_data(const Size& z, int processes, int accum) {
+  at::manual_seed(1);
+  const auto n = std::int64_t(z.warmup + z.steps * accum) * z.batch * processes;
+  return {at::randn({n, z.inputs}), at::randint(0, kClasses, {n})};
+}
+
+// ---- 1. the training loop, through accel and by hand ---------------------------------------------------------
+
+// Seconds per optimizer step through the Accelerator.
+double accel_steps(const Size& z, int accum, const Data& d) {
+  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes}};
+  at::manual_seed(0);
+  auto net = make_net(z);
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-3));
+  auto [model, opt, loader, sched] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(d.x, d.y), {.batch_size = z.batch, .shuffle = true}),
+                  std::make_shared<torch::optim::StepLR>(*sgd, 100000));
+  int i = 0;
+  Clock::time_point t0;
+  for (const auto& b : loader) {
+    if (i++ == z.warmup) acc.wait_for_everyone(), t0 = Clock::now();
+    auto step = acc.accumulate(model);
+    acc.backward(torch::nn::functional::cross_entropy(model->forward(b.data), b.target));
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+  }
+  acc.wait_for_everyone();
+  return since(t0) / z.steps;
+}
+
+// What a user writes without accel: the same job on raw c10d.
+double hand_steps(c10d::Backend& pg, int rank, int N, const Size& z, int accum, const Data& d) {
+  at::manual_seed(0);
+  auto net = make_net(z);
+  auto params = net->parameters();
+  for (auto& p : params) {  // rank 0's initial weights everywhere
+    std::vector<at::Tensor> v{p.data()};
+    pg.broadcast(v)->wait();
+  }
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(1e-3));
+  torch::optim::StepLR sched(sgd, 100000);
+  // Buckets of at most 25 MiB, filled in reverse registration order (the order backward produces gradients).
+  std::vector<std::vector<at::Tensor>> buckets(1);
+  std::int64_t filled = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const auto bytes = it->numel() * std::int64_t(it->element_size());
+    if (filled > 0 && filled + bytes > kBucketBytes) buckets.emplace_back(), filled = 0;
+    buckets.back().push_back(*it);
+    filled += bytes;
+  }
+  const auto sync_gradients = [&] {
+    for (auto& bucket : buckets) {
+      std::vector<at::Tensor> flat_parts;
+      for (auto& p : bucket) flat_parts.push_back(p.grad().reshape({-1}));
+      std::vector<at::Tensor> flat{at::cat(flat_parts)};
+      pg.allreduce(flat)->wait();
+      flat[0].div_(N);
+      std::int64_t offset = 0;
+      for (auto& p : bucket) {
+        p.mutable_grad().copy_(flat[0].narrow(0, offset, p.numel()).view_as(p));
+        offset += p.numel();
+      }
+    }
+  };
+  const std::int64_t samples = d.x.size(0), per_round = z.batch * N, rounds = samples / per_round;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const auto order = at::randperm(samples, gen);
+  const auto* idx = order.data_ptr<std::int64_t>();
+  Clock::time_point t0;
+  for (std::int64_t j = 0; j < rounds; ++j) {
+    if (j == z.warmup) {
+      pg.barrier()->wait();
+      t0 = Clock::now();
+    }
+    const auto mine = at::from_blob(const_cast<std::int64_t*>(idx + (j * N + rank) * z.batch), {z.batch}, at::kLong);
+    const auto x = d.x.index_select(0, mine), y = d.y.index_select(0, mine);
+    auto loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    if (accum > 1) loss = loss / accum;
+    loss.backward();
+    if ((j + 1) % accum == 0 || j + 1 == rounds) {
+      sync_gradients();
+      sgd.step();
+      sched.step();
+      sgd.zero_grad();
+    }
+  }
+  pg.barrier()->wait();
+  return since(t0) / z.steps;
+}
+
+// ---- 2. per-call costs ------------------------------------------------------------------------------------
+
+// Nanoseconds per call of f, the median of `blocks` blocks of `iters` calls.
+double ns_per_call(int iters, int blocks, const std::function<void()>& f) {
+  for (int i = 0; i < iters / 10 + 1; ++i) f();
+  std::vector<double> v;
+  for (int k = 0; k < blocks; ++k) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) f();
+    v.push_back(since(t0) * 1e9 / iters);
+  }
+  return median(v);
+}
+
+// ---- 3. rendezvous ------------------------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::TCPStore> store_at(const accel::LaunchEnv& env, int port, bool wait_workers) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = env.rank == 0;
+  o.numWorkers = env.world_size;
+  o.waitWorkers = wait_workers;
+  o.timeout = std::chrono::seconds(60);
+  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+}
+// Releases every rank at once: each counts itself in, then waits until all have.
+void release_together(c10d::Store& side, const std::string& key, int world) {
+  side.add(key, 1);
+  while (side.add(key, 0) < world) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
+  // Sections to run (train, calls, rendezvous): all by default.
+  const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
+  const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
+  Acc acc;
+  const int N = acc.num_processes(), rank = acc.process_index();
+  if (N < 2) throw accel::InvalidArgument("overhead_bench: run it under accel-launch --nproc-per-node 2");
+  auto& pg = *dynamic_cast<accel::comm::GlooCommunicator&>(*acc.comm()).backend();  // raw calls, the same process group
+  nlohmann::json entries = nlohmann::json::array();
+  const auto add = [&](nlohmann::json e) {
+    if (rank == 0)
+      std::cout << e["name"].get<std::string>() << ": accel " << e["accel_seconds"].get<double>() << " s, " << e["baseline"].get<std::string>()
+                << " " << e["baseline_seconds"].get<double>() << " s, ratio " << e["ratio"].get<double>() << std::endl;
+    entries.push_back(std::move(e));
+  };
+
+  // 1. Training steps, accel against the hand-written loop.
+  for (const auto& z : {kSmall, kLarge}) {
+    if (!wanted("train")) break;
+    for (int accum : {1, 2}) {
+      const auto data = make_data(z, N, accum);
+      double a = std::numeric_limits<double>::max(), h = a;
+      for (int round = 0; round < 3; ++round) {  // alternate; each side keeps its best (the machine is shared)
+        h = std::min(h, hand_steps(pg, rank, N, z, accum, data));
+        a = std::min(a, accel_steps(z, accum, data));
+      }
+      add({{"name", std::string("train_step_") + z.name + (accum > 1 ? "_accumulate2" : "")}, {"accel_seconds", a},
+           {"baseline", "hand-written LibTorch + c10d loop"}, {"baseline_seconds", h}, {"ratio", a / h}, {"goal", 1.02},
+           {"processes", N}, {"batch_per_process", z.batch}, {"accumulation_steps", accum}});
+    }
+  }
+
+  // 2. Per-call costs on a tiny model: each accel call beside the raw call it wraps.
+  if (wanted("calls")) {
+    Acc calls{accel::Options{.gradient_accumulation_steps = 2}};
+    torch::nn::Linear lin(4, 2);
+    auto sgd = std::make_shared<torch::optim::SGD>(lin->parameters(), torch::optim::SGDOptions(0.0));
+    auto [model, opt, sched] = calls.prepare(lin, sgd, std::make_shared<torch::optim::StepLR>(*sgd, 1000000000));
+    torch::nn::Linear raw_lin(4, 2);
+    torch::optim::SGD raw_sgd(raw_lin->parameters(), torch::optim::SGDOptions(0.0));
+    torch::optim::StepLR raw_sched(raw_sgd, 1000000000);
+    for (auto& p : lin->parameters()) p.mutable_grad() = at::zeros_like(p);
+    for (auto& p : raw_lin->parameters()) p.mutable_grad() = at::zeros_like(p);
+    const auto x = at::randn({8, 4});
+    const auto per_call = [&](const std::string& name, const std::string& raw_name, int iters, const std::function<void()>& ours,
+                              const std::function<void()>& raw) {
+      acc.wait_for_everyone();
+      const double o = ns_per_call(iters, 7, ours);
+      acc.wait_for_everyone();
+      const double r = raw ? ns_per_call(iters, 7, raw) : 0.0;
+      nlohmann::json e{{"name", "per_call_" + name}, {"accel_seconds", o * 1e-9}, {"accel_ns", o}, {"baseline", raw_name},
+                       {"baseline_seconds", r * 1e-9}, {"baseline_ns", r}, {"ratio", r > 0 ? o / r : 0.0}, {"processes", N}};
+      add(e);
+    };
+    per_call("accumulate", "nothing (a hand loop counts steps in an int)", 100000, [&] { auto s = calls.accumulate(model); }, {});
+    accel::GradientState::instance().set_sync_gradients(true);  // a step that synchronises: the wrapped step steps
+    per_call("optimizer_step", "torch::optim::SGD::step", 20000, [&] { opt.step(); }, [&] { raw_sgd.step(); });
+    per_call("zero_grad", "torch::optim::SGD::zero_grad", 20000, [&] { opt.zero_grad(); }, [&] { raw_sgd.zero_grad(); });
+    per_call("scheduler_step", "torch::optim::StepLR::step", 20000, [&] { sched.step(); }, [&] { raw_sched.step(); });
+    // backward of a tiny loss on an unprepared model (no all-reduce): accel's scaling and bookkeeping only.
+    // (accumulation 2: both sides divide the loss by 2, as a hand loop that accumulates does)
+    per_call("backward", "(loss / 2).backward()", 5000, [&] { calls.backward(raw_lin(x).sum()); },
+             [&] { (raw_lin(x).sum() / 2.0).backward(); });
+    const auto small = at::randn({4});
+    per_call("gather_for_metrics_4_floats", "c10d allgather + cat", 2000, [&] { (void)calls.gather_for_metrics(small); }, [&] {
+      std::vector<at::Tensor> in{small};
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int r = 0; r < N; ++r) out[0].push_back(at::empty_like(small));
+      pg.allgather(out, in)->wait();
+      (void)at::cat(out[0], 0);
+    });
+    // One step of a prepared loader (plan, fetch, transport, GradientState publication) against a hand index loop
+    // over the same tensor dataset, batch 1 (the per-step cost, not the copy, dominates).
+    const auto xs = at::randn({200000, 4});
+    auto loader = calls.prepare(accel::data::DataLoader(accel::data::TensorDataset(xs, xs), {.batch_size = 1}));
+    std::int64_t batches = 0;
+    acc.wait_for_everyone();
+    auto t0 = Clock::now();
+    for (const auto& b : loader) batches += b.data.size(0);
+    const double ours = since(t0) * 1e9 / double(loader.size());
+    t0 = Clock::now();
+    for (std::int64_t j = 0; j < xs.size(0) / N; ++j) {
+      const auto i = at::scalar_tensor(j * N + rank, at::kLong).reshape({1});
+      batches += xs.index_select(0, i).size(0) + xs.index_select(0, i).size(0);  // data and target, as TensorDataset
+    }
+    const double raw = since(t0) * 1e9 / double(xs.size(0) / N);
+    add({{"name", "per_call_loader_step"}, {"accel_seconds", ours * 1e-9}, {"accel_ns", ours}, {"baseline", "hand index_select loop"},
+         {"baseline_seconds", raw * 1e-9}, {"baseline_ns", raw}, {"ratio", ours / raw}, {"processes", N}, {"batches", batches}});
+  }
+
+  // 3. Rendezvous, 10 rounds on fresh ports.
+  if (wanted("rendezvous")) {
+    const auto env = accel::detect_launch_env();
+    auto side = store_at(env, env.master_port + 1, true);
+    std::vector<double> ours, raw;
+    for (int round = 0; round < 10; ++round) {
+      const int port = env.master_port + 10 + 2 * round;
+      const auto run_raw = [&] {
+        release_together(*side, "raw" + std::to_string(round), N);
+        const auto t0 = Clock::now();
+        auto store = store_at(env, port, false);
+        auto o = c10d::ProcessGroupGloo::Options::create();
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, o);
+        raw.push_back(since(t0));
+        group->barrier()->wait();
+      };
+      const auto run_ours = [&] {
+        release_together(*side, "accel" + std::to_string(round), N);
+        const auto t0 = Clock::now();
+        auto comm = accel::comm::make_gloo_communicator(
+            {.addr = env.master_addr, .port = port + 1, .rank = env.rank, .size = env.world_size}, accel::comm::CommOptions{});
+        ours.push_back(since(t0));
+        comm->barrier();
+      };
+      if (round % 2 == 0) run_raw(), run_ours();
+      else run_ours(), run_raw();
+    }
+    const auto ours_rounds = ours, raw_rounds = raw;
+    std::sort(ours.begin(), ours.end());
+    std::sort(raw.begin(), raw.end());
+    add({{"name", "rendezvous"}, {"accel_seconds", median(ours)}, {"baseline", "raw c10d (TCPStore + ProcessGroupGloo)"},
+         {"baseline_seconds", median(raw)}, {"ratio", median(ours) / median(raw)}, {"goal", 2.0}, {"processes", N},
+         {"accel_min_max_seconds", {ours.front(), ours.back()}}, {"baseline_min_max_seconds", {raw.front(), raw.back()}},
+         {"worst_ratio", ours.back() / raw.back()}, {"rounds", ours.size()}, {"accel_rounds_seconds", ours_rounds},
+         {"baseline_rounds_seconds", raw_rounds}});
+  }
+  if (rank == 0) std::ofstream(out_path) << entries.dump(2) << "\n";
+  acc.wait_for_everyone();
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << e.what() << std::endl;
+  return 1;
+}
