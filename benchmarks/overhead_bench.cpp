@@ -11,6 +11,8 @@
 //  3. Rendezvous: 10 rounds of accel's (store, arrival check, heartbeat, Gloo mesh) against a bare TCPStore +
 //     ProcessGroupGloo, each on fresh ports, both sides released together from a side store; order alternates.
 // Rank 0 writes entries of build/bench/results.json to argv[1].
+#include "mlp.hpp"
+
 #include <accel/accel.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -39,28 +41,11 @@
 #include <thread>
 
 namespace {
-using Clock = std::chrono::steady_clock;
+using namespace bench;
 struct Acc : accel::Accelerator<accel::dist::gloo, accel::batches::per_process> {};
-constexpr std::int64_t kBucketBytes = 25 * 1024 * 1024, kClasses = 10;
+constexpr std::int64_t kBucketBytes = 25 * 1024 * 1024;
 
-struct Size {
-  const char* name;
-  std::int64_t batch, inputs, hidden, layers;
-  int warmup, steps;
-};
 constexpr Size kSmall{"small", 32, 64, 128, 1, 40, 600}, kLarge{"large", 64, 1024, 2048, 4, 4, 16};
-
-torch::nn::Sequential make_net(const Size& z) {
-  torch::nn::Sequential net(torch::nn::Linear(z.inputs, z.hidden), torch::nn::ReLU());
-  for (std::int64_t l = 1; l < z.layers; ++l) net->push_back(torch::nn::Linear(z.hidden, z.hidden)), net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(z.hidden, kClasses));
-  return net;
-}
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Data {
   at::Tensor x, y;
@@ -93,7 +78,7 @@ double accel_steps(const Size& z, int accum, const Data& d) {
     opt.zero_grad();
   }
   acc.wait_for_everyone();
-  return since(t0) / z.steps;
+  return seconds_since(t0) / z.steps;
 }
 
 // What a user writes without accel: the same job on raw c10d.
@@ -153,7 +138,7 @@ double hand_steps(c10d::Backend& pg, int rank, int N, const Size& z, int accum, 
     }
   }
   pg.barrier()->wait();
-  return since(t0) / z.steps;
+  return seconds_since(t0) / z.steps;
 }
 
 // ---- 2. per-call costs ------------------------------------------------------------------------------------
@@ -165,7 +150,7 @@ double ns_per_call(int iters, int blocks, const std::function<void()>& f) {
   for (int k = 0; k < blocks; ++k) {
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) f();
-    v.push_back(since(t0) * 1e9 / iters);
+    v.push_back(seconds_since(t0) * 1e9 / iters);
   }
   return median(v);
 }
@@ -268,13 +253,13 @@ int main(int argc, char** argv) try {
     acc.wait_for_everyone();
     auto t0 = Clock::now();
     for (const auto& b : loader) batches += b.data.size(0);
-    const double ours = since(t0) * 1e9 / double(loader.size());
+    const double ours = seconds_since(t0) * 1e9 / double(loader.size());
     t0 = Clock::now();
     for (std::int64_t j = 0; j < xs.size(0) / N; ++j) {
       const auto i = at::scalar_tensor(j * N + rank, at::kLong).reshape({1});
       batches += xs.index_select(0, i).size(0) + xs.index_select(0, i).size(0);  // data and target, as TensorDataset
     }
-    const double raw = since(t0) * 1e9 / double(xs.size(0) / N);
+    const double raw = seconds_since(t0) * 1e9 / double(xs.size(0) / N);
     add({{"name", "per_call_loader_step"}, {"accel_seconds", ours * 1e-9}, {"accel_ns", ours}, {"baseline", "hand index_select loop"},
          {"baseline_seconds", raw * 1e-9}, {"baseline_ns", raw}, {"ratio", ours / raw}, {"processes", N}, {"batches", batches}});
   }
@@ -293,7 +278,7 @@ int main(int argc, char** argv) try {
         auto o = c10d::ProcessGroupGloo::Options::create();
         o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, o);
-        raw.push_back(since(t0));
+        raw.push_back(seconds_since(t0));
         group->barrier()->wait();
       };
       const auto run_ours = [&] {
@@ -301,7 +286,7 @@ int main(int argc, char** argv) try {
         const auto t0 = Clock::now();
         auto comm = accel::comm::make_gloo_communicator(
             {.addr = env.master_addr, .port = port + 1, .rank = env.rank, .size = env.world_size}, accel::comm::CommOptions{});
-        ours.push_back(since(t0));
+        ours.push_back(seconds_since(t0));
         comm->barrier();
       };
       if (round % 2 == 0) run_raw(), run_ours();

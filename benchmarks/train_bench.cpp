@@ -8,6 +8,8 @@
 //  3. Bucketed sync (25 MiB buckets started during backward) against one flat all-reduce of all gradients after
 //     backward (one bucket holding everything), whole training steps.
 // Rank 0 writes its figures as JSON to argv[1].
+#include "mlp.hpp"
+
 #include <accel/accel.hpp>
 
 #include <ATen/ops/cat.h>
@@ -27,27 +29,11 @@
 #include <limits>
 
 namespace {
-using Clock = std::chrono::steady_clock;
+using namespace bench;
 struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::per_process> {};
 
 //! "large": compute-bound (the GEMMs dominate); "small": the main example's MLP, where per-step overhead dominates.
-struct Size {
-  std::int64_t batch, inputs, hidden, layers;
-  int warmup, steps;
-};
-constexpr Size kLarge{64, 1024, 2048, 4, 3, 20}, kSmall{32, 64, 128, 1, 20, 300};
-constexpr std::int64_t kClasses = 10;
-torch::nn::Sequential make_net(const Size& z) {
-  torch::nn::Sequential net(torch::nn::Linear(z.inputs, z.hidden), torch::nn::ReLU());
-  for (std::int64_t l = 1; l < z.layers; ++l) net->push_back(torch::nn::Linear(z.hidden, z.hidden)), net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(z.hidden, kClasses));
-  return net;
-}
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+constexpr Size kLarge{"large", 64, 1024, 2048, 4, 3, 20}, kSmall{"small", 32, 64, 128, 1, 20, 300};
 
 // Seconds per training step of `steps` steps (after `warmup`): the user's loop through an Accelerator.
 double train_steps(const Size& z, std::int64_t bucket_bytes) {

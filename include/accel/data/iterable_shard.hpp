@@ -39,7 +39,7 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   struct Pass {
     Pass(std::shared_ptr<Source> s, const Options& o) : source(std::move(s)), opt(o),
         it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
-      chunk = opt.split_batches ? opt.batch_size : opt.batch_size * opt.num_processes;
+      chunk = plan::per_step(opt);
       per = plan::per_process(opt);
       buffer.reserve(std::size_t(chunk));
     }

@@ -66,29 +66,35 @@ inline std::string first_line(const std::exception& e) {
   return msg;
 }
 
+//! Where a batch is prepared, for the error that says which one failed: "rank R: loading batch 4 of epoch 0
+//! (first sample 16)".
+//! Plain values only: building a site costs nothing on the loop's path; the message is composed on failure.
+struct BatchSite {
+  const char* action;  // "loading batch", "collating step", ...
+  std::int64_t step, epoch;
+  int rank;
+  std::optional<std::int64_t> first_sample = std::nullopt;  // a map-style batch's first index
+  bool stream = false;                                       // a stream's batch or step
+};
+//! `make()`, with a failure rethrown as an `Error` naming `site`, followed by the original message's first line.
+template <class Make>
+auto at_site(const BatchSite& site, Make&& make) {
+  try {
+    return make();
+  } catch (const std::exception& e) {
+    throw Error("accel: rank " + std::to_string(site.rank) + ": " + site.action + " " + std::to_string(site.step) + " of epoch " +
+                std::to_string(site.epoch) +
+                (site.first_sample ? " (first sample " + std::to_string(*site.first_sample) + ")" : std::string()) +
+                (site.stream ? " of the stream" : "") + " failed: " + first_line(e));
+  }
+}
+
 //! `fetch`, with a failure reported as which batch of which epoch on which rank, and the original message.
 template <class Dataset, class Collate>
 auto fetch_batch(const Dataset& ds, const Collate& collate, std::span<const std::int64_t> indices, std::int64_t batch,
                  std::int64_t epoch, int rank) {
-  try {
-    return fetch(ds, collate, indices);
-  } catch (const std::exception& e) {
-    const std::string first = indices.empty() ? "" : " (first sample " + std::to_string(indices.front()) + ")";
-    throw Error("accel: rank " + std::to_string(rank) + ": loading batch " + std::to_string(batch) + " of epoch " +
-                std::to_string(epoch) + first + " failed: " + first_line(e));
-  }
-}
-
-//! The collate function applied to a stream's samples, with a failure reported as where it happened.
-template <class Collate, class Sample>
-auto collate_stream(const Collate& collate, const std::vector<Sample>& samples, const char* what, std::int64_t step,
-                    std::int64_t epoch, int rank) {
-  try {
-    return collate(samples);
-  } catch (const std::exception& e) {
-    throw Error("accel: rank " + std::to_string(rank) + ": collating " + what + " " + std::to_string(step) + " of epoch " +
-                std::to_string(epoch) + " of the stream failed: " + first_line(e));
-  }
+  const auto first = indices.empty() ? std::nullopt : std::optional<std::int64_t>(indices.front());
+  return at_site({"loading batch", batch, epoch, rank, first}, [&] { return fetch(ds, collate, indices); });
 }
 
 template <class Dataset, class Collate>
@@ -153,11 +159,7 @@ struct LoaderCore {
   [[nodiscard]] std::shared_ptr<const std::vector<std::vector<std::int64_t>>> sampler_batches() {
     if (sampled && sampled->first == epoch) return sampled->second;
     auto batches = std::make_shared<const std::vector<std::vector<std::int64_t>>>(options.batch_sampler(epoch));
-    for (const auto& b : *batches)
-      for (auto i : b)
-        accel::detail::require(i >= 0 && i < std::int64_t(dataset->size()),
-                               "accel: the batch sampler of epoch " + std::to_string(epoch) + " returned index " +
-                                   std::to_string(i) + ", outside the dataset");
+    for (const auto& b : *batches) check_indices(b, "batch sampler");
     sampled.emplace(epoch, batches);
     return batches;
   }
@@ -218,14 +220,19 @@ struct LoaderCore {
   }
 
  private:
+  // Every index a user's sampler or batch sampler returned must name a sample of the dataset.
+  void check_indices(const std::vector<std::int64_t>& indices, const char* who) const {
+    const std::int64_t n = std::int64_t(dataset->size());
+    for (auto i : indices)
+      accel::detail::require(i >= 0 && i < n, "accel: the " + std::string(who) + " of epoch " + std::to_string(epoch) +
+                                                  " returned index " + std::to_string(i) + ", outside the dataset's " +
+                                                  std::to_string(n) + " samples");
+  }
   IndexOrder draw_order() {
     if constexpr (MapDataset<Dataset>) {
       if (options.sampler) {
         auto order = options.sampler(epoch);
-        for (auto i : order)
-          accel::detail::require(i >= 0 && i < dataset->size(), "accel: the sampler of epoch " + std::to_string(epoch) +
-                                                                    " returned index " + std::to_string(i) + ", outside the dataset's " +
-                                                                    std::to_string(dataset->size()) + " samples");
+        check_indices(order, "sampler");
         order_length = std::int64_t(order.size());
         return IndexOrder::of(std::move(order));
       }

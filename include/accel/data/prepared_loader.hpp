@@ -19,6 +19,7 @@
 #include <accel/data/pass_iterator.hpp>
 #include <accel/data/prefetcher.hpp>
 #include <accel/data/transport.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/state/gradient_state.hpp>
 
 #include <cstdint>
@@ -94,7 +95,8 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
   [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
   //! Samples of one optimizer step across all processes (defined for every loader: Q7 fixed).
   [[nodiscard]] std::int64_t total_batch_size() const {
-    return Core::config::split_batches ? core_->options.batch_size : core_->options.batch_size * core_->ctx.num_processes;
+    return plan::per_step({.batch_size = core_->options.batch_size, .num_processes = core_->ctx.num_processes,
+                           .split_batches = Core::config::split_batches});
   }
   //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches.
   [[nodiscard]] LoaderState state_dict() const { return core_->state(); }

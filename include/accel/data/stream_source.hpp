@@ -66,7 +66,8 @@ class StreamShardEpoch {
     if (!raw) return std::nullopt;
     const auto& k = *core_;
     Batch batch = k.placement()(
-        detail::collate_stream(k.collate, raw->first.samples, "batch", first_ + q, k.epoch, k.ctx.process_index));
+        detail::at_site({"collating batch", first_ + q, k.epoch, k.ctx.process_index, std::nullopt, true},
+                        [&] { return k.collate(raw->first.samples); }));
     return detail::Fetched<Payload>{std::move(batch),
                                     {.end_of_dataloader = raw->second, .direct = std::move(raw->first.layout)}};
   }
@@ -160,7 +161,8 @@ class StreamDispatchEpoch {
     step.end = last;
     step.cut(cut, N);
     try {
-      f.payload.global.emplace(detail::collate_stream(k.collate, samples, "step", first_ + q, k.epoch, 0));
+      f.payload.global.emplace(
+          detail::at_site({"collating step", first_ + q, k.epoch, 0, std::nullopt, true}, [&] { return k.collate(samples); }));
     } catch (const std::exception& e) {
       step.error = e.what();  // sent to every rank so that all of them stop with it
     }

@@ -72,6 +72,16 @@ struct DispatchPayload {
   std::optional<Batch> global;
 };
 
+//! Every rank learns rank 0's description of the step (a typed broadcast); rank 0's loading error stops every rank
+//! with its message. Returns whether there is a step (false: the end of a stream).
+inline bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
+  if (ctx.comm && ctx.num_processes > 1) step = broadcast_object(ctx.comm, step, 0);
+  if (!step.error.empty())
+    throw Error(ctx.process_index == 0 ? step.error
+                                       : "accel: rank " + std::to_string(ctx.process_index) + ": dispatched loading stopped: " + step.error);
+  return step.has_step;
+}
+
 //! Rank 0 sends the step's description (typed broadcast), then every tensor leaf of the global batch is cut into
 //! per-rank chunks (padded to one size) and scattered, and every rank keeps its `size[me]` rows. Returns this
 //! rank's batch; counts the bytes received and those a broadcast of the whole global batch would have cost.
@@ -82,10 +92,7 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
   if constexpr (!std::is_same_v<Slice, NoSlice>) {
     // A slice function: rank 0 cuts the global batch with it and every rank receives its part, serialised
     // (any serialisable batch: tensors, strings, numbers, described structs).
-    if (ctx.comm && N > 1) step = broadcast_object(ctx.comm, step, 0);
-    if (!step.error.empty())
-      throw Error(me == 0 ? step.error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + step.error);
-    if (!step.has_step) return Batch{};
+    if (!receive_step(ctx, step)) return Batch{};
     std::vector<Batch> parts;
     if (me == 0)
       for (int r = 0; r < N; ++r) parts.push_back(slice(*global, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
@@ -99,10 +106,7 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
         step.shapes.push_back(t.sizes().slice(1).vec());
       });
     }
-    if (ctx.comm && N > 1) step = broadcast_object(ctx.comm, step, 0);
-    if (!step.error.empty())
-      throw Error(me == 0 ? step.error : "accel: rank " + std::to_string(me) + ": dispatched loading stopped: " + step.error);
-    if (!step.has_step) return Batch{};
+    if (!receive_step(ctx, step)) return Batch{};
     const std::int64_t rows = *std::max_element(step.size.begin(), step.size.end());
     const std::int64_t total = std::accumulate(step.size.begin(), step.size.end(), std::int64_t{0});
     Batch out{};

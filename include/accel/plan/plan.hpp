@@ -56,6 +56,12 @@ inline constexpr std::int64_t varying = 0;
   return s.split_batches ? s.batch_size / s.num_processes : s.batch_size;
 }
 
+//! Samples of one global batch, across every process (Accelerate's `total_batch_size`, and the chunk an iterable
+//! shard and the dispatcher read per step): `batch_size` under `split_batches`, else `batch_size * N`.
+[[nodiscard]] constexpr std::int64_t per_step(const ShardSpec& s) noexcept {
+  return s.split_batches ? s.batch_size : s.batch_size * s.num_processes;
+}
+
 //! Stream positions `[begin, end)` of one batch.
 struct Span {
   std::int64_t begin = 0;
@@ -251,8 +257,8 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
 //! refuses that configuration before it gets here.
 inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
   validate(s, n, Loading::iterable);
-  const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
-  const std::int64_t chunk = s.split_batches ? B : B * N;
+  const std::int64_t r = s.process_index;
+  const std::int64_t chunk = per_step(s);
   const std::int64_t per = per_process(s);
   const std::int64_t chunks = s.drop_last ? n / chunk : detail::ceil_div(n, chunk);
   return BatchPlan::affine({.samples = n, .wrap = std::min(n, chunk), .count = per > 0 ? chunks : 0,
@@ -268,7 +274,7 @@ inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
   validate(s, n, Loading::dispatched);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
   const std::int64_t inner = s.drop_last ? n / B : detail::ceil_div(n, B);
-  const std::int64_t global = s.split_batches ? B : N * B;
+  const std::int64_t global = per_step(s);
   std::int64_t steps = inner;
   if (!s.split_batches) steps = s.drop_last ? inner / N : detail::ceil_div(inner, N);
   if (steps == 0) return {};
