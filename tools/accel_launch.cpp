@@ -1,12 +1,27 @@
 // accel-launch: starts N processes of any program on this node with the variables of torchrun (RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes every output line with its
-// rank, forwards SIGINT/SIGTERM, and fails fast: when one process exits non-zero, the others are stopped
-// and that exit code is returned (128 + signal for a process killed by a signal).
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT), prefixes every
+// output line with its rank, forwards SIGINT/SIGTERM, and fails fast: when one process exits non-zero, the others are
+// stopped and that exit code is returned (128 + signal for a process killed by a signal).
+//
+// The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
+// to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). The launchers of the other nodes join it and meet
+// there (`accel-launch/join/<node>`: every node must run the same --nnodes, --nproc-per-node and --max-restarts).
+// They exchange what happens through it, under keys apart from the workers' ("accel/<generation>/..."):
+//   accel-launch/<generation>/failed     the first failure of that generation: "<rank> <code> <node> <what>" (compare-
+//                                        and-set: the first one wins); every launcher polls it (200 ms) and stops its
+//                                        processes, or restarts them while restarts remain (--max-restarts: every
+//                                        launcher restarts its group together, into generation + 1);
+//   accel-launch/<generation>/done/<node> this node's processes all exited 0; the job succeeds when every node's has;
+//   accel-launch/stop                    a launcher was interrupted (SIGINT/SIGTERM): every launcher stops, no restart;
+//   accel-launch/left                    launchers of nodes > 0 that are done with the store; node 0 (the host) waits
+//                                        for them before it ends, so nobody loses the store before reading the outcome.
 #include <CLI/CLI.hpp>
 
-#include <arpa/inet.h>
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <fcntl.h>
-#include <netinet/in.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,11 +35,18 @@
 #include <cstring>
 #include <iostream>
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+extern char** environ;
+
 namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
@@ -37,22 +59,6 @@ struct Child {
   bool running = true;
   int status = 0;
 };
-
-int free_port(const std::string& addr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = 0;
-  ::inet_pton(AF_INET, addr == "localhost" ? "127.0.0.1" : addr.c_str(), &sa.sin_addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29500;
-  }
-  socklen_t len = sizeof sa;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
 
 // Writes complete lines of `buf` with the rank prefix; keeps a trailing partial line unless `flush`.
 void emit(std::string& buf, int rank, FILE* to, bool prefix, bool flush) {
@@ -83,150 +89,506 @@ std::string describe(int status) {
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
-}  // namespace
+std::string seconds(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"accel-launch: start N processes of a program with torchrun's variables; fail fast"};
-  int nproc = 1, nnodes = 1, node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  std::optional<int> master_port;
-  double grace = 0;
-  bool no_prefix = false;
-  std::vector<std::string> command;
-  app.add_option("--nproc-per-node", nproc, "processes on this node")->check(CLI::PositiveNumber);
-  app.add_option("--nnodes", nnodes, "nodes in the job")->check(CLI::PositiveNumber);
-  app.add_option("--node-rank", node_rank, "this node's index")->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr", master_addr, "address of the node running rank 0");
-  app.add_option("--master-port", master_port, "rendezvous port (default: a free port; required with --nnodes > 1)")
-      ->check(CLI::Range(1, 65535));
-  app.add_option("--grace", grace, "after a failure, seconds the others get to end by themselves before being stopped");
-  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
-  app.add_option("command", command, "the program and its arguments")->required();
-  app.positionals_at_end();
-  CLI11_PARSE(app, argc, argv);
-  if (node_rank >= nnodes) {
-    std::cerr << "accel-launch: --node-rank " << node_rank << " must be below --nnodes " << nnodes << "\n";
-    return 2;
-  }
-  if (nnodes > 1 && !master_port) {
-    std::cerr << "accel-launch: a job on several nodes needs --master-port (the same on every node)\n";
-    return 2;
-  }
-  const int port = master_port ? *master_port : free_port(master_addr);
-  const int world = nproc * nnodes;
-
-  struct sigaction sa{};
-  sa.sa_handler = on_signal;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
-  std::vector<Child> children(static_cast<std::size_t>(nproc));
-  for (int i = 0; i < nproc; ++i) {
-    int out[2], err[2];
-    if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      std::perror("accel-launch: pipe");
-      return 1;
+// Whether something accepts TCP connections at host:port before `deadline` (tried every 200 ms). c10d's own connect
+// loop may overrun its timeout by a few retries; this one keeps to the deadline.
+bool reachable(const std::string& host, int port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  for (;;) {
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0) {
+      for (addrinfo* a = found; a; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        if (!ok && errno == EINPROGRESS) {
+          pollfd p{fd, POLLOUT, 0};
+          int err = 0;
+          socklen_t len = sizeof err;
+          ok = ::poll(&p, 1, 500) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+        }
+        ::close(fd);
+        if (ok) {
+          ::freeaddrinfo(found);
+          return true;
+        }
+      }
+      ::freeaddrinfo(found);
     }
-    const int rank = node_rank * nproc + i;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+//! A failure of one generation, as the store holds it: "<rank> <code> <node> <what>".
+struct Failure {
+  int rank = -1, code = 1, node = 0;
+  std::string what;  // "was killed by signal 9 (Killed)"
+  [[nodiscard]] std::string encode() const {
+    return std::to_string(rank) + " " + std::to_string(code) + " " + std::to_string(node) + " " + what;
+  }
+  static Failure decode(const std::string& s) {
+    Failure f;
+    std::istringstream is(s);
+    is >> f.rank >> f.code >> f.node;
+    std::getline(is >> std::ws, f.what);
+    return f;
+  }
+};
+
+struct Settings {
+  int nproc = 1, nnodes = 1, node_rank = 0, max_restarts = 0;
+  std::string master_addr = "127.0.0.1";
+  int port = 0;
+  double grace = 0, join_timeout = 300;
+  bool prefix = true;
+  std::vector<std::string> command;
+};
+
+//! What became of one generation of this node's processes.
+struct Outcome {
+  enum Kind { success, failure, stopped, store_lost } kind = success;
+  int code = 0;
+};
+
+class Launcher {
+ public:
+  explicit Launcher(Settings s) : s_(std::move(s)) {}
+
+  int main() {
+    if (!join()) return 1;  // signals end the launcher until its processes exist
+    struct sigaction sa{};
+    sa.sa_handler = on_signal;
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    if (mismatch_) return finish(2);
+    for (int generation = 0;; ++generation) {
+      if (g_signal) return finish(128 + g_signal);
+      const Outcome o = run(generation);
+      switch (o.kind) {
+        case Outcome::success: return finish(0);
+        case Outcome::stopped: return finish(o.code);
+        case Outcome::store_lost: return o.code;
+        case Outcome::failure:
+          if (g_signal) return finish(o.code);  // interrupted: no restart
+          if (generation < s_.max_restarts) {
+            say("restarting every process (restart " + std::to_string(generation + 1) + " of --max-restarts " +
+                std::to_string(s_.max_restarts) + "; TORCHELASTIC_RESTART_COUNT=" + std::to_string(generation + 1) + ")");
+            continue;
+          }
+          if (s_.max_restarts > 0)
+            say("no restart left (--max-restarts " + std::to_string(s_.max_restarts) + "); ending with exit code " +
+                std::to_string(o.code));
+          return finish(o.code);
+      }
+    }
+  }
+
+ private:
+  // ---- the store ----------------------------------------------------------------------------------------------
+  [[nodiscard]] std::string where() const { return s_.master_addr + ":" + std::to_string(s_.port); }
+  static std::string failed_key(int g) { return "accel-launch/" + std::to_string(g) + "/failed"; }
+  static std::string done_key(int g, int node) { return "accel-launch/" + std::to_string(g) + "/done/" + std::to_string(node); }
+  static std::string join_key(int node) { return "accel-launch/join/" + std::to_string(node); }
+  static constexpr const char* stop_key = "accel-launch/stop";
+  static constexpr const char* left_key = "accel-launch/left";
+
+  void say(const std::string& what) const {
+    std::fprintf(stderr, "accel-launch: %s%s\n", s_.nnodes > 1 ? ("node " + std::to_string(s_.node_rank) + ": ").c_str() : "",
+                 what.c_str());
+    std::fflush(stderr);
+  }
+
+  // Node 0 hosts the store; the others connect to it. Then every launcher announces itself and waits for all.
+  bool join() {
+    const auto t0 = Clock::now();
+    const auto timeout = std::chrono::milliseconds(int64_t(s_.join_timeout * 1000));
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(s_.port);
+    o.isServer = s_.node_rank == 0;
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    try {
+      if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout)) throw std::runtime_error("nothing listens there");
+      // Node 0 talks to its own store through loopback: the server listens on every interface.
+      store_ = c10::make_intrusive<c10d::TCPStore>(s_.node_rank == 0 ? std::string("127.0.0.1") : s_.master_addr, o);
+      s_.port = store_->getPort();  // the port chosen when --master-port was left out
+    } catch (const std::exception& e) {
+      store_.reset();
+      if (s_.node_rank == 0)
+        say("cannot host the rendezvous store on port " + std::to_string(s_.port) + " (" + first_line(e.what()) +
+            "); choose a free --master-port");
+      else
+        say("could not reach the rendezvous store of node 0 at " + where() + " within " + seconds(s_.join_timeout) +
+            ": start accel-launch --node-rank 0 on the node of --master-addr (its launcher hosts the store), and give every "
+            "node the same --master-addr and --master-port (or raise --join-timeout)");
+      return false;
+    }
+    if (s_.nnodes == 1) return true;
+    const std::string config = "--nnodes " + std::to_string(s_.nnodes) + " --nproc-per-node " + std::to_string(s_.nproc) +
+                               " --max-restarts " + std::to_string(s_.max_restarts);
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
+    const std::string me = config + "|" + host + ":" + std::to_string(::getpid());
+    std::vector<std::string> keys;
+    for (int n = 0; n < s_.nnodes; ++n) keys.push_back(join_key(n));
+    try {
+      if (const auto held = text(store_->compareSet(join_key(s_.node_rank), {}, bytes(me))); held != me) {
+        say("another launcher (" + held.substr(held.find('|') + 1) + ") already joined as --node-rank " +
+            std::to_string(s_.node_rank) + "; give every node its own --node-rank, 0 to " + std::to_string(s_.nnodes - 1));
+        mismatch_ = true;
+        return true;
+      }
+      bool all = store_->check(keys);
+      while (!all && Clock::now() - t0 < timeout) {
+        std::this_thread::sleep_for(100ms);
+        all = store_->check(keys);
+      }
+      if (!all) {
+        std::string missing;
+        int joined = 0;
+        for (int n = 0; n < s_.nnodes; ++n) {
+          if (store_->check({join_key(n)})) ++joined;
+          else missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+        }
+        say("only " + std::to_string(joined) + " of " + std::to_string(s_.nnodes) + " nodes joined within " +
+            seconds(s_.join_timeout) + "; missing node rank(s): " + missing + ". Start accel-launch --nnodes " +
+            std::to_string(s_.nnodes) + " --node-rank <r> --master-addr <address of node 0> --master-port " +
+            std::to_string(s_.port) + " on every node (or raise --join-timeout)");
+        return false;
+      }
+      for (int n = 0; n < s_.nnodes; ++n) {
+        const std::string theirs = text(store_->get(join_key(n)));
+        if (theirs.substr(0, theirs.find('|')) != config) {
+          say("node " + std::to_string(n) + " was started with " + theirs.substr(0, theirs.find('|')) + ", this node with " +
+              config + "; start every node with the same --nnodes, --nproc-per-node and --max-restarts");
+          mismatch_ = true;
+          return true;
+        }
+      }
+    } catch (const std::exception& e) {
+      say("lost the rendezvous store at " + where() + " while the nodes joined (" + first_line(e.what()) + ")");
+      store_.reset();
+      return false;
+    }
+    store_->setTimeout(30s);
+    return true;
+  }
+
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  // Ends the job: the launchers of nodes > 0 tell node 0 they are done with the store; node 0 waits for them
+  // (bounded) so that its store outlives their last look at it.
+  int finish(int code) {
+    if (s_.nnodes == 1 || !store_) return code;
+    try {
+      if (s_.node_rank != 0) {
+        store_->add(left_key, 1);
+        return code;
+      }
+      const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t((s_.grace + 15) * 1000));
+      while (store_->add(left_key, 0) < s_.nnodes - 1 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+    } catch (const std::exception&) {
+    }
+    return code;
+  }
+
+  // Records this node's failure unless another came first; returns the generation's failure.
+  Failure report(int generation, const Failure& mine) {
+    if (!store_) return mine;
+    try {
+      return Failure::decode(text(store_->compareSet(failed_key(generation), {}, bytes(mine.encode()))));
+    } catch (const std::exception&) {
+      return mine;
+    }
+  }
+
+  // ---- one generation of this node's processes ------------------------------------------------------------------
+  std::vector<std::string> environment(int local, int generation) const {
+    const int rank = s_.node_rank * s_.nproc + local;
+    const std::vector<std::pair<std::string, std::string>> ours = {
+        {"RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(s_.nproc * s_.nnodes)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"LOCAL_WORLD_SIZE", std::to_string(s_.nproc)},
+        {"GROUP_RANK", std::to_string(s_.node_rank)},
+        {"GROUP_WORLD_SIZE", std::to_string(s_.nnodes)},
+        {"MASTER_ADDR", s_.master_addr},
+        {"MASTER_PORT", std::to_string(s_.port)},
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},  // this launcher hosts the store: rank 0 connects to it
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(generation)},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(s_.max_restarts)},
+    };
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string_view kv(*e);
+      const auto name = kv.substr(0, kv.find('='));
+      if (std::none_of(ours.begin(), ours.end(), [&](const auto& p) { return p.first == name; })) env.emplace_back(kv);
+    }
+    for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
+    return env;
+  }
+
+  // Forks one process. Everything it needs is prepared before the fork (the store's threads run in this process):
+  // the child only redirects its output and calls exec.
+  bool spawn(Child& c, int local, int generation) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      std::perror("accel-launch: pipe");
+      return false;
+    }
+    auto env = environment(local, generation);
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    auto command = s_.command;
+    for (auto& a : command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string cannot = "accel-launch: cannot run '" + command[0] + "': ";
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::setpgid(0, 0);                     // its own process group: stopping it reaches its children too
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
-      ::dup2(out[1], STDOUT_FILENO);
+      if (::getppid() != parent) ::_exit(1);
+      ::dup2(out[1], STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copies
       ::dup2(err[1], STDERR_FILENO);
-      ::close(out[0]), ::close(out[1]), ::close(err[0]), ::close(err[1]);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> args;
-      for (auto& a : command) args.push_back(a.data());
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "accel-launch: cannot run '%s': %s\n", args[0], std::strerror(errno));
+      ::close_range(3, ~0U, 0);  // nothing of the launcher's (its store's sockets) leaks into the program
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const char* why = ::strerror(errno);
+      [[maybe_unused]] auto a = ::write(STDERR_FILENO, cannot.data(), cannot.size());
+      [[maybe_unused]] auto b = ::write(STDERR_FILENO, why, std::strlen(why));
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, "\n", 1);
       ::_exit(127);
     }
     ::close(out[1]), ::close(err[1]);
-    children[std::size_t(i)] = {rank, pid, out[0], err[0]};
+    if (pid < 0) {
+      std::perror("accel-launch: fork");
+      ::close(out[0]), ::close(err[0]);
+      return false;
+    }
+    c = Child{s_.node_rank * s_.nproc + local, pid, out[0], err[0]};
+    return true;
   }
 
-  std::optional<int> failure;  // exit code of the first process that failed
-  auto stop_deadline = std::optional<std::chrono::steady_clock::time_point>();
-  std::optional<std::chrono::steady_clock::time_point> drain_deadline;
-  bool terminated = false, killed = false;
-  auto signal_all = [&](int sig) {
-    for (auto& c : children)
-      if (c.running) ::kill(-c.pid, sig);
-  };
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Child*, bool>> who;
-    for (auto& c : children) {
-      if (c.out >= 0) fds.push_back(pollfd{c.out, POLLIN, 0}), who.emplace_back(&c, false);
-      if (c.err >= 0) fds.push_back(pollfd{c.err, POLLIN, 0}), who.emplace_back(&c, true);
-    }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (std::size_t k = 0; k < fds.size(); ++k) {
-      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto [c, is_err] = who[k];
-      char buf[65536];
-      const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
-      std::string& line = is_err ? c->err_buf : c->out_buf;
-      if (n > 0) {
-        line.append(buf, std::size_t(n));
-        emit(line, c->rank, is_err ? stderr : stdout, !no_prefix, false);
-      } else {
-        emit(line, c->rank, is_err ? stderr : stdout, !no_prefix, true);
-        ::close(fds[k].fd);
-        (is_err ? c->err : c->out) = -1;
+  Outcome run(int generation) {
+    std::vector<Child> children(static_cast<std::size_t>(s_.nproc));
+    std::optional<Failure> failure;  // this generation's first failure (here or on another node)
+    std::optional<Outcome> stop;     // interrupted, or the store is gone
+    for (int i = 0; i < s_.nproc; ++i) {
+      if (!spawn(children[std::size_t(i)], i, generation)) {
+        children.resize(std::size_t(i));
+        failure = report(generation, {s_.node_rank * s_.nproc + i, 1, s_.node_rank, "could not be started"});
+        break;
       }
     }
-    if (g_signal && !terminated) {
-      std::fprintf(stderr, "accel-launch: received signal %d; forwarding it to every process\n", int(g_signal));
-      signal_all(g_signal);
-      if (!failure) failure = 128 + g_signal;
-      terminated = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    }
-    int running = 0;
-    for (auto& c : children) {
-      if (!c.running) continue;
-      int status = 0;
-      if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.running = false;
-        c.status = status;
-        const int code = exit_code(status);
-        if (code != 0 && !failure) {
-          failure = code;
-          int others = 0;
-          for (auto& o : children) others += o.running ? 1 : 0;
-          std::fprintf(stderr, "accel-launch: rank %d %s; %s the other %d process(es)\n", c.rank, describe(status).c_str(),
-                       grace > 0 ? "waiting for" : "stopping", others);
-          stop_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(grace * 1000));
+    std::optional<Clock::time_point> stop_deadline, drain_deadline;
+    bool terminated = false, killed = false;
+    auto next_poll = Clock::now();
+    auto signal_all = [&](int sig) {
+      for (auto& c : children)
+        if (c.running) ::kill(-c.pid, sig);
+    };
+    auto others = [&] {
+      int n = 0;
+      for (auto& o : children) n += o.running ? 1 : 0;
+      return n;
+    };
+    if (failure) stop_deadline = Clock::now();
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<std::pair<Child*, bool>> who;
+      for (auto& c : children) {
+        if (c.out >= 0) fds.push_back(pollfd{c.out, POLLIN, 0}), who.emplace_back(&c, false);
+        if (c.err >= 0) fds.push_back(pollfd{c.err, POLLIN, 0}), who.emplace_back(&c, true);
+      }
+      if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+      else std::this_thread::sleep_for(50ms);
+      for (std::size_t k = 0; k < fds.size(); ++k) {
+        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        auto [c, is_err] = who[k];
+        char buf[65536];
+        const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+        std::string& line = is_err ? c->err_buf : c->out_buf;
+        if (n > 0) {
+          line.append(buf, std::size_t(n));
+          emit(line, c->rank, is_err ? stderr : stdout, s_.prefix, false);
+        } else {
+          emit(line, c->rank, is_err ? stderr : stdout, s_.prefix, true);
+          ::close(fds[k].fd);
+          (is_err ? c->err : c->out) = -1;
         }
-      } else {
-        ++running;
+      }
+      if (g_signal && !terminated) {
+        say("received signal " + std::to_string(int(g_signal)) + "; forwarding it to every process" +
+            (s_.nnodes > 1 ? " and stopping every node" : ""));
+        signal_all(g_signal);
+        if (!failure && !stop) stop = Outcome{Outcome::stopped, 128 + g_signal};
+        if (store_ && s_.nnodes > 1) try {
+            store_->compareSet(stop_key, {}, bytes(std::to_string(128 + g_signal)));
+          } catch (const std::exception&) {
+          }
+        terminated = true;
+        stop_deadline = Clock::now() + 10s;
+      }
+      int running = 0;
+      for (auto& c : children) {
+        if (!c.running) continue;
+        int status = 0;
+        if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+          c.running = false;
+          c.status = status;
+          const int code = exit_code(status);
+          if (code != 0 && !failure && !stop) {
+            failure = report(generation, {c.rank, code, s_.node_rank, describe(status)});
+            const std::string rest = others() == 0 ? std::string()
+                                     : (s_.grace > 0 ? "waiting for" : "stopping") + std::string(" the other ") +
+                                           std::to_string(others()) + " process(es)" + (s_.nnodes > 1 ? " of this node" : "");
+            if (failure->rank == c.rank && failure->node == s_.node_rank)
+              say("rank " + std::to_string(c.rank) + " " + describe(status) + "; " + rest +
+                  (s_.nnodes == 1 ? "" : (rest.empty() ? "" : "; ") + std::string("the other nodes stop theirs")));
+            else
+              say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " + failure->what +
+                  " (and here rank " + std::to_string(c.rank) + " " + describe(status) + ")" + (rest.empty() ? "" : "; " + rest));
+            stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.grace * 1000));
+          }
+        } else {
+          ++running;
+        }
+      }
+      // What the other nodes report: a failure of this generation, an interruption, or the store gone.
+      if (s_.nnodes > 1 && store_ && !failure && !stop && Clock::now() >= next_poll) {
+        next_poll = Clock::now() + 200ms;
+        try {
+          if (store_->check({failed_key(generation)})) {
+            failure = Failure::decode(text(store_->get(failed_key(generation))));
+            say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " + failure->what + "; " +
+                (s_.grace > 0 ? "waiting for" : "stopping") + " the " + std::to_string(others()) + " process(es) of this node");
+            stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.grace * 1000));
+          } else if (store_->check({stop_key})) {
+            stop = Outcome{Outcome::stopped, std::stoi(text(store_->get(stop_key)))};
+            say("another node's launcher was interrupted; stopping the " + std::to_string(others()) + " process(es) of this node");
+            stop_deadline = Clock::now();
+          }
+        } catch (const std::exception& e) {
+          say("lost the rendezvous store at " + where() + " (" + first_line(e.what()) +
+              "): the launcher of node 0 ended; stopping the " + std::to_string(others()) + " process(es) of this node");
+          stop = Outcome{Outcome::store_lost, 1};
+          stop_deadline = Clock::now();
+        }
+      }
+      const bool pipes_open = std::any_of(children.begin(), children.end(), [](const Child& c) { return c.out >= 0 || c.err >= 0; });
+      if (running == 0 && !pipes_open) break;
+      if (running == 0 && !drain_deadline) drain_deadline = Clock::now() + 2s;
+      if (drain_deadline && Clock::now() >= *drain_deadline) break;  // a grandchild holds a pipe
+      if (stop_deadline && Clock::now() >= *stop_deadline) {
+        if (!terminated) {
+          signal_all(SIGTERM);
+          terminated = true;
+          stop_deadline = Clock::now() + 5s;
+        } else if (!killed) {
+          signal_all(SIGKILL);
+          killed = true;
+        }
       }
     }
-    const bool pipes_open = std::any_of(children.begin(), children.end(), [](const Child& c) { return c.out >= 0 || c.err >= 0; });
-    if (running == 0 && !pipes_open) break;
-    if (running == 0 && !drain_deadline) drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    if (drain_deadline && std::chrono::steady_clock::now() >= *drain_deadline) break;  // a grandchild holds a pipe
-    if (stop_deadline && std::chrono::steady_clock::now() >= *stop_deadline) {
-      if (!terminated) {
-        signal_all(SIGTERM);
-        terminated = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      } else if (!killed) {
-        signal_all(SIGKILL);
-        killed = true;
+    for (auto& c : children) {  // a grandchild kept a pipe open past the drain
+      if (c.out >= 0) ::close(c.out);
+      if (c.err >= 0) ::close(c.err);
+    }
+    if (stop) return *stop;
+    if (failure) return {Outcome::failure, failure->code};
+    return await_others(generation);
+  }
+
+  // This node's processes all exited 0: the job succeeds when every node's did, and fails (or restarts) if
+  // another node's failed.
+  Outcome await_others(int generation) {
+    if (s_.nnodes == 1 || !store_) return {Outcome::success, 0};
+    try {
+      store_->set(done_key(generation, s_.node_rank), bytes("1"));
+      std::vector<std::string> done;
+      for (int n = 0; n < s_.nnodes; ++n) done.push_back(done_key(generation, n));
+      for (;;) {
+        if (store_->check(done)) return {Outcome::success, 0};
+        if (store_->check({failed_key(generation)})) {
+          const Failure f = Failure::decode(text(store_->get(failed_key(generation))));
+          say("rank " + std::to_string(f.rank) + " on node " + std::to_string(f.node) + " " + f.what +
+              " (this node's processes had ended)");
+          return {Outcome::failure, f.code};
+        }
+        if (store_->check({stop_key})) return {Outcome::stopped, std::stoi(text(store_->get(stop_key)))};
+        if (g_signal) {
+          store_->compareSet(stop_key, {}, bytes(std::to_string(128 + g_signal)));
+          return {Outcome::stopped, 128 + g_signal};
+        }
+        std::this_thread::sleep_for(200ms);
       }
+    } catch (const std::exception& e) {
+      say("lost the rendezvous store at " + where() + " (" + first_line(e.what()) + ") while waiting for the other nodes");
+      return {Outcome::store_lost, 1};
     }
   }
-  return failure.value_or(0);
+
+  Settings s_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  bool mismatch_ = false;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"accel-launch: start N processes of a program with torchrun's variables; fail fast, restart on failure"};
+  Settings s;
+  std::optional<int> master_port;
+  std::optional<std::string> master_addr;
+  bool no_prefix = false;
+  app.add_option("--nproc-per-node", s.nproc, "processes on this node")->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", s.nnodes, "nodes in the job (one accel-launch per node)")->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", s.node_rank, "this node's index (node 0 hosts the rendezvous store)")->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", master_addr, "address of node 0, reachable from every node (required with --nnodes > 1)");
+  app.add_option("--master-port", master_port, "rendezvous port (default: a free port; required with --nnodes > 1)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--max-restarts", s.max_restarts,
+                 "after a failure, restart every process of every node this many times (each resumes from its checkpoint)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--join-timeout", s.join_timeout, "seconds the launchers of a multi-node job wait for each other (default 300)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grace", s.grace, "after a failure, seconds the others get to end by themselves before being stopped");
+  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
+  app.add_option("command", s.command, "the program and its arguments")->required();
+  app.positionals_at_end();
+  CLI11_PARSE(app, argc, argv);
+  if (s.node_rank >= s.nnodes) {
+    std::cerr << "accel-launch: --node-rank " << s.node_rank << " must be below --nnodes " << s.nnodes << "\n";
+    return 2;
+  }
+  if (s.nnodes > 1 && !master_addr) {
+    std::cerr << "accel-launch: --nnodes " << s.nnodes << " needs --master-addr: the address of node rank 0, reachable "
+              << "from every node (127.0.0.1 only works when every node is this machine)\n";
+    return 2;
+  }
+  if (s.nnodes > 1 && !master_port) {
+    std::cerr << "accel-launch: --nnodes " << s.nnodes << " needs --master-port (the same on every node: node rank 0 "
+              << "hosts the rendezvous store there)\n";
+    return 2;
+  }
+  if (master_addr) s.master_addr = *master_addr;
+  if (master_port) s.port = *master_port;  // else 0: the store picks a free port
+  s.prefix = !no_prefix;
+
+  ::signal(SIGPIPE, SIG_IGN);
+  // c10d logs every retry of a connection (with a stack trace); the launcher says what went wrong itself.
+  if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
+  return Launcher(std::move(s)).main();
 }

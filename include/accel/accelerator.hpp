@@ -38,11 +38,15 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -182,31 +186,46 @@ class Accelerator {
   //! loader); on the others the models' gradients stay local.
   template <class... Models>
   [[nodiscard]] SyncScope accumulate(const Models&... models) {
-    accumulation_.begin_step();
-    SyncScope scope;
-    if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models)), ...);
-    return scope;
+    return accumulate_of({distributed_of(models)...});
   }
   //! Gradients of `models` stay local while the result lives (Accelerate's `no_sync`).
   template <class... Models>
   [[nodiscard]] SyncScope no_sync(const Models&... models) {
-    SyncScope scope;
-    (scope.hold(distributed_of(models)), ...);
-    return scope;
+    return no_sync_of({distributed_of(models)...});
   }
 
   // [accelerate:accelerator.py Accelerator.backward]
   //! `loss / gradient_accumulation_steps` (always, as in Accelerate), scaled under fp16, then backward.
   void backward(const at::Tensor& loss) {
+    auto& gs = GradientState::instance();
+    for (const auto& d : ddps_)
+      if (d->sync()) refuse_starved("backward (the gradient all-reduce)");
+    const bool recording = gs.recording();
+    std::vector<std::uint64_t> before;
+    if (recording)
+      for (const auto& d : ddps_) before.push_back(d->backward_count());
     const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
     if (scaler_) scaler_->scale(l).backward();
     else l.backward();
+    if (!recording) return;
+    Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
+    for (std::size_t i = 0; i < ddps_.size(); ++i)
+      if (ddps_[i]->backward_count() != before[i]) through.push_back(ddps_[i]);
+    record([through] {
+      for (const auto& d : through) d->synchronize();
+      return nullptr;
+    });
   }
 
   // [accelerate:accelerator.py Accelerator.clip_grad_norm_]
   //! Unscales the gradients (fp16) then clips their total norm; returns the norm before clipping. Under fp16,
   //! call it on synchronising steps only (`sync_gradients()`): gradients are unscaled once per step.
   double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) {
+    // A rank out of batches clips on synchronising steps, where its gradients are the others' average.
+    record([this, parameters, max_norm, norm_type] {
+      if (sync_gradients()) clip_grad_norm_(parameters, max_norm, norm_type);
+      return nullptr;
+    });
     unscale_gradients();
     return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
   }
@@ -230,16 +249,46 @@ class Accelerator {
 
   //! Gathers a batch's results from every process, dropping the padding of the current batch exactly
   //! (inside a prepared loader's loop; outside one it is a plain `gather`).
+  //! Under uneven tails, a rank out of batches contributes no rows (Note [Joined steps]): every real sample
+  //! is gathered exactly once.
   template <TensorStructure T>
   [[nodiscard]] T gather_for_metrics(const T& x) const {
     auto& gs = GradientState::instance();
     if (!gs.in_dataloader()) return accel::gather(state_.comm(), x);
+    refuse_starved("gather_for_metrics");
+    record([this, none = map_tensors(x, [](const at::Tensor& t) {
+              auto shape = t.sizes().vec();
+              if (shape.empty()) shape.push_back(0);
+              else shape[0] = 0;
+              return at::empty(shape, t.options());
+            })] {
+      (void)gather_for_metrics(none);
+      return nullptr;
+    });
     return accel::gather_for_metrics(state_.comm(), x, gs.layout());
   }
+  //! Every rank's `x`, concatenated (shapes must agree: under uneven tails a rank out of batches contributes
+  //! zeros of the shape it last gathered; use `gather_for_metrics` for a batch's rows).
   template <TensorStructure T>
-  [[nodiscard]] T gather(const T& x) const { return accel::gather(state_.comm(), x); }
+  [[nodiscard]] T gather(const T& x) const {
+    refuse_starved("gather");
+    record([this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
+      (void)gather(zeros);
+      return nullptr;
+    });
+    return accel::gather(state_.comm(), x);
+  }
+  //! The reduction of `x` over the processes; under uneven tails a rank out of batches contributes the
+  //! operation's identity (zero for sum and mean, as PyTorch's Join).
   template <TensorStructure T>
-  [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::mean) const { return accel::reduce(state_.comm(), x, op); }
+  [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::mean) const {
+    refuse_starved("reduce");
+    record([this, op, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+      (void)reduce(identity, op);
+      return nullptr;
+    });
+    return accel::reduce(state_.comm(), x, op);
+  }
 
   //! Whether this step synchronises gradients (the optimizer really steps).
   [[nodiscard]] bool sync_gradients() const { return GradientState::instance().sync_gradients(); }
@@ -284,6 +333,48 @@ class Accelerator {
   void load_state(const std::filesystem::path& dir) { accumulation_.set_step(checkpointer_.load(dir, checkpoint_process())); }
 
  private:
+  using Ddps = std::vector<std::shared_ptr<DistributedModule>>;
+
+  SyncScope accumulate_of(const Ddps& ddps) {
+    accumulation_.begin_step();
+    SyncScope scope;
+    if (!accumulation_.allow_sync())
+      for (const auto& d : ddps) scope.hold(d.get());
+    record([this, ddps] { return std::make_shared<SyncScope>(accumulate_of(ddps)); });
+    return scope;
+  }
+  SyncScope no_sync_of(const Ddps& ddps) {
+    SyncScope scope;
+    for (const auto& d : ddps) scope.hold(d.get());
+    record([this, ddps] { return std::make_shared<SyncScope>(no_sync_of(ddps)); });
+    return scope;
+  }
+  //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
+  //! gradient_state.hpp); nothing, and no copy of the arguments, on any other rank or loader.
+  template <class F>
+  static void record(F&& call) {
+    auto& gs = GradientState::instance();
+    if (!gs.recording()) return;
+    gs.record([f = std::forward<F>(call)]() -> std::shared_ptr<void> { return f(); });
+  }
+  //! A collective in an epoch where some rank has no batch at all: that rank has no step to repeat, so the
+  //! collective could never be matched; every rank knows it from the plan and stops here, with the same error.
+  void refuse_starved(const char* what) const {
+    const int r = GradientState::instance().starved_rank();
+    if (r < 0) return;
+    throw InvalidArgument("accel: rank " + std::to_string(process_index()) + ": " + what + " in an epoch in which the "
+                          "uneven loader (tail::uneven) gives rank " + std::to_string(r) + " no batch at all: a rank "
+                          "without a batch has no step to follow, so it cannot take part in the others' collectives. "
+                          "Use tail::even, fewer processes or a smaller batch size");
+  }
+  static at::Tensor identity_like(const at::Tensor& t, Reduction op) {
+    if (op == Reduction::max) return at::full_like(t, at::isFloatingType(t.scalar_type()) ? -std::numeric_limits<double>::infinity()
+                                                                                           : double(std::numeric_limits<std::int64_t>::lowest()));
+    if (op == Reduction::min) return at::full_like(t, at::isFloatingType(t.scalar_type()) ? std::numeric_limits<double>::infinity()
+                                                                                           : double(std::numeric_limits<std::int64_t>::max()));
+    return at::zeros_like(t);
+  }
+
   struct OptimizerEntry {
     std::shared_ptr<torch::optim::Optimizer> optimizer;
     std::shared_ptr<const StepRecord> record;
@@ -305,6 +396,7 @@ class Accelerator {
       } else {
         auto ddp = std::make_shared<DistributedModule>(
             module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters});
+        ddps_.push_back(ddp);
         return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
       }
     } else if constexpr (kind == detail::Prepares::optimizer) {
@@ -368,8 +460,8 @@ class Accelerator {
   }
 
   template <class M>
-  static DistributedModule* distributed_of(const M& m) {
-    if constexpr (is_prepared_model<M>) return m.distributed_ptr().get();
+  static std::shared_ptr<DistributedModule> distributed_of(const M& m) {
+    if constexpr (is_prepared_model<M>) return m.distributed_ptr();
     else return nullptr;  // dist::none: nothing to keep local
   }
 
@@ -378,6 +470,7 @@ class Accelerator {
   Accumulation accumulation_;
   std::shared_ptr<GradScaler> scaler_;
   std::vector<OptimizerEntry> optimizers_;
+  Ddps ddps_;  // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
 };
 

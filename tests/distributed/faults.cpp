@@ -1,5 +1,6 @@
 // Faults (the survivors must end with an error naming the operation and the dead rank, never hang): a peer killed
-// mid-collective or mid-training, a job one process short.
+// mid-collective or mid-training, a peer frozen (SIGSTOP) mid-training, a peer busy for longer than the peer
+// timeout (not a fault), ranks issuing different collectives, a job one process short.
 #include "harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -12,6 +13,7 @@
 #include <torch/optim/sgd.h>
 
 #include <csignal>
+#include <thread>
 
 namespace mp {
 
@@ -49,6 +51,74 @@ void kill_mid_collective(const Args&) {
     state.comm()->all_reduce(t);
   }
   check(false, "survived a dead peer");
+}
+
+// The last rank freezes itself (SIGSTOP) inside a training loop: the survivors must end within the peer timeout
+// (ARG ms) plus a few seconds, naming it, instead of waiting for the collective timeout (120 s here).
+void freeze_mid_training(const Args& args) {
+  const auto peer_timeout = std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")));
+  Victim acc{accel::Options{.comm = {.timeout = std::chrono::seconds(120), .rendezvous_timeout = std::chrono::seconds(20),
+                                     .peer_timeout = peer_timeout}}};
+  tally.rank = acc.process_index();
+  const int N = acc.num_processes();
+  auto net = torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  at::manual_seed(1);
+  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
+                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({400, 5}), at::randn({400, 2})),
+                                                                  {.batch_size = 4, .shuffle = true}));
+  int step = 0;
+  for (const auto& b : loader) {
+    if (++step == 5 && tally.rank == N - 1) ::raise(SIGSTOP);
+    auto sync = acc.accumulate(model);
+    acc.backward(torch::mse_loss(model(b.data), b.target));
+    opt.step();
+    opt.zero_grad();
+  }
+  check(false, "survived a frozen peer");
+}
+
+// The last rank computes for ARG ms (longer than the 2 s peer timeout) before joining an all_reduce: a busy
+// peer keeps beating and is never reported; the others wait and get the right sum.
+void busy_peer(const Args& args) {
+  auto o = options(60000);
+  o.comm.peer_timeout = std::chrono::milliseconds(2000);
+  accel::ProcessState state(o);
+  tally.rank = state.process_index();
+  const int N = state.num_processes();
+  if (tally.rank == N - 1) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")));
+    volatile double x = 0;
+    while (std::chrono::steady_clock::now() < until) x = x + 1;  // busy, not sleeping
+  }
+  auto t = F({1.0f, 2.0f});
+  state.comm()->all_reduce(t);
+  check(same(t, F({float(N), float(2 * N)})), "the all_reduce after a busy peer");
+}
+
+// Ranks issue different collectives at the same point (ARG: op, kind or size); every rank must stop with an
+// error naming both operations, never return mixed data.
+void mismatch(const Args& args) {
+  const std::string what = arg(args, 0, "op");
+  auto o = options(60000);
+  o.comm.heartbeat_interval = std::chrono::milliseconds(200);
+  accel::ProcessState state(o);
+  tally.rank = state.process_index();
+  auto* comm = state.comm();
+  auto warm = F({1.0f});
+  comm->all_reduce(warm);  // collective #1 agrees
+  const bool odd = tally.rank % 2 == 1;
+  if (what == "op") {  // the same size, another reduction: the fingerprint differs
+    auto t = F({1, 2, 3, 4});
+    comm->all_reduce(t, odd ? accel::comm::ReduceOp::max : accel::comm::ReduceOp::sum);
+  } else if (what == "kind") {  // an all_reduce against an all_gather of the same size: Gloo waits for ever
+    auto t = at::ones({12});
+    if (odd) (void)comm->all_gather(t);
+    else comm->all_reduce(t);
+  } else {  // sizes: Gloo aborts the process whose buffer is too small
+    auto t = at::ones({odd ? 10 : 1000});
+    comm->all_reduce(t);
+  }
+  check(false, "returned from mismatched collectives");
 }
 
 

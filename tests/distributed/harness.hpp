@@ -56,5 +56,9 @@ void accelerator(const Args&);             // accelerator.cpp
 void kill_mid_collective(const Args&);     // faults.cpp
 void kill_mid_training(const Args&);       // faults.cpp
 void rendezvous(const Args&);              // faults.cpp
+void freeze_mid_training(const Args&);     // faults.cpp
+void busy_peer(const Args&);               // faults.cpp
+void mismatch(const Args&);                // faults.cpp
+void elastic(const Args&);                 // launch.cpp
 
 }  // namespace mp

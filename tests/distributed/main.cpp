@@ -9,6 +9,12 @@
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
 //   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
+//   freeze [PEER_TIMEOUT_MS]       the last rank SIGSTOPs itself mid-training (survivors must name it within the peer timeout)
+//   busy [MS]                      the last rank computes for MS before an all_reduce (a busy peer is not a frozen one)
+//   mismatch op|kind|size          odd ranks issue another collective than even ones (every rank must name both)
+//   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
+//                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
+//                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)
 // Each rank ends with "rank R: N passed, M failed" and exits non-zero on any failure.
 #include "harness.hpp"
 
@@ -22,7 +28,10 @@ int main(int argc, char** argv) {
       {"golden", mp::golden_e2e},             {"golden-stream", mp::golden_e2e_stream},
       {"dispatch", mp::dispatch},             {"ddp", mp::distributed_module},
       {"training", mp::accelerator},          {"kill", mp::kill_mid_collective},
-      {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous}};
+      {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous},
+      {"elastic", mp::elastic},
+      {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
+      {"mismatch", mp::mismatch}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -6,47 +6,154 @@
 //! to a communicator (the collectives, the loaders, the models) does not see c10d; the engines do.
 //!
 //! Note [Dead peers]: every process runs a heartbeat (a counter in the rendezvous store, bumped twice a
-//! second on a connection of its own; `comm/rendezvous.hpp`). When a collective fails or times out, the survivor
-//! takes a census of the heartbeats and names the ranks that stopped; if the store itself is gone, rank 0 (which
-//! hosts it) is the one that died. So a dead peer ends every survivor with an error such as
-//!   accel: rank 0: all_reduce (collective #12) failed: Connection closed by peer. Not responding: rank 2.
-//! within the configured timeout, never a hang.
+//! second on a connection of its own; `comm/rendezvous.hpp`). When a collective fails, the survivor takes a
+//! census of the heartbeats and names the ranks that stopped; if the store itself is gone, its host is the one
+//! that died. So a dead peer ends every survivor with an error such as
+//!   accel: rank 0: all_reduce(sum) of 4 x Float (collective #12) failed: Connection closed by peer. Not responding: rank 2.
+//!
+//! Note [Frozen peers]: a peer that stops without dying (SIGSTOP, a deadlock, a stuck file system, a hung
+//! driver) keeps its connections open, so the engine would wait for the whole collective timeout. A collective
+//! that has not completed within a second is therefore *watched*: the heartbeat also reads every other rank's
+//! counter, and a rank whose counter has not moved for `CommOptions::peer_timeout` (30 s by default) ends the
+//! wait with an error naming it. A process busy in a long computation keeps beating (the heartbeat is a thread
+//! of its own) and is never reported; its peers simply wait, up to `CommOptions::timeout`.
+//!
+//! Note [Mismatched collectives]: every rank must issue the same collectives in the same order. Each collective
+//! is identified by its number, kind, reduction, dtype, element count and root (`CollectiveId`), and the engine
+//! carries a 32-bit fingerprint of it *with the data*: a pair of slots (bit, 1 - bit) per bit after the payload
+//! (in an all-reduce they add up to (N, 0) or (0, N) when every rank agrees, and to something else when one
+//! does not; an all-gather, broadcast or scatter brings each sender's bits). Payloads over 1 MiB are preceded by a 64-slot check of
+//! their own instead, which costs one small collective where a copy would cost more. A mismatch never returns
+//! mixed data: every rank stops with a `CollectiveMismatch` naming this rank's operation and the others' (the
+//! heartbeat publishes each rank's last collectives), e.g.
+//!   accel: rank 1: collective mismatch at collective #40: this rank issued all_gather of 12 x Float; rank 0
+//!   issued all_reduce(sum) of 4354 x Float. ...
+//! A mismatch that makes the engine hang (different kinds) is found by the watch; one the engine refuses (Gloo
+//! aborts the process whose buffer is too small) is named by that process's last heartbeat.
 
 #include <accel/error.hpp>
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace accel {
 
-//! A collective or the rendezvous failed (a peer died, never arrived, or timed out).
+//! A collective or the rendezvous failed (a peer died, froze, never arrived, or timed out).
 struct CommunicationError : Error {
   using Error::Error;
+};
+//! Ranks issued different collectives at the same point (Note [Mismatched collectives]).
+struct CollectiveMismatch : CommunicationError {
+  using CommunicationError::CommunicationError;
 };
 
 namespace comm {
 
 enum class ReduceOp { sum, max, min };
 
-//! Timeouts and rendezvous settings (the runtime knobs of the distributed slot).
+//! Timeouts, the peer watch and the collective check (the runtime knobs of the distributed slot).
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};             //!< every collective
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};  //!< waiting for every process to arrive
   std::chrono::milliseconds heartbeat_interval{500};
+  //! A peer whose heartbeat has not moved for this long while this rank waits for it is reported as frozen
+  //! (Note [Frozen peers]); keep it well above `heartbeat_interval`.
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(30)};
+  //! Check that every rank issues the same collective (Note [Mismatched collectives]).
+  bool check_collectives = true;
 };
 
 using Clock = std::chrono::steady_clock;
 
+enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier };
+
+//! One collective as every rank must agree on it: its number in the job, kind, reduction, dtype, element
+//! count (per rank) and root.
+struct CollectiveId {
+  std::uint64_t seq = 0;
+  OpKind kind = OpKind::barrier;
+  ReduceOp reduce = ReduceOp::sum;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::int64_t numel = 0;
+  int root = 0;
+
+  friend bool operator==(const CollectiveId&, const CollectiveId&) = default;
+
+  //! "all_reduce(sum) of 4 x Float", "broadcast from rank 0 of 12 x Long", "barrier".
+  [[nodiscard]] std::string describe() const {
+    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier"};
+    static constexpr const char* ops[] = {"sum", "max", "min"};
+    std::string out = kinds[int(kind)];
+    if (kind == OpKind::barrier) return out;
+    if (kind == OpKind::all_reduce) out += std::string("(") + ops[int(reduce)] + ")";
+    if (kind == OpKind::broadcast || kind == OpKind::scatter) out += " from rank " + std::to_string(root);
+    return out + " of " + std::to_string(numel) + " x " + c10::toString(dtype);
+  }
+  //! 32 bits of every field (FNV-1a): what travels with the data.
+  [[nodiscard]] std::uint32_t fingerprint() const {
+    std::uint64_t h = 14695981039346656037ull;
+    auto mix = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    };
+    mix(seq), mix(std::uint64_t(kind)), mix(std::uint64_t(reduce)), mix(std::uint64_t(dtype)), mix(std::uint64_t(numel)),
+        mix(std::uint64_t(root));
+    return std::uint32_t(h ^ (h >> 32));
+  }
+  //! "seq kind reduce dtype numel root": what the heartbeat publishes.
+  [[nodiscard]] std::string encode() const {
+    return std::to_string(seq) + " " + std::to_string(int(kind)) + " " + std::to_string(int(reduce)) + " " +
+           std::to_string(int(dtype)) + " " + std::to_string(numel) + " " + std::to_string(root);
+  }
+  [[nodiscard]] static std::optional<CollectiveId> decode(const std::string& s) {
+    std::istringstream in(s);
+    CollectiveId id;
+    int kind = 0, reduce = 0, dtype = 0;
+    if (!(in >> id.seq >> kind >> reduce >> dtype >> id.numel >> id.root)) return std::nullopt;
+    if (kind < 0 || kind > 4 || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
+    id.kind = OpKind(kind), id.reduce = ReduceOp(reduce), id.dtype = c10::ScalarType(dtype);
+    return id;
+  }
+};
+
+//! What the heartbeat knows of the other ranks; the rendezvous implements it (Notes [Dead peers],
+//! [Frozen peers], [Mismatched collectives]). Every method is bounded in time: none waits on a peer.
+class Monitor {
+ public:
+  virtual ~Monitor() = default;
+  //! Records the collective this rank issues; the next heartbeat publishes it. Cheap (a lock and a copy).
+  virtual void issued(const CollectiveId& id) noexcept = 0;
+  //! While the result lives, the heartbeat also reads every other rank's counter and collectives.
+  [[nodiscard]] virtual std::shared_ptr<void> watch() = 0;
+  //! A reason to stop waiting for `id` now (a rank silent for `peer_timeout`, a rank that issued another
+  //! collective under the same number, an unreachable store), or an empty string: keep waiting. Never blocks.
+  [[nodiscard]] virtual std::string verdict(const CollectiveId& id) const = 0;
+  //! After a failure: records that this rank failed, then names the ranks that stopped responding and, for
+  //! `id`, the ranks that issued something else. Takes a few heartbeat intervals; never throws.
+  [[nodiscard]] virtual std::string census(const CollectiveId* id) noexcept = 0;
+  //! The collectives `rank` published last (empty when unknown). Never blocks.
+  [[nodiscard]] virtual std::vector<CollectiveId> published(int rank) const = 0;
+};
+
 //! The collectives of one process group. Shared, not copied; one engine implements it per `dist` tag.
 class Communicator {
  public:
-  Communicator(int rank, int size, CommOptions opt) : rank_(rank), size_(size), opt_(opt) {}
+  Communicator(int rank, int size, CommOptions opt, Monitor* monitor = nullptr)
+      : rank_(rank), size_(size), opt_(opt), monitor_(monitor) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -58,15 +165,26 @@ class Communicator {
   [[nodiscard]] const CommOptions& options() const noexcept { return opt_; }
   //! Number of collectives issued so far (error messages quote it).
   [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
+  //! Whether a collective failed: the group is unusable, every later call fails at once.
+  [[nodiscard]] bool broken() const noexcept { return broken_; }
 
   //! An all-reduce in flight (`all_reduce_start`); `finish` waits for it with the timeout.
   struct Pending {
     std::uint64_t sequence = 0;
     std::shared_ptr<void> native;  //!< the engine's own handle (Gloo: the c10d work; NCCL: the completion event)
   };
+  //! Elements an all-reduce (sum) of `numel` elements of `dtype` needs after its data for the collective check
+  //! (0: unchecked). A caller that reserves them (`all_reduce_start(buffer, numel)`) saves a copy.
+  [[nodiscard]] virtual std::int64_t check_room(c10::ScalarType, std::int64_t) const { return 0; }
   //! Starts a sum all-reduce of `t` in place and returns at once (overlaps with the caller's work); the caller
   //! keeps `t` alive until `finish`.
   virtual Pending all_reduce_start(at::Tensor& t) = 0;
+  //! The same on the first `payload` elements of the 1-d `buffer`, whose remaining `check_room(dtype, payload)`
+  //! elements the engine uses for the collective check.
+  virtual Pending all_reduce_start(at::Tensor& buffer, std::int64_t payload) {
+    at::Tensor data = buffer.narrow(0, 0, payload);
+    return all_reduce_start(data);
+  }
   //! Waits for an all-reduce started by `all_reduce_start`.
   virtual void finish(Pending& p) = 0;
   //! In place: every rank ends with the reduction of every rank's `t`.
@@ -81,24 +199,160 @@ class Communicator {
   virtual void barrier() = 0;
 
  protected:
-  //! Which other ranks stopped responding (the engine's rendezvous census), for error messages. Never throws.
-  [[nodiscard]] virtual std::string census() const noexcept = 0;
-  //! Throws the CommunicationError for collective `n` (`op`), with the census of the other ranks.
-  [[noreturn]] void fail(const char* op, std::uint64_t n, std::string msg) const {
-    if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
-    throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + op + " (collective #" + std::to_string(n) +
-                             ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " + msg + ". " + census() + ".");
+  //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
+  CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce = ReduceOp::sum, int root = 0) {
+    CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
+    if (broken_)
+      throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
+                               std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
+                               "unusable; end the process (accel-launch --max-restarts restarts the job)");
+    if (monitor_) monitor_->issued(id);
+    return id;
   }
-  std::uint64_t next_sequence() noexcept { return ++seq_; }
+
+  //! Waits for `id`: `done(slice)` waits up to `slice` and says whether the collective completed (throwing
+  //! the engine's error). A collective that takes longer than a second is watched (Note [Frozen peers]).
+  template <class Done>
+  void await(const CollectiveId& id, Done&& done) {
+    const auto t0 = Clock::now();
+    if (done(std::min(opt_.timeout, std::chrono::milliseconds(1000)))) return;
+    std::shared_ptr<void> watching = monitor_ ? monitor_->watch() : nullptr;
+    for (;;) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+      if (waited >= opt_.timeout) fail(id, "timed out after " + seconds(waited));
+      if (done(std::min(opt_.timeout - waited, std::max(opt_.heartbeat_interval, std::chrono::milliseconds(10))))) return;
+      if (!monitor_) continue;
+      if (std::string why = monitor_->verdict(id); !why.empty()) {
+        const bool mismatch = why.rfind("collective mismatch", 0) == 0;
+        const auto w = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+        if (mismatch) fail_mismatch(id, why.substr(std::string("collective mismatch: ").size()));
+        fail(id, "waited " + seconds(w) + ": " + why, /*census=*/false);
+      }
+    }
+  }
+
+  //! Throws the CommunicationError for `id`, with the census of the other ranks; the group is broken after.
+  [[noreturn]] void fail(const CollectiveId& id, std::string msg, bool census = true) {
+    broken_ = true;
+    if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
+    std::string tail;
+    if (census && monitor_) {
+      tail = monitor_->census(&id);
+      if (tail.rfind("collective mismatch: ", 0) == 0) fail_mismatch(id, tail.substr(std::string("collective mismatch: ").size()));
+    }
+    throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
+                             std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " +
+                             msg + (tail.empty() ? "" : ". " + tail) + ".");
+  }
+  //! Throws the CollectiveMismatch for `id`; `others` names what the other ranks issued.
+  [[noreturn]] void fail_mismatch(const CollectiveId& id, const std::string& others) {
+    broken_ = true;
+    throw CollectiveMismatch("accel: rank " + std::to_string(rank_) + ": collective mismatch at collective #" +
+                             std::to_string(id.seq) + ": this rank issued " + id.describe() + "; " + others +
+                             ". Every rank must issue the same collectives in the same order: look for a collective "
+                             "under a condition on the rank, or loops of different lengths on different ranks (uneven "
+                             "inputs are joined by accel's loaders; a loop of your own is not)");
+  }
+  //! A mismatch the engine's data revealed: names the other ranks' operations from what the heartbeat
+  //! published (waiting up to three heartbeats for them to publish it).
+  [[noreturn]] void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects) {
+    std::string others;
+    if (monitor_) {
+      const auto t0 = Clock::now();
+      std::vector<int> ranks = suspects;
+      if (ranks.empty())
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_) ranks.push_back(r);
+      std::vector<std::string> parts(ranks.size());
+      for (;;) {
+        bool all = true;
+        for (std::size_t k = 0; k < ranks.size(); ++k) {
+          if (!parts[k].empty()) continue;
+          for (const auto& p : monitor_->published(ranks[k]))
+            if (p.seq == id.seq) parts[k] = p == id ? "" : "rank " + std::to_string(ranks[k]) + " issued " + p.describe();
+          if (parts[k].empty()) all = false;
+        }
+        if (all || Clock::now() - t0 > opt_.heartbeat_interval * 3) break;
+        auto w = monitor_->watch();
+        std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
+      }
+      for (const auto& p : parts)
+        if (!p.empty()) others += (others.empty() ? "" : "; ") + p;
+    }
+    if (others.empty()) {
+      std::string who;
+      for (int r : suspects) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      others = who.empty() ? "another rank issued a different collective" : "rank(s) " + who + " issued a different collective";
+    }
+    fail_mismatch(id, others);
+  }
+
+  // ---- the fingerprint slots (Note [Mismatched collectives]) ------------------------------------------------
+
+  //! Slots a check of `dtype` needs for `op`: 64, a pair (bit, 1 - bit) per bit of the fingerprint (a sum gives
+  //! (N, 0) or (0, N) when every rank agrees, a max or min (1, 0) or (0, 1)); 0 where the dtype cannot count to
+  //! N exactly (bool, complex, bf16 beyond 256 ranks, ...).
+  [[nodiscard]] std::int64_t slots(c10::ScalarType dtype, ReduceOp op) const {
+    if (!opt_.check_collectives) return 0;
+    std::int64_t exact = 0;  // the largest count the dtype holds exactly
+    switch (dtype) {
+      case c10::ScalarType::Float: exact = std::int64_t(1) << 24; break;
+      case c10::ScalarType::Double: case c10::ScalarType::Long: case c10::ScalarType::Int: exact = std::int64_t(1) << 31; break;
+      case c10::ScalarType::Half: exact = 2048; break;
+      case c10::ScalarType::BFloat16: exact = 256; break;
+      case c10::ScalarType::Short: exact = 32767; break;
+      case c10::ScalarType::Char: exact = 127; break;
+      case c10::ScalarType::Byte: exact = 255; break;
+      default: return 0;
+    }
+    if (size_ > exact) return 0;
+    (void)op;  // the same room for every reduction: a sum and a max of the same data stay the same size
+    return 64;
+  }
+  //! Writes this rank's fingerprint of `id` into `s` (a CPU 1-d tensor of `slots(...)` elements).
+  static void write_check(at::Tensor s, const CollectiveId& id, ReduceOp op) {
+    const std::uint32_t f = id.fingerprint();
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_write_check", [&] {
+      auto* p = s.data_ptr<scalar_t>();
+      for (int b = 0; b < 32; ++b) {
+        const int bit = int((f >> b) & 1u);
+        (void)op;
+        p[2 * b] = scalar_t(bit), p[2 * b + 1] = scalar_t(1 - bit);
+      }
+    });
+  }
+  //! Whether the reduced slots `s` say that every rank issued `id` (`n` ranks contributed).
+  static bool read_check(const at::Tensor& s, const CollectiveId& id, ReduceOp op, int n) {
+    const std::uint32_t f = id.fingerprint();
+    bool ok = true;
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_read_check", [&] {
+      const auto* p = s.data_ptr<scalar_t>();
+      for (int b = 0; b < 32 && ok; ++b) {
+        const double bit = double((f >> b) & 1u);
+        const double k = op == ReduceOp::sum ? n : 1;
+        ok = double(p[2 * b]) == bit * k && double(p[2 * b + 1]) == (1 - bit) * k;
+      }
+    });
+    return ok;
+  }
+
+  [[nodiscard]] Monitor* monitor() const noexcept { return monitor_; }
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +
                                                    ", but the job has ranks 0.." + std::to_string(size_ - 1));
+  }
+  static std::string seconds(std::chrono::milliseconds ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f s", double(ms.count()) / 1000.0);
+    return buf;
   }
 
  private:
   int rank_, size_;
   CommOptions opt_;
+  Monitor* monitor_ = nullptr;
   std::uint64_t seq_ = 0;
+  bool broken_ = false;
 };
 
 }  // namespace comm

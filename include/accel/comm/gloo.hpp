@@ -18,90 +18,207 @@
 
 namespace accel::comm {
 
-//! The collectives of `Communicator` on a c10d backend (Gloo), every one waited for with the timeout.
+//! The collectives of `Communicator` on a c10d backend (Gloo), every one watched and checked (Notes [Frozen
+//! peers] and [Mismatched collectives] in communicator.hpp).
 class GlooCommunicator final : public Communicator {
+  //! Payloads above this many bytes get a check collective of their own instead of a copy with the slots.
+  static constexpr std::int64_t kFramedBytes = std::int64_t(1) << 20;
+
  public:
   GlooCommunicator(std::unique_ptr<Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
                    CommOptions opt)
-      : Communicator(rank, size, opt), rdzv_(std::move(rdzv)), backend_(std::move(backend)) {}
+      : Communicator(rank, size, opt, rdzv.get()), rdzv_(std::move(rdzv)), backend_(std::move(backend)) {}
+  ~GlooCommunicator() override {
+    // After a failure a Gloo worker may still wait on a frozen peer, and destroying the group would join it:
+    // leave the group behind (the process is ending).
+    if (broken()) backend_.release();
+  }
 
   //! The c10d process group (for raw calls beside accel's, e.g. a benchmark's baseline).
   [[nodiscard]] const c10::intrusive_ptr<c10d::Backend>& backend() const noexcept { return backend_; }
   [[nodiscard]] const Rendezvous& rendezvous() const noexcept { return *rdzv_; }
 
+  [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t) const override { return slots(dtype, ReduceOp::sum); }
+
   Pending all_reduce_start(at::Tensor& t) override {
-    const auto n = next_sequence();
-    std::vector<at::Tensor> v{t};
+    if (t.dim() == 1 && t.is_contiguous() && check_room(t.scalar_type(), t.numel()) == 0) return all_reduce_start(t, t.numel());
+    // A copy with room for the check, copied back by `finish`.
+    const std::int64_t room = check_room(t.scalar_type(), t.numel());
+    at::Tensor buffer = at::empty({t.numel() + room}, t.options());
+    buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
+    Pending p = all_reduce_start(buffer, t.numel());
+    std::static_pointer_cast<InFlight>(p.native)->copy_back = t;
+    return p;
+  }
+  Pending all_reduce_start(at::Tensor& buffer, std::int64_t payload) override {
+    const auto id = begin(OpKind::all_reduce, buffer.scalar_type(), payload);
+    const std::int64_t room = check_room(buffer.scalar_type(), payload);
+    detail::require(buffer.dim() == 1 && buffer.numel() == payload + room,
+                    "accel: all_reduce_start: the buffer must be 1-d with " + std::to_string(room) + " elements after the payload");
+    if (room) write_check(buffer.narrow(0, payload, room), id, ReduceOp::sum);
+    auto f = std::make_shared<InFlight>();
+    f->id = id, f->buffer = buffer, f->payload = payload, f->room = room;
+    std::vector<at::Tensor> v{buffer};
     c10d::AllreduceOptions o;
     o.timeout = options().timeout;
     try {
-      return {n, std::make_shared<c10::intrusive_ptr<c10d::Work>>(backend_->allreduce(v, o))};
+      f->work = backend_->allreduce(v, o);
     } catch (const std::exception& e) {
-      fail("all_reduce", n, e.what());
+      fail(id, e.what());
     }
+    return {id.seq, std::move(f)};
   }
   void finish(Pending& p) override {
     if (!p.native) return;
-    auto work = std::static_pointer_cast<c10::intrusive_ptr<c10d::Work>>(std::move(p.native));
-    try {
-      if (!(*work)->wait(options().timeout)) throw std::runtime_error("timed out");
-    } catch (const std::exception& e) {
-      fail("all_reduce", p.sequence, e.what());
-    }
+    auto f = std::static_pointer_cast<InFlight>(std::move(p.native));
+    wait(f->id, f->work);
+    if (f->room && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, ReduceOp::sum, size())) mismatch_found(f->id, {});
+    if (f->copy_back.defined()) f->copy_back.copy_(f->buffer.narrow(0, 0, f->payload).view(f->copy_back.sizes()));
   }
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) override {
-    std::vector<at::Tensor> v{t};
+    const auto id = begin(OpKind::all_reduce, t.scalar_type(), t.numel(), op);
+    const std::int64_t room = slots(t.scalar_type(), op);
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN;
     o.timeout = options().timeout;
-    run("all_reduce", [&] { return backend_->allreduce(v, o); });
+    if (!framed(t, room)) {
+      if (room) check(id);
+      std::vector<at::Tensor> v{t};
+      run(id, [&] { return backend_->allreduce(v, o); });
+      return;
+    }
+    at::Tensor buffer = at::empty({t.numel() + room}, t.options());
+    buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
+    write_check(buffer.narrow(0, t.numel(), room), id, op);
+    std::vector<at::Tensor> v{buffer};
+    run(id, [&] { return backend_->allreduce(v, o); });
+    if (!read_check(buffer.narrow(0, t.numel(), room), id, op, size())) mismatch_found(id, {});
+    t.copy_(buffer.narrow(0, 0, t.numel()).view(t.sizes()));
   }
   void broadcast(at::Tensor& t, int root = 0) override {
     check_root(root, "broadcast");
-    std::vector<at::Tensor> v{t};
+    const auto id = begin(OpKind::broadcast, t.scalar_type(), t.numel(), ReduceOp::sum, root);
+    const std::int64_t room = slots(t.scalar_type(), ReduceOp::sum);
     c10d::BroadcastOptions o;
     o.rootRank = root;
     o.timeout = options().timeout;
-    run("broadcast", [&] { return backend_->broadcast(v, o); });
+    if (!framed(t, room)) {
+      if (room) check(id);
+      std::vector<at::Tensor> v{t};
+      run(id, [&] { return backend_->broadcast(v, o); });
+      return;
+    }
+    at::Tensor buffer = framed_copy(t, id, room);
+    std::vector<at::Tensor> v{buffer};
+    run(id, [&] { return backend_->broadcast(v, o); });
+    if (!read_check(buffer.narrow(0, t.numel(), room), id, ReduceOp::sum, 1)) mismatch_found(id, {root});
+    if (rank() != root) t.copy_(buffer.narrow(0, 0, t.numel()).view(t.sizes()));
   }
   std::vector<at::Tensor> all_gather(const at::Tensor& t) override {
-    std::vector<at::Tensor> in{t.contiguous()};
-    std::vector<std::vector<at::Tensor>> out(1);
-    for (int r = 0; r < size(); ++r) out[0].push_back(at::empty_like(in[0]));
+    const auto id = begin(OpKind::all_gather, t.scalar_type(), t.numel());
+    const std::int64_t room = slots(t.scalar_type(), ReduceOp::sum);
     c10d::AllgatherOptions o;
     o.timeout = options().timeout;
-    run("all_gather", [&] { return backend_->allgather(out, in, o); });
-    return std::move(out[0]);
+    const bool frame = framed(t, room);
+    if (!frame && room) check(id);
+    std::vector<at::Tensor> in{frame ? framed_copy(t, id, room) : t.contiguous()};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < size(); ++r) out[0].push_back(at::empty_like(in[0]));
+    run(id, [&] { return backend_->allgather(out, in, o); });
+    if (!frame) return std::move(out[0]);
+    std::vector<int> differ;
+    for (int r = 0; r < size(); ++r)
+      if (!read_check(out[0][std::size_t(r)].narrow(0, t.numel(), room), id, ReduceOp::sum, 1)) differ.push_back(r);
+    if (!differ.empty()) mismatch_found(id, differ);
+    std::vector<at::Tensor> parts;
+    for (auto& g : out[0]) parts.push_back(g.narrow(0, 0, t.numel()).view(t.sizes()));
+    return parts;
   }
   void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root = 0) override {
     check_root(root, "scatter");
-    std::vector<at::Tensor> o{out};
-    std::vector<std::vector<at::Tensor>> in;
-    if (rank() == root) in.push_back(chunks);
+    const auto id = begin(OpKind::scatter, out.scalar_type(), out.numel(), ReduceOp::sum, root);
+    const std::int64_t room = slots(out.scalar_type(), ReduceOp::sum);
     c10d::ScatterOptions opts;
     opts.rootRank = root;
     opts.timeout = options().timeout;
-    run("scatter", [&] { return backend_->scatter(o, in, opts); });
+    const bool frame = framed(out, room);
+    if (!frame && room) check(id);
+    std::vector<at::Tensor> o{frame ? at::empty({out.numel() + room}, out.options()) : out};
+    std::vector<std::vector<at::Tensor>> in;
+    if (rank() == root) {
+      in.emplace_back();
+      for (const auto& c : chunks) in.back().push_back(frame ? framed_copy(c, id, room) : c);
+    }
+    run(id, [&] { return backend_->scatter(o, in, opts); });
+    if (!frame) return;
+    if (!read_check(o[0].narrow(0, out.numel(), room), id, ReduceOp::sum, 1)) mismatch_found(id, {root});
+    out.copy_(o[0].narrow(0, 0, out.numel()).view(out.sizes()));
   }
   void barrier() override {
+    const auto id = begin(OpKind::barrier, at::kInt, 0);
+    if (slots(at::kInt, ReduceOp::sum)) return check(id);  // the check is an all-reduce: a barrier too
     c10d::BarrierOptions o;
     o.timeout = options().timeout;
-    run("barrier", [&] { return backend_->barrier(o); });
+    run(id, [&] { return backend_->barrier(o); });
   }
 
- protected:
-  [[nodiscard]] std::string census() const noexcept override { return rdzv_->census(); }
-
  private:
-  template <class Start>
-  void run(const char* op, Start&& start) {
-    const auto n = next_sequence();
+  struct InFlight {
+    CollectiveId id;
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor buffer, copy_back;
+    std::int64_t payload = 0, room = 0;
+  };
+
+  // Whether `t` travels with its check slots (small enough for a copy); else a check collective goes first.
+  static bool framed(const at::Tensor& t, std::int64_t room) {
+    return room > 0 && t.numel() * std::int64_t(t.element_size()) <= kFramedBytes;
+  }
+  // `t` flattened, followed by this rank's slots for `id`.
+  static at::Tensor framed_copy(const at::Tensor& t, const CollectiveId& id, std::int64_t room) {
+    at::Tensor buffer = at::empty({t.numel() + room}, t.options());
+    buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
+    write_check(buffer.narrow(0, t.numel(), room), id, ReduceOp::sum);
+    return buffer;
+  }
+  // The check on its own: an all-reduce (sum) of `id`'s bits, before a large payload or as a barrier.
+  void check(const CollectiveId& id) {
+    at::Tensor bits = at::empty({slots(at::kInt, ReduceOp::sum)}, at::TensorOptions().dtype(at::kInt));
+    write_check(bits, id, ReduceOp::sum);
+    std::vector<at::Tensor> v{bits};
+    c10d::AllreduceOptions o;
+    o.timeout = options().timeout;
+    run(id, [&] { return backend_->allreduce(v, o); });
+    if (!read_check(bits, id, ReduceOp::sum, size())) mismatch_found(id, {});
+  }
+
+  // Waits for `work` (Communicator::await: watched after a second, bounded by the timeout).
+  void wait(const CollectiveId& id, const c10::intrusive_ptr<c10d::Work>& work) {
     try {
-      auto work = start();
-      if (!work->wait(options().timeout)) throw std::runtime_error("timed out");
+      await(id, [&](std::chrono::milliseconds slice) {
+        try {
+          work->wait(slice);
+          return true;
+        } catch (const std::exception&) {
+          if (!work->isCompleted()) return false;  // the slice ended, not the collective
+          throw;
+        }
+      });
+    } catch (const CommunicationError&) {
+      throw;
     } catch (const std::exception& e) {
-      fail(op, n, e.what());
+      fail(id, e.what());
     }
+  }
+  template <class Start>
+  void run(const CollectiveId& id, Start&& start) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start();
+    } catch (const std::exception& e) {
+      fail(id, e.what());
+    }
+    wait(id, work);
   }
 
   std::unique_ptr<Rendezvous> rdzv_;
@@ -131,8 +248,9 @@ inline std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec
     std::string msg = e.what();
     if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);
     throw CommunicationError("accel: rank " + std::to_string(rank) + ": connecting " + std::to_string(size) +
-                             " processes with Gloo failed: " + msg + ". " + rdzv->census() + ".");
+                             " processes with Gloo failed: " + msg + ". " + rdzv->census(nullptr) + ".");
   }
+  Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);
 }
 

@@ -1,18 +1,30 @@
 #pragma once
 //! \file
-//! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` hosted by rank 0, every rank announcing
-//! itself (a missing rank is named), and a heartbeat per process with a census that names the ranks that stopped
-//! (Note [Dead peers] in communicator.hpp). The engines (Gloo, NCCL) exchange their addresses through its store.
+//! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` (hosted by rank 0, or by the launcher),
+//! every rank announcing itself (a missing rank is named), and a heartbeat per process that publishes this
+//! rank's last collectives and, while someone waits, reads the other ranks' (the `Monitor` of
+//! communicator.hpp: Notes [Dead peers], [Frozen peers], [Mismatched collectives]). The engines (Gloo, NCCL)
+//! exchange their addresses through its store.
+//!
+//! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
+//! a store op to a frozen host never returns, so nothing else may wait on one. What it learns goes into a
+//! snapshot that the waiting thread reads under a lock; a heartbeat stuck on a frozen store is seen as a
+//! snapshot that stopped ageing, and is abandoned (detached) when the process ends.
 
 #include <accel/comm/communicator.hpp>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,34 +38,72 @@ struct RendezvousSpec {
   int port = 29500;
   int rank = 0;
   int size = 1;
-  bool host_store = true;  //!< rank 0 starts the store (false: torchrun's agent already hosts it)
+  bool host_store = true;  //!< rank 0 starts the store (false: the launcher, accel-launch or torchrun's agent, hosts it)
+  //! The restart generation (torchrun's and accel-launch's `TORCHELASTIC_RESTART_COUNT`): every key this job
+  //! writes is scoped by it, so that a stale key of an earlier attempt can never satisfy the arrival check, the
+  //! Gloo rendezvous or the NCCL id exchange of a restarted one.
+  int generation = 0;
 };
 
-//! The rendezvous: a TCPStore hosted by rank 0, every rank announcing itself, and a census of heartbeats.
-class Rendezvous {
+//! The rendezvous: the store, every rank announcing itself, and the heartbeat.
+class Rendezvous final : public Monitor {
+  static constexpr std::size_t kPublished = 8;  // collectives each rank publishes
+
+  //! What the heartbeat thread shares with the others (it outlives the Rendezvous when stuck on the store).
+  struct Beat {
+    std::string addr;
+    int port = 0, rank = 0, size = 1;
+    std::string prefix;
+    CommOptions opt;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false, exited = false;
+    // this rank
+    std::array<CollectiveId, kPublished> mine{};
+    std::uint64_t issued = 0, published = 0;
+    bool failed = false, failed_written = false;
+    // the others, read while `watchers` > 0
+    int watchers = 0;
+    std::uint64_t epoch = 0;        // bumped when watching starts: changes are measured from then
+    std::uint64_t rounds = 0;       // completed reads of the others
+    Clock::time_point last_ok{};    // the last beat the store answered
+    struct Peer {
+      std::int64_t beats = -1;
+      Clock::time_point changed{};
+      std::uint64_t epoch = 0;
+      std::vector<CollectiveId> published;
+      bool failed = false;
+    };
+    std::vector<Peer> peers;
+
+    [[nodiscard]] std::string key(const char* what, int r) const { return prefix + what + "/" + std::to_string(r); }
+  };
+
  public:
   Rendezvous(const RendezvousSpec& spec, const CommOptions& opt)
-      : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), opt_(opt) {
+      : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), host_(spec.host_store),
+        prefix_("accel/" + std::to_string(spec.generation) + "/"), opt_(opt) {
     const int rank = rank_, size = size_;
     const auto t0 = Clock::now();
     try {
-      store_ = connect(opt.rendezvous_timeout, rank == 0 && spec.host_store);
+      raw_ = connect(opt.rendezvous_timeout, rank == 0 && spec.host_store);
+      store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "job", raw_);
     } catch (const std::exception& e) {
       throw CommunicationError("accel: rank " + std::to_string(rank) + ": could not reach the rendezvous store at " + where() +
-                               " within " + seconds(opt.rendezvous_timeout) + " (rank 0 hosts it: is it running, and are "
-                               "MASTER_ADDR/MASTER_PORT the same on every process?): " + e.what());
+                               " within " + seconds(opt.rendezvous_timeout) + " (" + host() + " hosts it: is it running, "
+                               "and are MASTER_ADDR/MASTER_PORT the same on every process?): " + e.what());
     }
-    store_->set(arrived_key(rank), std::vector<uint8_t>{1});
+    raw_->set(arrived_key(rank), std::vector<uint8_t>{1});
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(arrived_key(r));
     const auto left = opt.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
     try {
-      store_->wait(keys, std::max(left, std::chrono::milliseconds(1)));
+      raw_->wait(keys, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
       std::string missing;
       int arrived = 0;
       for (int r = 0; r < size; ++r) {
-        if (store_->check({arrived_key(r)})) ++arrived;
+        if (raw_->check({arrived_key(r)})) ++arrived;
         else missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
       throw CommunicationError("accel: rank " + std::to_string(rank) + ": rendezvous at " + where() + ": only " +
@@ -62,93 +112,269 @@ class Rendezvous {
                                ". Start all " + std::to_string(size) + " processes (accel-launch --nproc-per-node), or "
                                "check WORLD_SIZE");
     }
-    heartbeat_ = std::thread([this] { beat(); });
+    beat_ = std::make_shared<Beat>();
+    beat_->addr = addr_, beat_->port = port_, beat_->rank = rank_, beat_->size = size_, beat_->prefix = prefix_;
+    beat_->opt = opt_;
+    beat_->peers.resize(std::size_t(size_));
+    beat_->last_ok = Clock::now();
+    heartbeat_ = std::thread([b = beat_] { run(b); });
   }
 
-  ~Rendezvous() {
+  ~Rendezvous() override {
+    if (active() == this) active() = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(beat_->mu);
+      beat_->stop = true;
     }
-    cv_.notify_all();
-    if (heartbeat_.joinable()) heartbeat_.join();
+    beat_->cv.notify_all();
+    // A heartbeat blocked on a frozen store never returns: wait a little, then leave it behind.
+    std::unique_lock<std::mutex> lock(beat_->mu);
+    const bool ended = beat_->cv.wait_for(lock, opt_.heartbeat_interval * 2 + std::chrono::seconds(1), [this] { return beat_->exited; });
+    lock.unlock();
+    if (ended) heartbeat_.join();
+    else heartbeat_.detach();
   }
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
+  //! The job's store, scoped by the restart generation (the engines exchange their addresses through it).
   [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
   [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
 
-  //! Records that this rank failed (so that other ranks' censuses do not take it for dead), then reports which
-  //! other ranks stopped beating without reporting a failure. Takes about three heartbeat intervals; never throws.
-  [[nodiscard]] std::string census() const noexcept {
+  // ---- Monitor ------------------------------------------------------------------------------------------
+
+  void issued(const CollectiveId& id) noexcept override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    beat_->mine[id.seq % kPublished] = id;
+    beat_->issued = id.seq;
+  }
+
+  [[nodiscard]] std::shared_ptr<void> watch() override {
+    {
+      std::lock_guard<std::mutex> lock(beat_->mu);
+      if (beat_->watchers++ == 0) ++beat_->epoch;
+    }
+    beat_->cv.notify_all();  // read the others now, not at the next beat
+    return std::shared_ptr<void>(nullptr, [b = beat_](void*) {
+      std::lock_guard<std::mutex> lock(b->mu);
+      --b->watchers;
+    });
+  }
+
+  [[nodiscard]] std::string verdict(const CollectiveId& id) const override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    const auto now = Clock::now();
+    if (now - beat_->last_ok > opt_.peer_timeout)
+      return "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
+             " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host();
+    std::string silent, mismatch;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const auto& p = beat_->peers[std::size_t(r)];
+      if (p.epoch != beat_->epoch) continue;  // not read since this watch began
+      if (now - p.changed > opt_.peer_timeout) silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
+      for (const auto& c : p.published)
+        if (c.seq == id.seq && !(c == id))
+          mismatch += (mismatch.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
+    }
+    if (!mismatch.empty()) return "collective mismatch: " + mismatch;
+    if (!silent.empty())
+      return "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: frozen, "
+             "stopped or starved): " + silent;
+    return {};
+  }
+
+  [[nodiscard]] std::string census(const CollectiveId* id) noexcept override {
     try {
-      auto probe = connect(opt_.heartbeat_interval * 4, false);
-      probe->set(failed_key(rank_), std::vector<uint8_t>{1});
-      auto read = [&] {
-        std::vector<int64_t> v;
-        for (int r = 0; r < size_; ++r) v.push_back(probe->add(heartbeat_key(r), 0));
-        return v;
-      };
-      const auto before = read();
-      std::this_thread::sleep_for(opt_.heartbeat_interval * 3);
-      const auto after = read();
-      std::string dead, failed;
+      auto w = watch();
+      std::unique_lock<std::mutex> lock(beat_->mu);
+      beat_->failed = true;
+      lock.unlock();
+      beat_->cv.notify_all();
+      lock.lock();
+      // Two reads of the others, three heartbeats apart (bounded: a frozen store never answers).
+      const auto interval = opt_.heartbeat_interval;
+      const std::uint64_t r0 = beat_->rounds;
+      beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
+      if (beat_->rounds == r0) return host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
+                                            : "the rendezvous store at " + where() + " is gone (the launcher hosting it ended)";
+      std::vector<std::int64_t> before;
+      for (const auto& p : beat_->peers) before.push_back(p.beats);
+      const std::uint64_t r1 = beat_->rounds;
+      beat_->cv.wait_for(lock, interval * 5, [&] { return beat_->rounds >= r1 + 3; });
+      std::string dead, failed, mismatch;
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
-        if (probe->check({failed_key(r)})) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
-        else if (after[std::size_t(r)] == before[std::size_t(r)]) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
+        const auto& p = beat_->peers[std::size_t(r)];
+        if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
+        else if (beat_->rounds == r1 || p.beats == before[std::size_t(r)]) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
+        if (id)
+          for (const auto& c : p.published)
+            if (c.seq == id->seq && !(c == *id))
+              mismatch += (mismatch.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
       }
+      if (!mismatch.empty()) return "collective mismatch: " + mismatch;
       std::string out = dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
                                      : "not responding: " + dead;
       if (!failed.empty()) out += "; also failed: " + failed;
       return out;
-    } catch (const std::exception&) {
-      return rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)";
+    } catch (...) {
+      return "the census of the other ranks failed";
     }
+  }
+
+  //! Makes `r` the rendezvous that a `std::terminate` of this process reports to (null: none): Gloo aborts a
+  //! process that receives a message larger than its buffer (two ranks in collectives of different sizes). The
+  //! handler publishes this rank's failure and last collectives, so that the others can name them, and says
+  //! which collective the process was in; then the previous handler runs.
+  static void on_terminate(Rendezvous* r) {
+    static std::terminate_handler previous = nullptr;
+    static bool installed = false;
+    active() = r;
+    if (installed || !r) return;
+    installed = true;
+    previous = std::set_terminate([] {
+      if (Rendezvous* self = active()) self->fatal();
+      if (previous) previous();
+      std::abort();
+    });
+  }
+  [[nodiscard]] std::vector<CollectiveId> published(int rank) const override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    if (rank < 0 || rank >= size_) return {};
+    return beat_->peers[std::size_t(rank)].published;
   }
 
  private:
-  static std::string seconds(std::chrono::milliseconds ms) { return std::to_string(double(ms.count()) / 1000.0).substr(0, 5) + " s"; }
-  static std::string arrived_key(int r) { return "accel/arrived/" + std::to_string(r); }
-  static std::string heartbeat_key(int r) { return "accel/heartbeat/" + std::to_string(r); }
-  static std::string failed_key(int r) { return "accel/failed/" + std::to_string(r); }
+  static Rendezvous*& active() {
+    static Rendezvous* r = nullptr;
+    return r;
+  }
+  // The process is ending abruptly: publish the failure and the last collectives (bounded), and say where.
+  void fatal() noexcept {
+    std::unique_lock<std::mutex> lock(beat_->mu);
+    beat_->failed = true;
+    const CollectiveId last = beat_->mine[beat_->issued % kPublished];
+    const bool any = beat_->issued > 0;
+    lock.unlock();
+    beat_->cv.notify_all();
+    lock.lock();
+    beat_->cv.wait_for(lock, opt_.heartbeat_interval * 2, [&] { return beat_->failed_written || beat_->exited; });
+    if (any)
+      std::fprintf(stderr, "accel: rank %d: the process is ending abnormally in collective #%llu (%s); if the engine's "
+                           "message speaks of a size mismatch, the ranks issued different collectives there\n",
+                   rank_, static_cast<unsigned long long>(last.seq), last.describe().c_str());
+  }
+  static std::string seconds(Clock::duration d) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f s", std::chrono::duration<double>(d).count());
+    return buf;
+  }
+  [[nodiscard]] std::string host() const { return host_ ? "rank 0" : "the launcher of node 0"; }
+  [[nodiscard]] std::string arrived_key(int r) const { return prefix_ + "arrived/" + std::to_string(r); }
 
-  c10::intrusive_ptr<c10d::TCPStore> connect(std::chrono::milliseconds timeout, bool server) const {
+  static c10::intrusive_ptr<c10d::TCPStore> connect(const std::string& addr, int port, std::chrono::milliseconds timeout, bool server) {
     c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(port_);
+    o.port = static_cast<std::uint16_t>(port);
     o.isServer = server;
     o.waitWorkers = false;
     o.timeout = timeout;
-    return c10::make_intrusive<c10d::TCPStore>(addr_, o);
+    return c10::make_intrusive<c10d::TCPStore>(addr, o);
+  }
+  [[nodiscard]] c10::intrusive_ptr<c10d::TCPStore> connect(std::chrono::milliseconds timeout, bool server) const {
+    return connect(addr_, port_, timeout, server);
   }
 
-  void beat() {
+  static std::string encode(const std::array<CollectiveId, kPublished>& mine, std::uint64_t issued) {
+    std::string out;
+    for (std::uint64_t s = issued >= kPublished ? issued - kPublished + 1 : 1; s <= issued; ++s)
+      out += mine[s % kPublished].encode() + ";";
+    return out;
+  }
+  static std::vector<CollectiveId> decode(const std::string& s) {
+    std::vector<CollectiveId> out;
+    std::size_t start = 0, end;
+    while ((end = s.find(';', start)) != std::string::npos) {
+      if (auto id = CollectiveId::decode(s.substr(start, end - start))) out.push_back(*id);
+      start = end + 1;
+    }
+    return out;
+  }
+
+  // The heartbeat: bumps this rank's counter, publishes its collectives and failure, and reads the others
+  // while someone watches. Only `b` is touched: the thread may outlive the Rendezvous.
+  static void run(std::shared_ptr<Beat> b) {
     c10::intrusive_ptr<c10d::TCPStore> own;
     try {
-      own = connect(opt_.rendezvous_timeout, false);
+      own = connect(b->addr, b->port, b->opt.rendezvous_timeout, false);
     } catch (const std::exception&) {
-      return;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
+    std::unique_lock<std::mutex> lock(b->mu);
+    while (own && !b->stop) {
+      const std::uint64_t issued = b->issued;
+      const std::string mine = issued != b->published ? encode(b->mine, issued) : std::string();
+      const bool fail = b->failed && !b->failed_written;
+      const bool watch = b->watchers > 0;
+      const std::uint64_t epoch = b->epoch;
+      lock.unlock();
+      std::vector<Beat::Peer> seen;
       try {
-        own->add(heartbeat_key(rank_), 1);
+        own->add(b->key("heartbeat", b->rank), 1);
+        if (!mine.empty()) {
+          const std::string& v = mine;
+          own->set(b->key("collectives", b->rank), std::vector<uint8_t>(v.begin(), v.end()));
+        }
+        if (fail) own->set(b->key("failed", b->rank), std::vector<uint8_t>{1});
+        if (watch) {
+          seen.resize(std::size_t(b->size));
+          for (int r = 0; r < b->size; ++r) {
+            if (r == b->rank) continue;
+            auto& p = seen[std::size_t(r)];
+            p.beats = own->add(b->key("heartbeat", r), 0);
+            if (own->check({b->key("collectives", r)})) {
+              const auto v = own->get(b->key("collectives", r));
+              p.published = decode(std::string(v.begin(), v.end()));
+            }
+            p.failed = own->check({b->key("failed", r)});
+          }
+        }
       } catch (const std::exception&) {
-        return;  // the store is gone (rank 0 exited): the next collective reports it
+        lock.lock();
+        break;  // the store is gone: the waiting thread sees `last_ok` age
       }
-      cv_.wait_for(lock, opt_.heartbeat_interval, [this] { return stop_; });
+      lock.lock();
+      const auto now = Clock::now();
+      b->last_ok = now;
+      if (!mine.empty()) b->published = issued;
+      if (fail) b->failed_written = true;
+      if (watch) {
+        for (int r = 0; r < b->size; ++r) {
+          if (r == b->rank) continue;
+          auto& p = b->peers[std::size_t(r)];
+          auto& s = seen[std::size_t(r)];
+          if (p.epoch != epoch || p.beats != s.beats) p.changed = now;
+          p.beats = s.beats, p.epoch = epoch, p.published = std::move(s.published), p.failed = s.failed;
+        }
+        ++b->rounds;
+        b->cv.notify_all();
+      }
+      // Sleep a heartbeat, or less when someone starts watching, fails, or stops us.
+      const std::uint64_t e = b->epoch;
+      b->cv.wait_for(lock, b->opt.heartbeat_interval, [&] { return b->stop || b->epoch != e || (b->failed && !b->failed_written); });
     }
+    b->exited = true;
+    b->cv.notify_all();
   }
 
   std::string addr_;
   int port_, rank_, size_;
+  bool host_;           // whether rank 0 hosts the store (else the launcher does)
+  std::string prefix_;  // "accel/<generation>/"
   CommOptions opt_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::TCPStore> raw_;
+  c10::intrusive_ptr<c10d::Store> store_;  // raw_ under prefix_ + "job"
+  std::shared_ptr<Beat> beat_;
   std::thread heartbeat_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
 };
 
 }  // namespace accel::comm

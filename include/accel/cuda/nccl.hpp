@@ -54,16 +54,17 @@ inline ncclDataType_t nccl_type(at::ScalarType t) {
 class NcclCommunicator final : public comm::Communicator {
  public:
   NcclCommunicator(std::unique_ptr<comm::Rendezvous> rdzv, const comm::RendezvousSpec& spec, comm::CommOptions opt, int device)
-      : Communicator(spec.rank, spec.size, opt), rdzv_(std::move(rdzv)), device_(device) {
+      : Communicator(spec.rank, spec.size, opt, rdzv.get()), rdzv_(std::move(rdzv)), device_(device) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     // The unique id: drawn by rank 0, shared through the rendezvous store.
+    const auto n = begin(comm::OpKind::barrier, at::kByte, 0);  // ncclCommInitRank: every rank takes part
     ncclUniqueId id;
     auto store = rdzv_->store();
     if (rank() == 0) {
-      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
+      check_nccl(ncclGetUniqueId(&id), n);
       store->set("accel/nccl/id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
     } else {
       const auto bytes = store->get("accel/nccl/id");
@@ -71,9 +72,8 @@ class NcclCommunicator final : public comm::Communicator {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const auto n = next_sequence();
-    check_nccl(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", n);
-    wait_comm("ncclCommInitRank", n);
+    check_nccl(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), n);
+    wait_comm(n);
   }
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);
@@ -85,7 +85,7 @@ class NcclCommunicator final : public comm::Communicator {
   void all_reduce(at::Tensor& t, comm::ReduceOp op = comm::ReduceOp::sum) override {
     require_cuda(t, "all_reduce");
     const ncclRedOp_t rop = op == comm::ReduceOp::sum ? ncclSum : op == comm::ReduceOp::max ? ncclMax : ncclMin;
-    launch("all_reduce", [&] {
+    launch(begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel(), op), [&] {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), rop, comm_, stream_);
     });
   }
@@ -94,14 +94,14 @@ class NcclCommunicator final : public comm::Communicator {
   // The caller keeps `t` alive until `finish` (DistributedModule's bucket does).
   Pending all_reduce_start(at::Tensor& t) override {
     require_cuda(t, "all_reduce");
-    const auto n = next_sequence();
+    const auto n = begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel());
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
     check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_, stream_),
-               "all_reduce", n);
-    wait_comm("all_reduce", n);
+               n);
+    wait_comm(n);
     cudaEvent_t* done = new cudaEvent_t;
     check_cuda(cudaEventCreateWithFlags(done, cudaEventDisableTiming), "cudaEventCreate");
     std::shared_ptr<void> event(done, [](void* e) {
@@ -109,12 +109,13 @@ class NcclCommunicator final : public comm::Communicator {
       delete static_cast<cudaEvent_t*>(e);
     });
     check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
-    return {n, std::move(event)};
+    return {n.seq, std::make_shared<InFlight>(InFlight{n, std::move(event)})};
   }
   void finish(Pending& p) override {
     if (!p.native) return;
-    const cudaEvent_t done = *static_cast<cudaEvent_t*>(p.native.get());
-    wait_event(done, "all_reduce", p.sequence);
+    const auto& f = *static_cast<InFlight*>(p.native.get());
+    const cudaEvent_t done = *static_cast<cudaEvent_t*>(f.event.get());
+    wait_event(done, f.id);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
     check_cuda(cudaStreamWaitEvent(current, done, 0), "cudaStreamWaitEvent");
@@ -123,7 +124,7 @@ class NcclCommunicator final : public comm::Communicator {
   void broadcast(at::Tensor& t, int root = 0) override {
     require_cuda(t, "broadcast");
     check_root(root, "broadcast");
-    launch("broadcast", [&] {
+    launch(begin(comm::OpKind::broadcast, t.scalar_type(), t.numel(), comm::ReduceOp::sum, root), [&] {
       return ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), root, comm_, stream_);
     });
   }
@@ -133,7 +134,7 @@ class NcclCommunicator final : public comm::Communicator {
     auto shape = in.sizes().vec();
     shape.insert(shape.begin(), size());
     at::Tensor out = at::empty(shape, in.options());
-    launch("all_gather", [&] {
+    launch(begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&] {
       return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
     });
     std::vector<at::Tensor> parts;
@@ -144,7 +145,7 @@ class NcclCommunicator final : public comm::Communicator {
     require_cuda(out, "scatter");
     check_root(root, "scatter");
     const auto type = nccl_type(out.scalar_type());
-    launch("scatter", [&] {
+    launch(begin(comm::OpKind::scatter, out.scalar_type(), out.numel(), comm::ReduceOp::sum, root), [&] {
       ncclGroupStart();
       if (rank() == root)
         for (int r = 0; r < size(); ++r)
@@ -162,62 +163,85 @@ class NcclCommunicator final : public comm::Communicator {
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
 
- protected:
-  [[nodiscard]] std::string census() const noexcept override { return rdzv_->census(); }
-
  private:
+  struct InFlight {
+    comm::CollectiveId id;
+    std::shared_ptr<void> event;
+  };
+
   void require_cuda(const at::Tensor& t, const char* op) const {
     detail::require(t.is_cuda(), std::string("accel: NCCL ") + op + " needs CUDA tensors; move the tensor to the "
                                  "process's device (state.device()) first");
   }
-  void check_nccl(ncclResult_t r, const char* what, std::uint64_t n) const {
-    if (r != ncclSuccess && r != ncclInProgress) fail(what, n, std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
+  void check_nccl(ncclResult_t r, const comm::CollectiveId& n) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(n, std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
   }
   // Waits until the communicator has no operation in progress, or aborts it at the timeout.
-  void wait_comm(const char* what, std::uint64_t n) {
-    const auto deadline = comm::Clock::now() + options().timeout;
+  void wait_comm(const comm::CollectiveId& n) {
+    Watch watch(*this, n);
     for (;;) {
       ncclResult_t state = ncclSuccess;
       if (comm_) ncclCommGetAsyncError(comm_, &state);
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) abort_and_fail(what, n, ncclGetErrorString(state));
-      if (comm::Clock::now() > deadline) abort_and_fail(what, n, "timed out");
+      if (state != ncclInProgress) abort_and_fail(n, ncclGetErrorString(state));
+      watch.check();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   // Orders the collective after the work already queued on the caller's stream, runs it on ours, makes the
   // caller's stream wait for it, and polls for completion against the timeout.
   template <class Call>
-  void launch(const char* op, Call&& call) {
-    const auto n = next_sequence();
+  void launch(const comm::CollectiveId& n, Call&& call) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
     check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    check_nccl(call(), op, n);
-    wait_comm(op, n);
+    check_nccl(call(), n);
+    wait_comm(n);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    wait_event(done_, op, n);
+    wait_event(done_, n);
     check_cuda(cudaStreamWaitEvent(current, done_, 0), "cudaStreamWaitEvent");
   }
   // Polls `event` until it completes; an NCCL error or the timeout aborts the communicator.
-  void wait_event(cudaEvent_t event, const char* op, std::uint64_t n) {
-    const auto deadline = comm::Clock::now() + options().timeout;
+  void wait_event(cudaEvent_t event, const comm::CollectiveId& n) {
+    Watch watch(*this, n);
     for (;;) {
       const cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) abort_and_fail(op, n, cudaGetErrorString(q));
+      if (q != cudaErrorNotReady) abort_and_fail(n, cudaGetErrorString(q));
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) abort_and_fail(op, n, ncclGetErrorString(state));
-      if (comm::Clock::now() > deadline) abort_and_fail(op, n, "timed out");
+      if (state != ncclSuccess && state != ncclInProgress) abort_and_fail(n, ncclGetErrorString(state));
+      watch.check();
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  [[noreturn]] void abort_and_fail(const char* op, std::uint64_t n, const std::string& why) {
+  // The polling loops' side of Note [Frozen peers]: after a second, the heartbeat's verdict every heartbeat
+  // interval; the timeout, a frozen peer or a mismatch aborts the communicator and throws.
+  class Watch {
+   public:
+    Watch(NcclCommunicator& c, const comm::CollectiveId& id) : c_(c), id_(id), t0_(comm::Clock::now()), next_(t0_ + std::chrono::seconds(1)) {}
+    void check() {
+      const auto now = comm::Clock::now();
+      if (now < next_) return;
+      next_ = now + c_.options().heartbeat_interval;
+      if (now - t0_ > c_.options().timeout) c_.abort_and_fail(id_, "timed out");
+      if (!c_.monitor()) return;
+      if (!watching_) watching_ = c_.monitor()->watch();
+      if (std::string why = c_.monitor()->verdict(id_); !why.empty()) c_.abort_and_fail(id_, why, false);
+    }
+
+   private:
+    NcclCommunicator& c_;
+    comm::CollectiveId id_;
+    comm::Clock::time_point t0_, next_;
+    std::shared_ptr<void> watching_;
+  };
+  [[noreturn]] void abort_and_fail(const comm::CollectiveId& n, const std::string& why, bool census = true) {
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    fail(op, n, why);
+    if (why.rfind("collective mismatch: ", 0) == 0) fail_mismatch(n, why.substr(std::string("collective mismatch: ").size()));
+    fail(n, why, census);
   }
 
   std::unique_ptr<comm::Rendezvous> rdzv_;

@@ -28,12 +28,34 @@ class BatchSamplerEpoch {
     (void)k.begin_epoch();  // RNG synchronisation, like every epoch
     const auto batches = k.sampler_batches();
     for (int r = 0; r < k.ctx.num_processes; ++r) shards_.push_back(shard(*batches, k.spec(r)));
+    for (const auto& rank_batches : shards_) {
+      const auto left = std::int64_t(rank_batches.size()) - std::min<std::int64_t>(k.skip, std::int64_t(rank_batches.size()));
+      steps_ = std::max(steps_, left);
+    }
+    for (int r = 0; r < int(shards_.size()) && steps_ > 0; ++r)
+      if (std::int64_t(shards_[std::size_t(r)].size()) <= k.skip) {
+        starved_ = r;
+        break;
+      }
     const auto& mine = shards_[std::size_t(k.ctx.process_index)];
     first_ = std::min<std::int64_t>(k.skip, std::int64_t(mine.size()));
     k.run_epoch(first_, std::int64_t(mine.size()) - first_);
   }
   [[nodiscard]] std::int64_t count() const noexcept {
     return std::int64_t(shards_[std::size_t(core_->ctx.process_index)].size()) - first_;
+  }
+  //! Steps of the longest rank (uneven tails: more than `count()` on the ranks that run out first).
+  [[nodiscard]] std::int64_t steps() const noexcept { return std::max(steps_, count()); }
+  //! What step `q` of the epoch publishes: every rank's rows of its batch at that step (none past its last).
+  [[nodiscard]] GradientState::LoaderView view(std::int64_t q) const {
+    GatherLayout layout;
+    for (const auto& rank_batches : shards_) {
+      const std::int64_t j = q + std::min<std::int64_t>(core_->skip, std::int64_t(rank_batches.size()));
+      const bool has = j < std::int64_t(rank_batches.size());
+      layout.size.push_back(has ? std::int64_t(rank_batches[std::size_t(j)].indices.size()) : 0);
+      layout.real.push_back(has ? rank_batches[std::size_t(j)].real : 0);
+    }
+    return {.end_of_dataloader = q + 1 == count(), .batch = q, .direct = std::move(layout), .steps = steps(), .starved = starved_};
   }
   [[nodiscard]] static std::size_t size(Core& k) {
     const auto count = shard(*k.sampler_batches(), k.spec(k.ctx.process_index)).size();
@@ -44,16 +66,9 @@ class BatchSamplerEpoch {
     const auto& k = *core_;
     const std::int64_t j = q + first_;
     const auto& mine = shards_[std::size_t(k.ctx.process_index)];
-    GatherLayout layout;
-    for (const auto& rank_batches : shards_) {
-      const bool has = j < std::int64_t(rank_batches.size());
-      layout.size.push_back(has ? std::int64_t(rank_batches[std::size_t(j)].indices.size()) : 0);
-      layout.real.push_back(has ? rank_batches[std::size_t(j)].real : 0);
-    }
     Batch batch = k.placement()(
         detail::fetch_batch(*k.dataset, k.collate, mine[std::size_t(j)].indices, j, k.epoch, k.ctx.process_index));
-    return detail::Fetched<Payload>{std::move(batch),
-                                    {.end_of_dataloader = j + 1 == std::int64_t(mine.size()), .direct = std::move(layout)}};
+    return detail::Fetched<Payload>{std::move(batch), view(q)};
   }
 
  private:
@@ -66,6 +81,8 @@ class BatchSamplerEpoch {
   std::shared_ptr<Core> core_;
   std::vector<std::vector<ShardBatch>> shards_;  // every rank's batches of the epoch
   std::int64_t first_ = 0;                        // batches skipped
+  std::int64_t steps_ = 0;                        // the longest rank's steps
+  int starved_ = -1;                              // a rank without any batch while others have some
 };
 
 }  // namespace accel::data

@@ -35,11 +35,26 @@ class PlannedEpoch {
     for (int r = 0; r < k.ctx.num_processes; ++r) all->push_back(k.plan_of(r).skip(k.skip));
     plans_ = std::move(all);
     lead_ = (*plans_)[std::size_t(Config::dispatch ? 0 : k.ctx.process_index)];
+    if constexpr (!Config::dispatch) {  // under dispatch every rank runs rank 0's steps
+      for (int r = 0; r < k.ctx.num_processes; ++r) steps_ = std::max(steps_, (*plans_)[std::size_t(r)].size());
+      for (int r = 0; r < k.ctx.num_processes && steps_ > 0; ++r)
+        if ((*plans_)[std::size_t(r)].size() == 0) {
+          starved_ = r;
+          break;
+        }
+    }
     view_ = planned_batches(lead_, std::move(order));
     k.run_epoch(lead_.skipped(), lead_.size());
   }
   //! Steps this rank runs (under dispatch, every rank runs rank 0's steps).
   [[nodiscard]] std::int64_t count() const noexcept { return lead_.size(); }
+  //! Steps of the longest rank (uneven tails: more than `count()` on the ranks that run out first).
+  [[nodiscard]] std::int64_t steps() const noexcept { return std::max(steps_, count()); }
+  //! What step `q` of the epoch publishes (for a step this rank has no batch of, too: Note [Joined steps]).
+  [[nodiscard]] GradientState::LoaderView view(std::int64_t q) const {
+    return {.end_of_dataloader = lead_.end_of_dataloader(q), .plans = plans_, .batch = q,
+            .steps = Config::dispatch ? -1 : steps(), .starved = starved_};
+  }
   [[nodiscard]] static std::size_t size(Core& k) {
     return std::size_t(k.plan_of(Config::dispatch ? 0 : k.ctx.process_index).skip(k.skip).size());
   }
@@ -47,7 +62,7 @@ class PlannedEpoch {
   //! Step `q` of the epoch (after the skipped ones). Called from the loader's workers, concurrently for distinct `q`.
   std::optional<detail::Fetched<Payload>> produce(std::int64_t q) const {
     const auto& k = *core_;
-    detail::Fetched<Payload> f{{}, {.end_of_dataloader = lead_.end_of_dataloader(q), .plans = plans_, .batch = q}};
+    detail::Fetched<Payload> f{{}, view(q)};
     if constexpr (!Config::dispatch) {
       thread_local std::vector<std::int64_t> idx;  // one index buffer per thread, reused batch after batch
       view_[std::ptrdiff_t(q)].indices_into(idx);
@@ -85,6 +100,8 @@ class PlannedEpoch {
   std::shared_ptr<Core> core_;
   std::shared_ptr<const std::vector<plan::BatchPlan>> plans_;
   plan::BatchPlan lead_;  // this rank's plan (rank 0's under dispatch, whose steps every rank follows)
+  std::int64_t steps_ = 0;  // the longest rank's steps (sharded)
+  int starved_ = -1;        // a rank without any batch while others have some
   PlannedBatches view_;
 };
 

@@ -29,6 +29,7 @@
 #include <ranges>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace accel::data {
 
@@ -45,12 +46,16 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
         : core(c), transport(std::move(t)), registration(core->publish ? &GradientState::instance() : nullptr), epoch(core) {
       prefetcher.emplace(epoch.count(), core->options.workers, core->options.prefetch,
                          [this](std::int64_t q) { return epoch.produce(q); });
+      if (missing() > 0) registration.record_steps();  // this rank runs out first: Note [Joined steps]
     }
     ~Cursor() { prefetcher.reset(); }  // joins the workers before the epoch they read goes
     void finish() { core->end_epoch(); }
     bool advance() {
       auto fetched = prefetcher->next();
-      if (!fetched) return false;
+      if (!fetched) {
+        join();
+        return false;
+      }
       auto batch = transport->deliver(*core, *fetched);
       if (!batch) return false;
       current.emplace(std::move(*batch));
@@ -59,12 +64,29 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
       ++core->handed;
       return true;
     }
+    // Steps the longest rank runs beyond this one's batches (uneven tails).
+    [[nodiscard]] std::int64_t missing() const {
+      if constexpr (requires { epoch.steps(); }) return core->publish ? epoch.steps() - epoch.count() : 0;
+      else return 0;
+    }
+    // This rank's batches are over: take part in the steps the others still run (Note [Joined steps] in
+    // gradient_state.hpp), with nothing of its own.
+    void join() {
+      if constexpr (requires { epoch.steps(); }) {
+        if (missing() <= 0 || joined) return;
+        joined = true;
+        std::vector<GradientState::LoaderView> views;
+        for (std::int64_t q = epoch.count(); q < epoch.steps(); ++q) views.push_back(epoch.view(q));
+        registration.join(views);  // false: this rank had no batch, and so no step to repeat (a starved rank)
+      }
+    }
     std::shared_ptr<Core> core;
     std::shared_ptr<const Transport> transport;
     GradientState::Registration registration;
     Epoch epoch;
     std::optional<detail::Prefetcher<detail::Fetched<typename Epoch::Payload>>> prefetcher;
     std::optional<Batch> current;
+    bool joined = false;
   };
 
  public:

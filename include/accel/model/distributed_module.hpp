@@ -74,7 +74,8 @@ class DistributedModule {
     std::vector<std::size_t> params;
     std::size_t ready = 0;
     std::int64_t numel = 0;
-    at::Tensor flat;  // every gradient of the bucket, as views
+    at::Tensor buffer;  // the gradients, then the room for the collective check (Communicator::check_room)
+    at::Tensor flat;    // the gradients' part of `buffer`: every gradient of the bucket, as views
     comm::Communicator::Pending pending;
   };
   struct State {
@@ -83,6 +84,7 @@ class DistributedModule {
     std::vector<Param> params;
     std::vector<Bucket> buckets;
     std::size_t next_launch = 0;
+    std::uint64_t hook_calls = 0;  // gradients accumulated so far (whether a backward went through the module)
     bool sync = true;
     bool callback_queued = false;
     std::mutex mu;
@@ -148,11 +150,28 @@ class DistributedModule {
   //! Whether the next backward averages gradients.
   void set_sync(bool sync) { state_->sync = sync; }
   [[nodiscard]] bool sync() const noexcept { return state_->sync; }
+  //! Gradients accumulated into the parameters so far: it moves when a backward goes through the module.
+  [[nodiscard]] std::uint64_t backward_count() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->hook_calls;
+  }
+  //! What a synchronising backward does, without one: averages the gradients the parameters hold (zeros for
+  //! those without one) across processes, bucket by bucket in the same order. A rank out of batches takes part
+  //! in the others' backward this way (Note [Joined steps] in gradient_state.hpp). Nothing under `no_sync`.
+  void synchronize() {
+    auto& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.sync || !s.comm || s.comm->size() == 1) return;
+    for (auto& p : s.params)
+      if (!p.ready) p.ready = true, ++s.buckets[p.bucket].ready;
+    complete(s);
+  }
 
  private:
   static void ready(const std::shared_ptr<State>& sp, std::size_t index) {
     auto& s = *sp;
     std::lock_guard<std::mutex> lock(s.mu);
+    ++s.hook_calls;
     if (!s.sync) return;
     if (!s.callback_queued) {
       s.callback_queued = true;
@@ -181,7 +200,10 @@ class DistributedModule {
   // autograd allocated is moved in by one fused multiply; none gives zeros).
   static void adopt(State& s, Param& p) {
     auto& b = s.buckets[p.bucket];
-    if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));
+    if (!b.flat.defined()) {
+      b.buffer = at::zeros({b.numel + s.comm->check_room(p.tensor.scalar_type(), b.numel)}, p.tensor.options().requires_grad(false));
+      b.flat = b.buffer.narrow(0, 0, b.numel);
+    }
     const auto& g = p.tensor.grad();
     const at::Scalar share = 1.0 / double(s.comm->size());
     if (g.defined() && g.data_ptr() == static_cast<char*>(b.flat.data_ptr()) + p.offset * std::int64_t(b.flat.element_size())) {
@@ -201,7 +223,7 @@ class DistributedModule {
   }
   static void launch(State& s, Bucket& b) {
     for (auto k : b.params) adopt(s, s.params[k]);
-    b.pending = s.comm->all_reduce_start(b.flat);  // the sum of the shares is the average
+    b.pending = s.comm->all_reduce_start(b.buffer, b.numel);  // the sum of the shares is the average
   }
   static void finalize(State& s) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -215,8 +237,17 @@ class DistributedModule {
     }
     for (auto& p : s.params)  // unused parameters contribute zeros
       if (!p.ready) p.ready = true, ++s.buckets[p.bucket].ready;
-    launch_ready(s);
-    for (auto& b : s.buckets) s.comm->finish(b.pending);  // the gradients, views of the buckets, are averaged
+    complete(s);
+  }
+  // Starts what is left and waits for every bucket: the gradients, views of the buckets, are averaged.
+  static void complete(State& s) {
+    try {
+      launch_ready(s);
+      for (auto& b : s.buckets) s.comm->finish(b.pending);
+    } catch (...) {
+      reset(s);
+      throw;
+    }
     reset(s);
   }
   static void reset(State& s) {

@@ -62,7 +62,9 @@ class AcceleratedOptimizer {
   //! Steps the inner optimizer when this step synchronises gradients; otherwise nothing. With a scaler: the
   //! step is skipped when any gradient is inf/NaN (on any process), and the scale is updated.
   void step() {
-    if (!GradientState::instance().sync_gradients()) return;
+    auto& gs = GradientState::instance();
+    if (gs.recording()) gs.record([self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
+    if (!gs.sync_gradients()) return;
     if (s_->scaler) {
       s_->record->skipped = !s_->scaler->step(*s_->opt);
       s_->scaler->update();
@@ -73,7 +75,9 @@ class AcceleratedOptimizer {
   }
   //! Clears the gradients when this step synchronises (`set_to_none` defaults to true, as in Accelerate).
   void zero_grad(bool set_to_none = true) {
-    if (GradientState::instance().sync_gradients()) s_->opt->zero_grad(set_to_none);
+    auto& gs = GradientState::instance();
+    if (gs.recording()) gs.record([self = *this, set_to_none]() mutable { return self.zero_grad(set_to_none), std::shared_ptr<void>(); });
+    if (gs.sync_gradients()) s_->opt->zero_grad(set_to_none);
   }
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
   [[nodiscard]] bool step_was_skipped() const noexcept { return s_->record->skipped; }
@@ -109,12 +113,14 @@ class AcceleratedScheduler {
 
   void step() {
     auto& s = *s_;
+    auto& gs = GradientState::instance();
+    if (gs.recording()) gs.record([self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
     if (!s.opt.step_with_optimizer) {
       s.sched->step();
       ++s.count;
       return;
     }
-    if (!GradientState::instance().sync_gradients()) return;
+    if (!gs.sync_gradients()) return;
     for (const auto& o : s.optimizers)
       if (o->skipped) return;
     const int times = s.opt.split_batches || s.opt.always_once ? 1 : s.opt.num_processes;

@@ -3,7 +3,8 @@
 //! Gradient accumulation: when a step synchronises gradients (Accelerate's `accumulate` / `_do_sync`).
 //!
 //! Each `begin_step()` (one per batch, before the forward pass) decides: at the end of the loader (when
-//! `sync_with_dataloader`) the counter resets to 0 and the step syncs; otherwise the counter advances and the
+//! `sync_with_dataloader`; under uneven tails, the last step of the longest rank, the same on every rank) the
+//! counter resets to 0 and the step syncs; otherwise the counter advances and the
 //! step syncs every `steps`-th time. The decision lands in `GradientState::sync_gradients()`, which the
 //! optimizer and scheduler wrappers read. `allow_sync()` adds `sync_each_batch` (reduce every batch, step every
 //! `steps`), for the model's no_sync.
@@ -31,7 +32,7 @@ class Accumulation {
   //! Decides whether this step syncs; returns the decision.
   bool begin_step(GradientState& gs = GradientState::instance()) {
     bool sync;
-    if (opt_.sync_with_dataloader && gs.end_of_dataloader()) {
+    if (opt_.sync_with_dataloader && gs.last_step()) {  // every rank's last step (Note [Joined steps])
       step_ = 0;
       sync = true;
     } else {

@@ -65,7 +65,7 @@ inline int visible_gpus() {
 namespace detail {
 inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env) {
   return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
-          .host_store = !env.agent_store};
+          .host_store = !env.agent_store, .generation = env.restart_count};
 }
 }  // namespace detail
 

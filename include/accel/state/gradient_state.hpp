@@ -6,14 +6,27 @@
 //! `gather_for_metrics`). One per process; loaders register while an epoch is in progress, as a stack (nested
 //! loops work). Registration is RAII: an abandoned loop unregisters when its iterator goes (Accelerate leaves
 //! it on the stack, Q16).
+//!
+//! Note [Joined steps]: under uneven tails (`tail::uneven`), a rank can run out of batches while others still
+//! have some; every rank knows from the plan how many steps the longest rank runs (`LoaderView::steps`). Such a
+//! rank records the calls its loop makes through accel in each step (`record`: the accelerator's `accumulate`,
+//! `backward`, `clip_grad_norm_`, `gather_for_metrics`, `gather`, `reduce`, the prepared optimizers and
+//! schedulers), and when its own batches end, the loader repeats the last step's calls once for every step it
+//! lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated gradients, if any), no rows
+//! to `gather_for_metrics`, the identity to `reduce`; then the same optimizer and scheduler steps on the averaged
+//! gradients, so parameters and optimizer state stay equal on every rank. No collective is added per step. A rank
+//! with as many steps as the longest records nothing, and an even loader costs nothing.
 
 #include <accel/core/structure.hpp>
 #include <accel/plan/plan.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -23,10 +36,17 @@ class GradientState {
   //! What a loader publishes about the batch the loop holds: whether it is the last, and every rank's plan
   //! (the layout of the batch is computed from them only when someone asks).
   struct LoaderView {
-    bool end_of_dataloader = false;
+    bool end_of_dataloader = false;  //!< Accelerate's flag: this rank's last batch
     std::shared_ptr<const std::vector<plan::BatchPlan>> plans;
-    std::int64_t batch = 0;
-    GatherLayout direct;  //!< used when there are no plans (streams)
+    std::int64_t batch = 0;  //!< the step of the epoch (after skipped ones)
+    GatherLayout direct;     //!< used when there are no plans (streams, batch samplers)
+    //! Steps of the longest rank in this epoch (known from the plan; -1: every rank runs as many as this one).
+    std::int64_t steps = -1;
+    //! A rank that has no batch at all in this epoch while others have some (-1: none): it has no step of its
+    //! own to repeat (Note [Joined steps]), so a collective in this epoch's steps is an error.
+    int starved = -1;
+    //! Whether this is the last step of the epoch on every rank: where accumulation must sync.
+    [[nodiscard]] bool last_step() const { return steps >= 0 ? batch + 1 == steps : end_of_dataloader; }
     [[nodiscard]] GatherLayout layout() const {
       GatherLayout out;
       if (!plans) return direct;
@@ -51,12 +71,40 @@ class GradientState {
   //! True while the loop holds the last batch of the innermost active loader.
   [[nodiscard]] bool end_of_dataloader() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return !stack_.empty() && stack_.back()->end_of_dataloader;
+    return !stack_.empty() && stack_.back()->view.end_of_dataloader;
+  }
+  //! True while the loop holds the last step of the innermost loader's epoch on every rank (the same as
+  //! `end_of_dataloader` unless the tails are uneven): where accumulation syncs.
+  [[nodiscard]] bool last_step() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stack_.empty() && stack_.back()->view.last_step();
   }
   //! The current batch's layout of the innermost active loader (empty outside a loader).
   [[nodiscard]] GatherLayout layout() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return stack_.empty() ? GatherLayout{} : stack_.back()->layout();
+    return stack_.empty() ? GatherLayout{} : stack_.back()->view.layout();
+  }
+  //! The rank without any batch in the innermost loader's epoch, or -1 (`LoaderView::starved`).
+  [[nodiscard]] int starved_rank() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stack_.empty() ? -1 : stack_.back()->view.starved;
+  }
+
+  //! A call of the loop's step that a rank out of batches repeats (Note [Joined steps]); it returns what must
+  //! live until the end of the repeated step (a sync scope), or nothing.
+  using StepCall = std::function<std::shared_ptr<void>()>;
+  //! Whether the innermost loader's epoch needs this rank's calls recorded (`record` is a no-op otherwise:
+  //! build the call only when this is true).
+  [[nodiscard]] bool recording() const {
+    if (recorders_.load(std::memory_order_relaxed) == 0) return false;  // no uneven epoch: nothing to lock
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stack_.empty() && stack_.back()->records && !replaying_;
+  }
+  //! Records `call` as part of the current step of the innermost loader, when its epoch needs it.
+  void record(StepCall call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stack_.empty() || !stack_.back()->records || replaying_) return;
+    stack_.back()->current.push_back(std::move(call));
   }
   [[nodiscard]] std::size_t active_loaders() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,43 +121,95 @@ class GradientState {
     sync_gradients_ = sync;
   }
 
+ private:
+  struct Entry {
+    LoaderView view;
+    bool records = false;  // this rank's step calls are recorded (Note [Joined steps])
+    bool holding = false;  // the loop holds a batch of this epoch
+    std::vector<StepCall> current, last;
+  };
+
+ public:
   //! RAII registration of one loader's epoch.
   class Registration {
    public:
     Registration() = default;
     //! Registers with `gs`, or with nothing when `gs` is null (a loader that publishes nothing).
     explicit Registration(GradientState* gs) : gs_(gs) {
-      if (gs_) gs_->push(&view_);
+      if (gs_) gs_->push(&entry_);
     }
     ~Registration() {
-      if (gs_) gs_->remove(&view_);
+      if (!gs_) return;
+      gs_->remove(&entry_);
+      if (entry_.records) gs_->recorders_.fetch_sub(1);
     }
     Registration(const Registration&) = delete;
     Registration& operator=(const Registration&) = delete;
-    //! Publishes the batch the loop now holds.
+    //! Publishes the batch the loop now holds (the calls of the previous step become the step to repeat).
     void update(LoaderView view) {
       if (!gs_) return;
       std::lock_guard<std::mutex> lock(gs_->mu_);
-      view_ = std::move(view);
+      if (entry_.records && entry_.holding) entry_.last = std::exchange(entry_.current, {});
+      entry_.holding = true;
+      entry_.view = std::move(view);
+    }
+    //! Records this rank's step calls from now on (this rank has fewer steps than the longest).
+    void record_steps() {
+      if (!gs_) return;
+      std::lock_guard<std::mutex> lock(gs_->mu_);
+      if (!entry_.records) gs_->recorders_.fetch_add(1);
+      entry_.records = true;
+    }
+    //! This rank's batches are over: repeats the calls of its last step once for each view of `missing`
+    //! (Note [Joined steps]). Returns false when there is no step to repeat (the rank had no batch).
+    bool join(const std::vector<LoaderView>& missing) {
+      if (!gs_ || missing.empty()) return true;
+      std::vector<StepCall> calls;
+      {
+        std::lock_guard<std::mutex> lock(gs_->mu_);
+        if (entry_.holding) entry_.last = std::exchange(entry_.current, {});
+        if (!entry_.holding) return false;
+        calls = entry_.last;
+      }
+      for (const auto& v : missing) {
+        {
+          std::lock_guard<std::mutex> lock(gs_->mu_);
+          entry_.view = v;
+          gs_->replaying_ = true;
+        }
+        struct Done {
+          GradientState* gs;
+          ~Done() {
+            std::lock_guard<std::mutex> lock(gs->mu_);
+            gs->replaying_ = false;
+          }
+        } done{gs_};
+        std::vector<std::shared_ptr<void>> held;  // released in reverse order at the step's end
+        for (const auto& c : calls) held.push_back(c());
+        while (!held.empty()) held.pop_back();
+      }
+      return true;
     }
 
    private:
     GradientState* gs_ = nullptr;
-    LoaderView view_;
+    Entry entry_;
   };
 
  private:
-  void push(LoaderView* v) {
+  void push(Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
-    stack_.push_back(v);
+    stack_.push_back(e);
   }
-  void remove(LoaderView* v) {
+  void remove(Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
-    stack_.erase(std::remove(stack_.begin(), stack_.end(), v), stack_.end());
+    stack_.erase(std::remove(stack_.begin(), stack_.end(), e), stack_.end());
   }
   mutable std::mutex mu_;
-  std::vector<LoaderView*> stack_;
+  std::vector<Entry*> stack_;
   bool sync_gradients_ = true;
+  bool replaying_ = false;
+  std::atomic<int> recorders_{0};  // registrations that record their steps
 };
 
 }  // namespace accel

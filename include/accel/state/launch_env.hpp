@@ -8,16 +8,26 @@
 //! 1. explicit `LaunchOverrides` (constructor arguments) — always win (Accelerate lets an environment
 //!    variable win over an argument; accel does not, DESIGN "Q2");
 //! 2. torchrun and accel-launch: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`;
-//! 3. Open MPI (`mpirun`): `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`;
+//! 3. MPI launchers: Open MPI (`OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`), MVAPICH
+//!    (`MV2_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`), MPICH and Intel MPI (`PMI_RANK`, `PMI_SIZE`,
+//!    `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`; but `srun --mpi=pmi2` sets `PMI_RANK` too, without the local variables:
+//!    with `SLURM_PROCID` and no `MPI_LOCALRANKID`, SLURM's variables are read instead);
 //! 4. SLURM (`srun`): `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE`; the master address
 //!    is `MASTER_ADDR` or else the first host of `SLURM_JOB_NODELIST`, the port `MASTER_PORT` or else
 //!    `20000 + SLURM_JOB_ID % 20000` (every task of a job computes the same one);
-//! 5. nothing set: one process.
-//! The family is chosen by its rank variable (`RANK`, then `OMPI_COMM_WORLD_RANK`, then `SLURM_PROCID`).
-//! Under MPI and SLURM on a single node, the master address defaults to 127.0.0.1 and the port to 29500.
+//! 5. PMIx (`prterun`, `srun --mpi=pmix`, Flux): `PMIX_RANK`. PMIx exports only the rank and the namespace
+//!    (`PMIX_NAMESPACE`) to a process, never the job's size (that is `PMIx_Get(PMIX_JOB_SIZE)`), so the size comes
+//!    from `OMPI_COMM_WORLD_SIZE` or `PMIX_SIZE` (exported by the user), and missing, it is an error;
+//! 6. nothing set: one process.
+//! The family is chosen by its rank variable, in this order. Under MPI and SLURM the port defaults to 29500 and, on
+//! a single node, the master address to 127.0.0.1; an MPI job on several nodes (local size != world size) needs
+//! `MASTER_ADDR` (an error names it).
+//!
+//! `TORCHELASTIC_RESTART_COUNT` (torchrun's and accel-launch's restart generation) is `LaunchEnv::restart_count`.
 
 #include <accel/error.hpp>
 
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
@@ -43,10 +53,13 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string launcher = "none";  //!< "none", "torchrun", "mpi", "slurm", "arguments"
+  std::string launcher = "none";  //!< "none", "torchrun", "mpi" (Open MPI, MVAPICH, MPICH, Intel MPI, PMIx), "slurm", "arguments"
   //! torchrun's agent already hosts the rendezvous store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
   //! rank 0 connects to it instead of starting one.
   bool agent_store = false;
+  //! Which attempt of the job this is: 0, then 1 after the launcher's first restart (`TORCHELASTIC_RESTART_COUNT`,
+  //! set by accel-launch --max-restarts and torchrun). Every rendezvous key is scoped by it.
+  int restart_count = 0;
   [[nodiscard]] bool distributed() const noexcept { return world_size > 1; }
 };
 
@@ -99,33 +112,60 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
     if (!v || v->empty()) return std::nullopt;
     return detail::parse_int(name, *v, hint);
   };
-  // The launcher families, in precedence order: the first whose rank variable is set is the one.
+  // The launcher families, in precedence order: the first whose rank variable is set is the one. A field may have
+  // several variables (the first one set wins).
   struct Family {
-    const char *name, *rank, *size, *local_rank, *local_size, *hint;
-    bool local_rank_defaults_to_rank, needs_master;
+    const char *name, *rank;
+    std::array<const char*, 2> size, local_rank, local_size;
+    const char* hint;
+    bool local_rank_defaults_to_rank, needs_master_port, mpi;
   };
   static constexpr Family families[] = {
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-       "the launcher (accel-launch, torchrun) sets it to a number", true, true},
-      {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-       "mpirun sets it to a number", true, false},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "srun sets it to a number", false, false},
+      {"torchrun", "RANK", {"WORLD_SIZE"}, {"LOCAL_RANK"}, {"LOCAL_WORLD_SIZE"},
+       "the launcher (accel-launch, torchrun) sets it to a number", true, true, false},
+      {"mpi", "OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_SIZE"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}, {"OMPI_COMM_WORLD_LOCAL_SIZE"},
+       "mpirun sets it to a number", true, false, true},
+      {"mpi", "MV2_COMM_WORLD_RANK", {"MV2_COMM_WORLD_SIZE"}, {"MV2_COMM_WORLD_LOCAL_RANK"}, {"MV2_COMM_WORLD_LOCAL_SIZE"},
+       "MVAPICH's launcher sets it to a number", true, false, true},
+      {"mpi", "PMI_RANK", {"PMI_SIZE"}, {"MPI_LOCALRANKID"}, {"MPI_LOCALNRANKS"},
+       "mpiexec (MPICH, Intel MPI) sets it to a number", true, false, true},
+      {"slurm", "SLURM_PROCID", {"SLURM_NTASKS"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS_PER_NODE"}, "srun sets it to a number",
+       false, false, false},
+      {"mpi", "PMIX_RANK", {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE"}, "the PMIx server sets it to a number", true, false, true},
   };
-  std::string rank_var = "rank", size_var = "world size";
-  bool needs_master = false;
+  auto first_set = [&](const std::array<const char*, 2>& names) -> const char* {
+    for (const char* n : names)
+      if (n && env(n) && !env(n)->empty()) return n;
+    return nullptr;
+  };
+  std::string rank_var = "rank", size_var = "world size", local_size_var = "LOCAL_WORLD_SIZE";
+  bool needs_master_port = false, mpi = false;
   for (const Family& f : families) {
     if (!env(f.rank)) continue;
+    // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local variable; SLURM's own variables carry them.
+    if (std::string_view(f.rank) == "PMI_RANK" && !env("MPI_LOCALRANKID") && env("SLURM_PROCID")) continue;
     out.launcher = f.name;
     out.rank = get_int(f.rank, f.hint).value_or(0);
-    out.world_size = get_int(f.size, f.hint).value_or(1);
-    out.local_rank = get_int(f.local_rank, f.hint).value_or(f.local_rank_defaults_to_rank ? out.rank : 0);
+    const char* size = first_set(f.size);
+    if (!size && std::string_view(f.rank) == "PMIX_RANK")
+      throw InvalidArgument("accel: PMIX_RANK=" + *env(f.rank) + " is set, but no variable gives the number of processes: "
+                            "PMIx exports only the rank and its namespace; export PMIX_SIZE=<number of processes> (and, "
+                            "on several nodes, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE and MASTER_ADDR) to every process, or "
+                            "start the job with Open MPI's mpirun, srun or accel-launch");
+    out.world_size = size ? get_int(size, f.hint).value_or(1) : 1;
+    const char* local_rank = first_set(f.local_rank);
+    out.local_rank = local_rank ? *get_int(local_rank, f.hint) : (f.local_rank_defaults_to_rank ? out.rank : 0);
     // SLURM_NTASKS_PER_NODE may read "4(x2)": the leading number is this node's count.
-    if (auto v = env(f.local_size); v && !v->empty())
-      out.local_world_size = detail::parse_int(f.local_size, v->substr(0, v->find('(')), f.hint);
-    else
+    if (const char* local_size = first_set(f.local_size)) {
+      out.local_world_size = detail::parse_int(local_size, env(local_size)->substr(0, env(local_size)->find('(')), f.hint);
+      local_size_var = local_size;
+    } else {
       out.local_world_size = out.world_size;
-    rank_var = f.rank, size_var = f.size;
-    needs_master = f.needs_master;
+    }
+    rank_var = f.rank, size_var = size ? size : f.size[0];
+    needs_master_port = f.needs_master_port;
+    mpi = f.mpi;
     break;
   }
   if (out.launcher == "slurm") {  // the rendezvous from the job itself, unless given
@@ -139,13 +179,22 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
   }
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) out.master_addr = *a;
   if (auto s = env("TORCHELASTIC_USE_AGENT_STORE")) out.agent_store = (*s == "True" || *s == "true" || *s == "1");
+  if (auto r = get_int("TORCHELASTIC_RESTART_COUNT", "the launcher (accel-launch, torchrun) sets it to the restart count"))
+    out.restart_count = *r;
   if (auto p = get_int("MASTER_PORT", "set it to a free TCP port (1-65535) on the master node")) out.master_port = *p;
-  else if (needs_master && out.world_size > 1 && !over.master_port)
+  else if (needs_master_port && out.world_size > 1 && !over.master_port)
     throw InvalidArgument("accel: WORLD_SIZE=" + std::to_string(out.world_size) +
                           " but MASTER_PORT is not set; set MASTER_PORT (and MASTER_ADDR) to the rendezvous "
                           "address, or start the job with accel-launch, which sets both");
-  if (needs_master && out.world_size > 1 && !env("MASTER_ADDR") && !over.master_addr &&
-      out.local_world_size != out.world_size)
+  const bool several_nodes = out.world_size > 1 && out.local_world_size != out.world_size;
+  const bool no_master_addr = !(env("MASTER_ADDR") && !env("MASTER_ADDR")->empty()) && !over.master_addr;
+  if (mpi && several_nodes && no_master_addr)
+    throw InvalidArgument("accel: the MPI job spans several nodes (" + size_var + "=" + std::to_string(out.world_size) + ", " +
+                          local_size_var + "=" + std::to_string(out.local_world_size) +
+                          ") but MASTER_ADDR is not set; export MASTER_ADDR=<address of the node running rank 0, reachable "
+                          "from every node> to every process (Open MPI: mpirun -x MASTER_ADDR=...; MPICH, Intel MPI, "
+                          "MVAPICH: mpiexec -genv MASTER_ADDR ...); 127.0.0.1 works only when every process is on one node");
+  if (needs_master_port && several_nodes && no_master_addr)
     throw InvalidArgument("accel: the job spans several nodes (WORLD_SIZE=" + std::to_string(out.world_size) +
                           ", LOCAL_WORLD_SIZE=" + std::to_string(out.local_world_size) +
                           ") but MASTER_ADDR is not set; set it to the address of the node running rank 0");
@@ -181,6 +230,8 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
   require(out.master_port >= 1 && out.master_port <= 65535,
           "accel: MASTER_PORT=" + std::to_string(out.master_port) + " is out of range; use a TCP port between 1 and 65535");
   require(!out.master_addr.empty(), "accel: MASTER_ADDR is empty; set it to the address of the node running rank 0");
+  require(out.restart_count >= 0, "accel: TORCHELASTIC_RESTART_COUNT=" + std::to_string(out.restart_count) +
+                                      " must be at least 0 (the launcher counts its restarts from 0)");
   return out;
 }
 

@@ -76,6 +76,9 @@ class ProcessState {
   [[nodiscard]] DistributedType distributed_type() const noexcept { return s_->conn.type; }
   [[nodiscard]] const c10::Device& device() const noexcept { return s_->conn.device; }
   [[nodiscard]] const LaunchEnv& launch_env() const noexcept { return s_->env; }
+  //! 0 on the job's first attempt; after the launcher restarted every process (accel-launch --max-restarts, torchrun),
+  //! the restart's number (`TORCHELASTIC_RESTART_COUNT`): a restarted program resumes from its latest checkpoint.
+  [[nodiscard]] int restart_count() const noexcept { return s_->env.restart_count; }
   [[nodiscard]] bool use_distributed() const noexcept { return s_->conn.type != DistributedType::no && num_processes() > 1; }
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
