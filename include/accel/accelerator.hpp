@@ -38,6 +38,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/zeros_like.h>
@@ -211,7 +212,7 @@ class Accelerator {
     Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
     for (std::size_t i = 0; i < ddps_.size(); ++i)
       if (ddps_[i]->backward_count() != before[i]) through.push_back(ddps_[i]);
-    record([through] {
+    record(GradientState::CallKind::collective, [through] {
       for (const auto& d : through) d->synchronize();
       return nullptr;
     });
@@ -222,7 +223,7 @@ class Accelerator {
   //! call it on synchronising steps only (`sync_gradients()`): gradients are unscaled once per step.
   double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) {
     // A rank out of batches clips on synchronising steps, where its gradients are the others' average.
-    record([this, parameters, max_norm, norm_type] {
+    record(GradientState::CallKind::local, [this, parameters, max_norm, norm_type] {
       if (sync_gradients()) clip_grad_norm_(parameters, max_norm, norm_type);
       return nullptr;
     });
@@ -256,23 +257,29 @@ class Accelerator {
     auto& gs = GradientState::instance();
     if (!gs.in_dataloader()) return accel::gather(state_.comm(), x);
     refuse_starved("gather_for_metrics");
-    record([this, none = map_tensors(x, [](const at::Tensor& t) {
-              auto shape = t.sizes().vec();
-              if (shape.empty()) shape.push_back(0);
-              else shape[0] = 0;
-              return at::empty(shape, t.options());
-            })] {
+    auto none = map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
+      auto shape = t.sizes().vec();
+      if (shape.empty()) shape.push_back(0);
+      else shape[0] = 0;
+      return at::empty(shape, t.options());
+    });
+    const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
+    record(GradientState::CallKind::gather_for_metrics, [this, none] {
       (void)gather_for_metrics(none);
       return nullptr;
     });
-    return accel::gather_for_metrics(state_.comm(), x, gs.layout());
+    T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
+    if (ahead.empty()) return out;
+    std::vector<T> parts{std::move(out)};
+    for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), none, layout));
+    return concat_rows(parts);
   }
   //! Every rank's `x`, concatenated (shapes must agree: under uneven tails a rank out of batches contributes
   //! zeros of the shape it last gathered; use `gather_for_metrics` for a batch's rows).
   template <TensorStructure T>
   [[nodiscard]] T gather(const T& x) const {
     refuse_starved("gather");
-    record([this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
+    record(GradientState::CallKind::collective, [this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
       (void)gather(zeros);
       return nullptr;
     });
@@ -283,7 +290,7 @@ class Accelerator {
   template <TensorStructure T>
   [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::mean) const {
     refuse_starved("reduce");
-    record([this, op, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+    record(GradientState::CallKind::collective, [this, op, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
       (void)reduce(identity, op);
       return nullptr;
     });
@@ -340,22 +347,36 @@ class Accelerator {
     SyncScope scope;
     if (!accumulation_.allow_sync())
       for (const auto& d : ddps) scope.hold(d.get());
-    record([this, ddps] { return std::make_shared<SyncScope>(accumulate_of(ddps)); });
+    record(GradientState::CallKind::accumulate, [this, ddps] { return std::make_shared<SyncScope>(accumulate_of(ddps)); });
     return scope;
   }
   SyncScope no_sync_of(const Ddps& ddps) {
     SyncScope scope;
     for (const auto& d : ddps) scope.hold(d.get());
-    record([this, ddps] { return std::make_shared<SyncScope>(no_sync_of(ddps)); });
+    record(GradientState::CallKind::local, [this, ddps] { return std::make_shared<SyncScope>(no_sync_of(ddps)); });
     return scope;
   }
   //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
   //! gradient_state.hpp); nothing, and no copy of the arguments, on any other rank or loader.
   template <class F>
-  static void record(F&& call) {
+  static void record(GradientState::CallKind kind, F&& call) {
     auto& gs = GradientState::instance();
     if (!gs.recording()) return;
-    gs.record([f = std::forward<F>(call)]() -> std::shared_ptr<void> { return f(); });
+    gs.record(kind, [f = std::forward<F>(call)]() -> std::shared_ptr<void> { return f(); });
+  }
+  //! The rows of several gathers of one structure, concatenated tensor by tensor.
+  template <TensorStructure T>
+  static T concat_rows(const std::vector<T>& parts) {
+    std::vector<std::vector<at::Tensor>> columns;
+    for (const auto& p : parts) {
+      std::size_t i = 0;
+      for_each_tensor(p, [&](const at::Tensor& t) {
+        if (columns.size() <= i) columns.emplace_back();
+        columns[i++].push_back(t);
+      });
+    }
+    std::size_t i = 0;
+    return map_tensors(parts.front(), [&](const at::Tensor&) { return at::cat(columns[i++], 0); });
   }
   //! A collective in an epoch where some rank has no batch at all: that rank has no step to repeat, so the
   //! collective could never be matched; every rank knows it from the plan and stops here, with the same error.

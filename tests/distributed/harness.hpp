@@ -59,6 +59,7 @@ void rendezvous(const Args&);              // faults.cpp
 void freeze_mid_training(const Args&);     // faults.cpp
 void busy_peer(const Args&);               // faults.cpp
 void mismatch(const Args&);                // faults.cpp
+void uneven(const Args&);                  // uneven.cpp
 void elastic(const Args&);                 // launch.cpp
 
 }  // namespace mp

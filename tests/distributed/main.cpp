@@ -7,6 +7,7 @@
 //   dispatch                       data/: dispatched loading's transport (<= 1/N of a broadcast), slices, errors
 //   ddp                            model/: DistributedModule equals one process on the concatenated batches
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
+//   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
 //   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
 //   freeze [PEER_TIMEOUT_MS]       the last rank SIGSTOPs itself mid-training (survivors must name it within the peer timeout)
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
       {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous},
       {"elastic", mp::elastic},
       {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
-      {"mismatch", mp::mismatch}};
+      {"mismatch", mp::mismatch},             {"uneven", mp::uneven}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -56,6 +56,13 @@ class ShardedEpoch {
   std::optional<detail::Fetched<Payload>> produce(std::int64_t q) const {
     return std::visit([q](const auto& e) { return e.produce(q); }, epoch_);
   }
+  //! Steps of the longest rank, and what a step publishes (Note [Joined steps] in gradient_state.hpp).
+  [[nodiscard]] std::int64_t steps() const {
+    return std::visit([](const auto& e) { return e.steps(); }, epoch_);
+  }
+  [[nodiscard]] GradientState::LoaderView view(std::int64_t q) const {
+    return std::visit([q](const auto& e) { return e.view(q); }, epoch_);
+  }
 
  private:
   static std::variant<Planned, Sampled> start(const std::shared_ptr<Core>& c) {

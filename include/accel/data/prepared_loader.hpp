@@ -46,7 +46,12 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
         : core(c), transport(std::move(t)), registration(core->publish ? &GradientState::instance() : nullptr), epoch(core) {
       prefetcher.emplace(epoch.count(), core->options.workers, core->options.prefetch,
                          [this](std::int64_t q) { return epoch.produce(q); });
-      if (missing() > 0) registration.record_steps();  // this rank runs out first: Note [Joined steps]
+      if constexpr (requires { epoch.steps(); })  // this rank runs out first: Note [Joined steps]
+        if (missing() > 0) {
+          std::vector<GradientState::LoaderView> views;
+          for (std::int64_t q = epoch.count(); q < epoch.steps(); ++q) views.push_back(epoch.view(q));
+          registration.record_steps(std::move(views));
+        }
     }
     ~Cursor() { prefetcher.reset(); }  // joins the workers before the epoch they read goes
     void finish() { core->end_epoch(); }
@@ -72,13 +77,9 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
     // This rank's batches are over: take part in the steps the others still run (Note [Joined steps] in
     // gradient_state.hpp), with nothing of its own.
     void join() {
-      if constexpr (requires { epoch.steps(); }) {
-        if (missing() <= 0 || joined) return;
-        joined = true;
-        std::vector<GradientState::LoaderView> views;
-        for (std::int64_t q = epoch.count(); q < epoch.steps(); ++q) views.push_back(epoch.view(q));
-        registration.join(views);  // false: this rank had no batch, and so no step to repeat (a starved rank)
-      }
+      if (missing() <= 0 || joined) return;
+      joined = true;
+      registration.join();  // false: this rank had no batch, and so no step to repeat (a starved rank)
     }
     std::shared_ptr<Core> core;
     std::shared_ptr<const Transport> transport;

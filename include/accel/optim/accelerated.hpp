@@ -63,7 +63,7 @@ class AcceleratedOptimizer {
   //! step is skipped when any gradient is inf/NaN (on any process), and the scale is updated.
   void step() {
     auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record([self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
+    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
     if (!gs.sync_gradients()) return;
     if (s_->scaler) {
       s_->record->skipped = !s_->scaler->step(*s_->opt);
@@ -76,7 +76,7 @@ class AcceleratedOptimizer {
   //! Clears the gradients when this step synchronises (`set_to_none` defaults to true, as in Accelerate).
   void zero_grad(bool set_to_none = true) {
     auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record([self = *this, set_to_none]() mutable { return self.zero_grad(set_to_none), std::shared_ptr<void>(); });
+    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, set_to_none]() mutable { return self.zero_grad(set_to_none), std::shared_ptr<void>(); });
     if (gs.sync_gradients()) s_->opt->zero_grad(set_to_none);
   }
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
@@ -114,7 +114,7 @@ class AcceleratedScheduler {
   void step() {
     auto& s = *s_;
     auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record([self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
+    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
     if (!s.opt.step_with_optimizer) {
       s.sched->step();
       ++s.count;

@@ -93,6 +93,10 @@ class GradientState {
   //! A call of the loop's step that a rank out of batches repeats (Note [Joined steps]); it returns what must
   //! live until the end of the repeated step (a sync scope), or nothing.
   using StepCall = std::function<std::shared_ptr<void>()>;
+  //! What a recorded call does: decides the step's sync (`accumulate`), talks to the other ranks
+  //! (`collective`: backward's all-reduce, `gather`, `reduce`), gathers a batch's rows (`gather_for_metrics`),
+  //! or stays on this rank (`local`: optimizer, scheduler, clipping).
+  enum class CallKind { accumulate, local, collective, gather_for_metrics };
   //! Whether the innermost loader's epoch needs this rank's calls recorded (`record` is a no-op otherwise:
   //! build the call only when this is true).
   [[nodiscard]] bool recording() const {
@@ -101,10 +105,33 @@ class GradientState {
     return !stack_.empty() && stack_.back()->records && !replaying_;
   }
   //! Records `call` as part of the current step of the innermost loader, when its epoch needs it.
-  void record(StepCall call) {
+  void record(CallKind kind, StepCall call) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stack_.empty() || !stack_.back()->records || replaying_) return;
-    stack_.back()->current.push_back(std::move(call));
+    stack_.back()->current.push_back({kind, std::move(call)});
+  }
+  //! On the last batch of a rank that runs out first, inside an evaluation loop (one `gather_for_metrics` per
+  //! step and no other collective): the layouts of the steps this rank lacks, whose rows its
+  //! `gather_for_metrics` gathers now, so that its loop sees every sample too; the repeated steps then skip
+  //! it. Empty otherwise (the rows of a repeated step reach the ranks that still run).
+  [[nodiscard]] std::vector<GatherLayout> gather_ahead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stack_.empty() || replaying_) return {};
+    Entry& e = *stack_.back();
+    if (!e.records || !e.view.end_of_dataloader || e.missing.empty() || e.pulled) return {};
+    auto eval_only = [](const std::vector<Recorded>& calls, int gathers) {
+      for (const auto& c : calls) {
+        if (c.kind == CallKind::collective) return false;
+        gathers -= c.kind == CallKind::gather_for_metrics;
+      }
+      return gathers == 0;
+    };
+    if (!eval_only(e.current, 0)) return {};                    // this step so far: no collective, no gather yet
+    if (e.had_step && !eval_only(e.last, 1)) return {};        // the step before: exactly one gather
+    e.pulled = true;
+    std::vector<GatherLayout> out;
+    for (const auto& v : e.missing) out.push_back(v.layout());
+    return out;
   }
   [[nodiscard]] std::size_t active_loaders() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -122,11 +149,18 @@ class GradientState {
   }
 
  private:
+  struct Recorded {
+    CallKind kind;
+    StepCall call;
+  };
   struct Entry {
     LoaderView view;
-    bool records = false;  // this rank's step calls are recorded (Note [Joined steps])
-    bool holding = false;  // the loop holds a batch of this epoch
-    std::vector<StepCall> current, last;
+    bool records = false;   // this rank's step calls are recorded (Note [Joined steps])
+    bool holding = false;   // the loop holds a batch of this epoch
+    bool had_step = false;  // `last` holds a complete step
+    bool pulled = false;    // gather_for_metrics gathered the missing steps' rows ahead (gather_ahead)
+    std::vector<Recorded> current, last, last_sync;  // this step's calls, the last step's, the last synchronising step's
+    std::vector<LoaderView> missing;                  // the steps this rank lacks
   };
 
  public:
@@ -149,29 +183,32 @@ class GradientState {
     void update(LoaderView view) {
       if (!gs_) return;
       std::lock_guard<std::mutex> lock(gs_->mu_);
-      if (entry_.records && entry_.holding) entry_.last = std::exchange(entry_.current, {});
+      if (entry_.records && entry_.holding) close_step();
       entry_.holding = true;
       entry_.view = std::move(view);
     }
-    //! Records this rank's step calls from now on (this rank has fewer steps than the longest).
-    void record_steps() {
+    //! Records this rank's step calls from now on: it lacks the steps `missing` of the longest rank.
+    void record_steps(std::vector<LoaderView> missing) {
       if (!gs_) return;
       std::lock_guard<std::mutex> lock(gs_->mu_);
       if (!entry_.records) gs_->recorders_.fetch_add(1);
       entry_.records = true;
+      entry_.missing = std::move(missing);
     }
-    //! This rank's batches are over: repeats the calls of its last step once for each view of `missing`
-    //! (Note [Joined steps]). Returns false when there is no step to repeat (the rank had no batch).
-    bool join(const std::vector<LoaderView>& missing) {
-      if (!gs_ || missing.empty()) return true;
-      std::vector<StepCall> calls;
+    //! This rank's batches are over: repeats its last step once for each step it lacks (Note [Joined steps]):
+    //! the step's `accumulate` first, then the rest of the last step that synchronised when this one does, else
+    //! of the last step. Returns false when there is no step to repeat (the rank had no batch).
+    bool join() {
+      if (!gs_ || entry_.missing.empty()) return true;
+      std::vector<Recorded> last, last_sync;
+      bool pulled = false;
       {
         std::lock_guard<std::mutex> lock(gs_->mu_);
-        if (entry_.holding) entry_.last = std::exchange(entry_.current, {});
-        if (!entry_.holding) return false;
-        calls = entry_.last;
+        if (entry_.holding) close_step(), entry_.holding = false;
+        if (!entry_.had_step) return false;
+        last = entry_.last, last_sync = entry_.last_sync, pulled = entry_.pulled;
       }
-      for (const auto& v : missing) {
+      for (const auto& v : entry_.missing) {
         {
           std::lock_guard<std::mutex> lock(gs_->mu_);
           entry_.view = v;
@@ -185,13 +222,29 @@ class GradientState {
           }
         } done{gs_};
         std::vector<std::shared_ptr<void>> held;  // released in reverse order at the step's end
-        for (const auto& c : calls) held.push_back(c());
+        std::size_t first = 0;
+        const std::vector<Recorded>* calls = &last;
+        if (!last.empty() && last.front().kind == CallKind::accumulate) {
+          held.push_back(last.front().call());
+          first = 1;
+          if (gs_->sync_gradients() && !last_sync.empty() && last_sync.front().kind == CallKind::accumulate) calls = &last_sync;
+        }
+        for (std::size_t i = first; i < calls->size(); ++i) {
+          if (pulled && (*calls)[i].kind == CallKind::gather_for_metrics) continue;  // gathered ahead
+          held.push_back((*calls)[i].call());
+        }
         while (!held.empty()) held.pop_back();
       }
       return true;
     }
 
    private:
+    // The step the loop held is over (called under the lock): it becomes the step to repeat.
+    void close_step() {
+      if (gs_->sync_gradients_) entry_.last_sync = entry_.current;
+      entry_.last = std::exchange(entry_.current, {});
+      entry_.had_step = true;
+    }
     GradientState* gs_ = nullptr;
     Entry entry_;
   };
