@@ -187,7 +187,11 @@ class Accelerator {
   //! loader); on the others the models' gradients stay local.
   template <class... Models>
   [[nodiscard]] SyncScope accumulate(const Models&... models) {
-    return accumulate_of({distributed_of(models)...});
+    accumulation_.begin_step();
+    SyncScope scope;
+    if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models).get()), ...);
+    if (GradientState::instance().recording()) record_accumulate({distributed_of(models)...});
+    return scope;
   }
   //! Gradients of `models` stay local while the result lives (Accelerate's `no_sync`).
   template <class... Models>
@@ -342,13 +346,14 @@ class Accelerator {
  private:
   using Ddps = std::vector<std::shared_ptr<DistributedModule>>;
 
-  SyncScope accumulate_of(const Ddps& ddps) {
-    accumulation_.begin_step();
-    SyncScope scope;
-    if (!accumulation_.allow_sync())
-      for (const auto& d : ddps) scope.hold(d.get());
-    record(GradientState::CallKind::accumulate, [this, ddps] { return std::make_shared<SyncScope>(accumulate_of(ddps)); });
-    return scope;
+  void record_accumulate(Ddps ddps) {
+    record(GradientState::CallKind::accumulate, [this, ddps = std::move(ddps)] {
+      accumulation_.begin_step();
+      auto scope = std::make_shared<SyncScope>();
+      if (!accumulation_.allow_sync())
+        for (const auto& d : ddps) scope->hold(d.get());
+      return scope;
+    });
   }
   SyncScope no_sync_of(const Ddps& ddps) {
     SyncScope scope;

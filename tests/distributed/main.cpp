@@ -12,7 +12,7 @@
 //   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
 //   freeze [PEER_TIMEOUT_MS]       the last rank SIGSTOPs itself mid-training (survivors must name it within the peer timeout)
 //   busy [MS]                      the last rank computes for MS before an all_reduce (a busy peer is not a frozen one)
-//   mismatch op|kind|size          odd ranks issue another collective than even ones (every rank must name both)
+//   mismatch op|kind|size|tiny        odd ranks issue another collective than even ones (every rank must name both)
 //   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
 //                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)

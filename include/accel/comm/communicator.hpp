@@ -29,7 +29,9 @@
 //!   accel: rank 1: collective mismatch at collective #40: this rank issued all_gather of 12 x Float; rank 0
 //!   issued all_reduce(sum) of 4354 x Float. ...
 //! A mismatch that makes the engine hang (different kinds) is found by the watch; one the engine refuses (Gloo
-//! aborts the process whose buffer is too small) is named by that process's last heartbeat.
+//! aborts the process whose buffer is too small) is named by that process's last heartbeat. An all-reduce or a
+//! broadcast of one or two elements carries no check of its own (Gloo's fast path: its check would cost more
+//! than the data); its fingerprint travels with the next collective that carries one, which names it.
 
 #include <accel/error.hpp>
 
@@ -40,6 +42,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -91,8 +94,15 @@ struct CollectiveId {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::int64_t numel = 0;
   int root = 0;
+  //! The fingerprints of the collectives before this one that carried no check (an all-reduce of one or two
+  //! elements: Gloo's fast path), mixed in, and the first of them (0: none). A mismatch there is found here.
+  std::uint32_t unchecked = 0;
+  std::uint64_t unchecked_from = 0;
 
-  friend bool operator==(const CollectiveId&, const CollectiveId&) = default;
+  //! The same operation (what every rank must agree on).
+  friend bool operator==(const CollectiveId& a, const CollectiveId& b) {
+    return a.seq == b.seq && a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.numel == b.numel && a.root == b.root;
+  }
 
   //! "all_reduce(sum) of 4 x Float", "broadcast from rank 0 of 12 x Long", "barrier".
   [[nodiscard]] std::string describe() const {
@@ -104,14 +114,14 @@ struct CollectiveId {
     if (kind == OpKind::broadcast || kind == OpKind::scatter) out += " from rank " + std::to_string(root);
     return out + " of " + std::to_string(numel) + " x " + c10::toString(dtype);
   }
-  //! 32 bits of every field (FNV-1a): what travels with the data.
+  //! 32 bits of every field (FNV-1a), and of the unchecked collectives before it: what travels with the data.
   [[nodiscard]] std::uint32_t fingerprint() const {
     std::uint64_t h = 14695981039346656037ull;
     auto mix = [&](std::uint64_t v) {
       for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
     };
     mix(seq), mix(std::uint64_t(kind)), mix(std::uint64_t(reduce)), mix(std::uint64_t(dtype)), mix(std::uint64_t(numel)),
-        mix(std::uint64_t(root));
+        mix(std::uint64_t(root)), mix(unchecked);
     return std::uint32_t(h ^ (h >> 32));
   }
   //! "seq kind reduce dtype numel root": what the heartbeat publishes.
@@ -202,6 +212,7 @@ class Communicator {
   //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
   CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce = ReduceOp::sum, int root = 0) {
     CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
+    mine_[id.seq % mine_.size()] = id;
     if (broken_)
       throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
                                std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
@@ -253,38 +264,49 @@ class Communicator {
                              "under a condition on the rank, or loops of different lengths on different ranks (uneven "
                              "inputs are joined by accel's loaders; a loop of your own is not)");
   }
-  //! A mismatch the engine's data revealed: names the other ranks' operations from what the heartbeat
-  //! published (waiting up to three heartbeats for them to publish it).
+  //! A mismatch the engine's data revealed, at `id` or at one of the unchecked collectives before it: names
+  //! the first collective where another rank's operation differs, from what the heartbeats published (waiting
+  //! up to three heartbeats for them).
   [[noreturn]] void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects) {
+    std::vector<int> ranks = suspects;
+    if (ranks.empty())
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) ranks.push_back(r);
+    // The collectives that may differ: `id`, and the unchecked ones before it that this rank still remembers.
+    const std::uint64_t first = std::max<std::uint64_t>({id.unchecked_from ? id.unchecked_from : id.seq, id.seq + 1 > mine_.size() ? id.seq + 1 - mine_.size() : 1});
+    CollectiveId at = id;
     std::string others;
     if (monitor_) {
+      auto watching = monitor_->watch();
       const auto t0 = Clock::now();
-      std::vector<int> ranks = suspects;
-      if (ranks.empty())
-        for (int r = 0; r < size_; ++r)
-          if (r != rank_) ranks.push_back(r);
-      std::vector<std::string> parts(ranks.size());
       for (;;) {
-        bool all = true;
-        for (std::size_t k = 0; k < ranks.size(); ++k) {
-          if (!parts[k].empty()) continue;
-          for (const auto& p : monitor_->published(ranks[k]))
-            if (p.seq == id.seq) parts[k] = p == id ? "" : "rank " + std::to_string(ranks[k]) + " issued " + p.describe();
-          if (parts[k].empty()) all = false;
+        for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s) {
+          const CollectiveId& own = mine_[s % mine_.size()];
+          for (int r : ranks)
+            for (const auto& p : monitor_->published(r))
+              if (p.seq == s && !(p == own)) others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + p.describe()), at = own;
         }
-        if (all || Clock::now() - t0 > opt_.heartbeat_interval * 3) break;
-        auto w = monitor_->watch();
+        if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 3) break;
         std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
       }
-      for (const auto& p : parts)
-        if (!p.empty()) others += (others.empty() ? "" : "; ") + p;
     }
     if (others.empty()) {
       std::string who;
       for (int r : suspects) who += (who.empty() ? "" : ", ") + std::to_string(r);
       others = who.empty() ? "another rank issued a different collective" : "rank(s) " + who + " issued a different collective";
+      if (first < id.seq) others += " (here or in one of collectives #" + std::to_string(first) + "-#" + std::to_string(id.seq - 1) + ")";
     }
-    fail_mismatch(id, others);
+    fail_mismatch(at, others);
+  }
+  //! Takes the unchecked collectives' fingerprints into `id` (it carries a check).
+  void carry_unchecked(CollectiveId& id) noexcept {
+    id.unchecked = unchecked_, id.unchecked_from = unchecked_from_;
+    unchecked_ = 0, unchecked_from_ = 0;
+  }
+  //! `id` carries no check: the next collective that does checks it too.
+  void leave_unchecked(const CollectiveId& id) noexcept {
+    unchecked_ = unchecked_ * 16777619u ^ id.fingerprint();
+    if (!unchecked_from_) unchecked_from_ = id.seq;
   }
 
   // ---- the fingerprint slots (Note [Mismatched collectives]) ------------------------------------------------
@@ -353,6 +375,9 @@ class Communicator {
   Monitor* monitor_ = nullptr;
   std::uint64_t seq_ = 0;
   bool broken_ = false;
+  std::array<CollectiveId, 8> mine_{};  // this rank's last collectives (for the mismatch's message)
+  std::uint32_t unchecked_ = 0;         // fingerprints of the collectives since the last checked one
+  std::uint64_t unchecked_from_ = 0;
 };
 
 }  // namespace comm
