@@ -20,6 +20,9 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
+#include <fcntl.h>  // AT_FDCWD
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc)
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -97,18 +100,15 @@ class Checkpointer {
       a.save_to((tmp / process_file(p.index)).string());
     }
     p.barrier();
-    if (main) {  // swap the complete checkpoint in
-      const auto old = std::filesystem::path(dir.string() + ".old");
-      std::filesystem::remove_all(old);
-      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
-      std::filesystem::rename(tmp, dir);
-      std::filesystem::remove_all(old);
-    }
+    if (main) swap_in(tmp, dir);
     p.barrier();
   }
 
   //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter.
-  std::int64_t load(const std::filesystem::path& dir, const Process& p) {
+  std::int64_t load(const std::filesystem::path& given, const Process& p) {
+    // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
+    const auto aside = std::filesystem::path(given.string() + ".old");
+    const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
     accel::detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
     torch::serialize::InputArchive meta;
     open(meta, dir, meta_file);
@@ -152,6 +152,26 @@ class Checkpointer {
   }
 
  private:
+  // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or
+  // the new one): an atomic exchange where the file system has one (Linux renameat2), else two renames, after
+  // which a crash between them leaves the old checkpoint at `<dir>.old`, where `load` looks too.
+  static void swap_in(const std::filesystem::path& tmp, const std::filesystem::path& dir) {
+    if (std::filesystem::exists(dir)) {
+#ifdef RENAME_EXCHANGE
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+        std::filesystem::remove_all(tmp);  // now the old checkpoint
+        return;
+      }
+#endif
+      const auto old = std::filesystem::path(dir.string() + ".old");
+      std::filesystem::remove_all(old);
+      std::filesystem::rename(dir, old);
+      std::filesystem::rename(tmp, dir);
+      std::filesystem::remove_all(old);
+      return;
+    }
+    std::filesystem::rename(tmp, dir);
+  }
   static std::string grad_key(std::size_t model, const std::string& name) { return "grad_" + std::to_string(model) + "_" + name; }
   template <class F>
   static void save_one(F&& save, const std::filesystem::path& path) {
