@@ -63,7 +63,7 @@ int main(int argc, char** argv) try {
       loss_sum += loss.item<double>();
       ++batches;
     }
-    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), acc.reduce(at::scalar_tensor(loss_sum / double(batches))).item<double>());
+    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), acc.reduce(at::scalar_tensor(loss_sum / double(batches)), accel::Reduction::mean).item<double>());
   }
   const auto [received, broadcast] = train.transport_bytes();
   acc.print("this process received ", received, " bytes of batches; a broadcast of every global batch (Accelerate's "

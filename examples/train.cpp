@@ -122,7 +122,7 @@ int main(int argc, char** argv) try {
         return 0;
       }
     }
-    const double mean_loss = acc.reduce(at::scalar_tensor(loss_sum / double(std::max<std::int64_t>(counted, 1)))).item<double>();
+    const double mean_loss = acc.reduce(at::scalar_tensor(loss_sum / double(std::max<std::int64_t>(counted, 1))), accel::Reduction::mean).item<double>();
     acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss, "  lr ", std::setprecision(5),
               adamw->param_groups()[0].options().get_lr());
   }

@@ -289,16 +289,18 @@ class Accelerator {
     });
     return accel::gather(state_.comm(), x);
   }
-  //! The reduction of `x` over the processes; under uneven tails a rank out of batches contributes the
-  //! operation's identity (zero for sum and mean, as PyTorch's Join).
+  // [accelerate:accelerator.py Accelerator.reduce]
+  //! The reduction of `x` over the processes, times `scale`: the sum by default, as Accelerate's
+  //! `Accelerator.reduce` (the module function `accel::reduce` defaults to the mean, as Accelerate's). Under
+  //! uneven tails a rank out of batches contributes the operation's identity (zero for sum and mean, as Join).
   template <TensorStructure T>
-  [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::mean) const {
+  [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::sum, double scale = 1.0) const {
     refuse_starved("reduce");
-    record(GradientState::CallKind::collective, [this, op, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
-      (void)reduce(identity, op);
+    record(GradientState::CallKind::collective, [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+      (void)reduce(identity, op, scale);
       return nullptr;
     });
-    return accel::reduce(state_.comm(), x, op);
+    return accel::reduce(state_.comm(), x, op, scale);
   }
 
   //! Whether this step synchronises gradients (the optimizer really steps).

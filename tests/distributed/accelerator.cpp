@@ -83,6 +83,15 @@ void accelerator(const Args&) {
   }
   check(scaler->get_scale() == 4.0, "the scale backed off once, identically on every rank");
   check(w[0].item<float>() == -1.0f, "the finite round stepped with the unscaled gradient");
+
+  // reduce as Accelerate: Accelerator::reduce sums by default, the module function averages; `scale` multiplies.
+  const auto mine = F({float(tally.rank + 1)});
+  const float sum = float(N * (N + 1) / 2);
+  check(acc.reduce(mine).item<float>() == sum, "Accelerator::reduce sums by default (Accelerate's Accelerator.reduce)");
+  check(accel::reduce(acc.comm(), mine).item<float>() == sum / float(N), "accel::reduce averages by default (Accelerate's reduce)");
+  check(acc.reduce(mine, accel::Reduction::sum, 0.5).item<float>() == sum * 0.5f, "reduce(x, sum, scale) scales the sum");
+  check(acc.reduce(mine, accel::Reduction::mean, 2.0).item<float>() == sum / float(N) * 2.0f, "reduce(x, mean, scale) scales the mean");
+  check(acc.reduce(mine, accel::Reduction::max, 3.0).item<float>() == float(N) * 3.0f, "reduce(x, max, scale) scales the max");
 }
 
 }  // namespace mp

@@ -48,19 +48,23 @@ T& broadcast(comm::Communicator* comm, T& x, int from = 0) {
 enum class Reduction { sum, mean, max, min };
 
 // [accelerate:utils/operations.py reduce]
-//! The reduction over ranks of each tensor (a new structure; `x` is unchanged). `mean` of an integer tensor
+//! The reduction over ranks of each tensor (a new structure; `x` is unchanged), multiplied by `scale` when it
+//! is not 1 (Accelerate honours `scale` only on XLA; here on every engine). The module function's default is the
+//! mean, as Accelerate's; `Accelerator::reduce` defaults to the sum, as Accelerate's. `mean` of an integer tensor
 //! is an error: it would truncate (Accelerate fails with an in-place division error).
 template <TensorStructure T>
-T reduce(comm::Communicator* comm, const T& x, Reduction op = Reduction::mean) {
+T reduce(comm::Communicator* comm, const T& x, Reduction op = Reduction::mean, double scale = 1.0) {
   return map_tensors(x, [&](const at::Tensor& t) {
     at::Tensor out = t.clone();
     if (op == Reduction::mean && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type()))
       throw InvalidArgument(std::string("accel::reduce: the mean of an integer tensor (") + c10::toString(t.scalar_type()) +
                             ") would truncate; convert it to a floating type first, or reduce with Reduction::sum");
-    if (!comm || comm->size() == 1) return out;
-    const auto c10op = op == Reduction::max ? comm::ReduceOp::max : op == Reduction::min ? comm::ReduceOp::min : comm::ReduceOp::sum;
-    comm->all_reduce(out, c10op);
-    if (op == Reduction::mean) out.div_(comm->size());
+    if (comm && comm->size() > 1) {
+      const auto c10op = op == Reduction::max ? comm::ReduceOp::max : op == Reduction::min ? comm::ReduceOp::min : comm::ReduceOp::sum;
+      comm->all_reduce(out, c10op);
+      if (op == Reduction::mean) out.div_(comm->size());
+    }
+    if (scale != 1.0) out.mul_(scale);
     return out;
   });
 }
