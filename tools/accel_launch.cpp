@@ -377,6 +377,7 @@ class Launcher {
       ::close(out[0]), ::close(err[0]);
       return false;
     }
+    ::setpgid(pid, pid);  // also here: a stop sent before the child ran its own setpgid still reaches its group
     c = Child{s_.node_rank * s_.nproc + local, pid, out[0], err[0]};
     return true;
   }

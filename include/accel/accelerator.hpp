@@ -38,6 +38,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/Dispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full_like.h>
@@ -79,6 +80,7 @@ struct Options {
   GradScalerOptions scaler{};                  //!< the loss scaling under `Precision::fp16`
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< gradient all-reduce bucket size
   bool find_unused_parameters = false;         //!< parameters without a gradient contribute zeros instead of an error
+  bool broadcast_buffers = true;               //!< DDP's: rank 0's buffers before a forward, when DDP broadcasts them
   comm::CommOptions comm{};                    //!< collective and rendezvous timeouts
   LaunchOverrides launch{};                    //!< explicit rank / world size / address, winning over the environment
 };
@@ -261,6 +263,7 @@ class Accelerator {
     auto& gs = GradientState::instance();
     if (!gs.in_dataloader()) return accel::gather(state_.comm(), x);
     refuse_starved("gather_for_metrics");
+    if (!gs.recording()) return accel::gather_for_metrics(state_.comm(), x, gs.layout());
     auto none = map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
       auto shape = t.sizes().vec();
       if (shape.empty()) shape.push_back(0);
@@ -268,10 +271,11 @@ class Accelerator {
       return at::empty(shape, t.options());
     });
     const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
-    record(GradientState::CallKind::gather_for_metrics, [this, none] {
-      (void)gather_for_metrics(none);
-      return nullptr;
-    });
+    if (gs.recording())
+      record(GradientState::CallKind::gather_for_metrics, [this, none] {
+        (void)gather_for_metrics(none);
+        return nullptr;
+      });
     T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
     if (ahead.empty()) return out;
     std::vector<T> parts{std::move(out)};
@@ -283,10 +287,11 @@ class Accelerator {
   template <TensorStructure T>
   [[nodiscard]] T gather(const T& x) const {
     refuse_starved("gather");
-    record(GradientState::CallKind::collective, [this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
-      (void)gather(zeros);
-      return nullptr;
-    });
+    if (GradientState::instance().recording())
+      record(GradientState::CallKind::collective, [this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
+        (void)gather(zeros);
+        return nullptr;
+      });
     return accel::gather(state_.comm(), x);
   }
   // [accelerate:accelerator.py Accelerator.reduce]
@@ -296,10 +301,11 @@ class Accelerator {
   template <TensorStructure T>
   [[nodiscard]] T reduce(const T& x, Reduction op = Reduction::sum, double scale = 1.0) const {
     refuse_starved("reduce");
-    record(GradientState::CallKind::collective, [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
-      (void)reduce(identity, op, scale);
-      return nullptr;
-    });
+    if (GradientState::instance().recording())
+      record(GradientState::CallKind::collective, [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+        (void)reduce(identity, op, scale);
+        return nullptr;
+      });
     return accel::reduce(state_.comm(), x, op, scale);
   }
 
@@ -360,7 +366,15 @@ class Accelerator {
   SyncScope no_sync_of(const Ddps& ddps) {
     SyncScope scope;
     for (const auto& d : ddps) scope.hold(d.get());
-    record(GradientState::CallKind::local, [this, ddps] { return std::make_shared<SyncScope>(no_sync_of(ddps)); });
+    if (GradientState::instance().recording()) {
+      // Repeated as it ran: held from here until the scope ended (its end is recorded too).
+      auto slot = std::make_shared<std::shared_ptr<SyncScope>>();
+      record(GradientState::CallKind::local, [this, ddps, slot] {
+        *slot = std::make_shared<SyncScope>(no_sync_of(ddps));
+        return nullptr;
+      });
+      scope.on_release([slot] { record(GradientState::CallKind::local, [slot] { return slot->reset(), nullptr; }); });
+    }
     return scope;
   }
   //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
@@ -395,12 +409,18 @@ class Accelerator {
                           "without a batch has no step to follow, so it cannot take part in the others' collectives. "
                           "Use tail::even, fewer processes or a smaller batch size");
   }
+  //! What a rank without a batch contributes to a reduction: zero for sum and mean, the dtype's lowest value for
+  //! max and its highest for min.
   static at::Tensor identity_like(const at::Tensor& t, Reduction op) {
-    if (op == Reduction::max) return at::full_like(t, at::isFloatingType(t.scalar_type()) ? -std::numeric_limits<double>::infinity()
-                                                                                           : double(std::numeric_limits<std::int64_t>::lowest()));
-    if (op == Reduction::min) return at::full_like(t, at::isFloatingType(t.scalar_type()) ? std::numeric_limits<double>::infinity()
-                                                                                           : double(std::numeric_limits<std::int64_t>::max()));
-    return at::zeros_like(t);
+    if (op != Reduction::max && op != Reduction::min) return at::zeros_like(t);
+    at::Tensor out = at::empty_like(t);
+    AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, t.scalar_type(), "accel_identity_like", [&] {
+      using L = std::numeric_limits<scalar_t>;
+      const scalar_t v = op == Reduction::max ? (L::has_infinity ? scalar_t(-L::infinity()) : L::lowest())
+                                              : (L::has_infinity ? L::infinity() : L::max());
+      out.fill_(c10::Scalar(v));
+    });
+    return out;
   }
 
   struct OptimizerEntry {
@@ -423,7 +443,8 @@ class Accelerator {
         return U(std::forward<T>(x));
       } else {
         auto ddp = std::make_shared<DistributedModule>(
-            module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters});
+            module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters,
+                                                  .broadcast_buffers = opt_.broadcast_buffers});
         ddps_.push_back(ddp);
         return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
       }

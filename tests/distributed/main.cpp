@@ -6,6 +6,7 @@
 //   golden-stream FILE [WORKERS]   data/: the same with the data given as a stream (an iterable dataset)
 //   dispatch                       data/: dispatched loading's transport (<= 1/N of a broadcast), slices, errors
 //   ddp                            model/: DistributedModule equals one process on the concatenated batches
+//   ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
 //   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
       {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous},
       {"elastic", mp::elastic},
       {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
-      {"mismatch", mp::mismatch},             {"uneven", mp::uneven}};
+      {"mismatch", mp::mismatch},             {"uneven", mp::uneven},
+      {"ddp-buffers", mp::ddp_buffers}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -155,6 +155,8 @@ class Monitor {
   //! After a failure: records that this rank failed, then names the ranks that stopped responding and, for
   //! `id`, the ranks that issued something else. Takes a few heartbeat intervals; never throws.
   [[nodiscard]] virtual std::string census(const CollectiveId* id) noexcept = 0;
+  //! Records that this rank failed (the next heartbeat publishes it; the others' watch stops waiting for it).
+  virtual void failed() noexcept = 0;
   //! The collectives `rank` published last (empty when unknown). Never blocks.
   [[nodiscard]] virtual std::vector<CollectiveId> published(int rank) const = 0;
 };
@@ -237,7 +239,8 @@ class Communicator {
         const bool mismatch = why.rfind("collective mismatch", 0) == 0;
         const auto w = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
         if (mismatch) fail_mismatch(id, why.substr(std::string("collective mismatch: ").size()));
-        fail(id, "waited " + seconds(w) + ": " + why, /*census=*/false);
+        // A peer that failed: its error says why; the census names the ranks that stopped.
+        fail(id, "waited " + seconds(w) + ": " + why, /*census=*/why.rfind("failed", 0) == 0);
       }
     }
   }
@@ -258,6 +261,7 @@ class Communicator {
   //! Throws the CollectiveMismatch for `id`; `others` names what the other ranks issued.
   [[noreturn]] void fail_mismatch(const CollectiveId& id, const std::string& others) {
     broken_ = true;
+    if (monitor_) monitor_->failed();  // a peer still waiting (a broadcast's root) stops too
     throw CollectiveMismatch("accel: rank " + std::to_string(rank_) + ": collective mismatch at collective #" +
                              std::to_string(id.seq) + ": this rank issued " + id.describe() + "; " + others +
                              ". Every rank must issue the same collectives in the same order: look for a collective "
@@ -282,6 +286,7 @@ class Communicator {
       for (;;) {
         for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s) {
           const CollectiveId& own = mine_[s % mine_.size()];
+          if (own.seq != s) continue;  // overwritten by a later collective (buckets in flight)
           for (int r : ranks)
             for (const auto& p : monitor_->published(r))
               if (p.seq == s && !(p == own)) others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + p.describe()), at = own;

@@ -237,8 +237,9 @@ class GlooCommunicator final : public Communicator {
           return true;
         } catch (const std::exception&) {
           if (!work->isCompleted()) return false;  // the slice ended, not the collective
-          throw;
         }
+        work->wait();  // it completed meanwhile: returns, or throws its own error
+        return true;
       });
     } catch (const CommunicationError&) {
       throw;

@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -58,6 +59,7 @@ class Rendezvous final : public Monitor {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false, exited = false;
+    std::thread::id thread;  // the heartbeat's
     // this rank
     std::array<CollectiveId, kPublished> mine{};
     std::uint64_t issued = 0, published = 0;
@@ -118,10 +120,15 @@ class Rendezvous final : public Monitor {
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { run(b); });
+    {
+      std::lock_guard<std::mutex> lock(beat_->mu);
+      beat_->thread = heartbeat_.get_id();
+    }
   }
 
   ~Rendezvous() override {
-    if (active() == this) active() = nullptr;
+    Rendezvous* self = this;
+    active().compare_exchange_strong(self, nullptr);
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->stop = true;
@@ -167,17 +174,19 @@ class Rendezvous final : public Monitor {
     if (now - beat_->last_ok > opt_.peer_timeout)
       return "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
              " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host();
-    std::string silent, mismatch;
+    std::string silent, mismatch, failed;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const auto& p = beat_->peers[std::size_t(r)];
       if (p.epoch != beat_->epoch) continue;  // not read since this watch began
+      if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
       if (now - p.changed > opt_.peer_timeout) silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
       for (const auto& c : p.published)
         if (c.seq == id.seq && !(c == id))
           mismatch += (mismatch.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
     }
     if (!mismatch.empty()) return "collective mismatch: " + mismatch;
+    if (!failed.empty()) return "failed (its error says why): " + failed;
     if (!silent.empty())
       return "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: frozen, "
              "stopped or starved): " + silent;
@@ -234,11 +243,19 @@ class Rendezvous final : public Monitor {
     if (installed || !r) return;
     installed = true;
     previous = std::set_terminate([] {
-      if (Rendezvous* self = active()) self->fatal();
+      if (Rendezvous* self = active().load()) self->fatal();
       if (previous) previous();
       std::abort();
     });
   }
+  void failed() noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(beat_->mu);
+      beat_->failed = true;
+    }
+    beat_->cv.notify_all();
+  }
+
   [[nodiscard]] std::vector<CollectiveId> published(int rank) const override {
     std::lock_guard<std::mutex> lock(beat_->mu);
     if (rank < 0 || rank >= size_) return {};
@@ -246,13 +263,19 @@ class Rendezvous final : public Monitor {
   }
 
  private:
-  static Rendezvous*& active() {
-    static Rendezvous* r = nullptr;
+  static std::atomic<Rendezvous*>& active() {
+    static std::atomic<Rendezvous*> r{nullptr};
     return r;
   }
   // The process is ending abruptly: publish the failure and the last collectives (bounded), and say where.
+  // Not from the heartbeat thread itself (it may hold the lock, and it is the one that would publish).
   void fatal() noexcept {
-    std::unique_lock<std::mutex> lock(beat_->mu);
+    if (std::this_thread::get_id() == beat_->thread) return;
+    std::unique_lock<std::mutex> lock(beat_->mu, std::defer_lock);
+    if (!lock.try_lock()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!lock.try_lock()) return;
+    }
     beat_->failed = true;
     const CollectiveId last = beat_->mine[beat_->issued % kPublished];
     const bool any = beat_->issued > 0;

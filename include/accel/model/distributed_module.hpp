@@ -17,11 +17,15 @@
 //! - `no_sync()` (RAII) keeps gradients local: they accumulate until a step with sync.
 //! - A parameter that received no gradient in a synchronising backward is an error naming it, unless
 //!   `find_unused_parameters` (then it contributes zeros, as in DDP).
+//! - Buffers as DDP treats them (`broadcast_buffers`, true by default): rank 0's buffers are broadcast before a
+//!   forward when the previous forward ran with gradients enabled and outside `no_sync` (and before the first),
+//!   all of them in one collective (their bytes, packed); `PreparedModel`'s call operator brackets the forward.
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
@@ -30,6 +34,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +46,9 @@ namespace accel {
 struct DistributedOptions {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;
   bool find_unused_parameters = false;
+  //! DDP's `broadcast_buffers`: rank 0's buffers (BatchNorm's running statistics) are broadcast before a
+  //! forward of the prepared model, when DDP does it (see `before_forward`); false keeps each rank's own.
+  bool broadcast_buffers = true;
 };
 
 class DistributedModule;
@@ -51,15 +59,18 @@ class DistributedModule;
 class SyncScope {
  public:
   SyncScope() = default;
-  SyncScope(SyncScope&& o) noexcept : held_(std::exchange(o.held_, {})) {}
+  SyncScope(SyncScope&& o) noexcept : held_(std::exchange(o.held_, {})), on_release_(std::exchange(o.on_release_, {})) {}
   SyncScope& operator=(SyncScope&&) = delete;
   SyncScope(const SyncScope&) = delete;
   ~SyncScope();
   //! Keeps `m`'s gradients local until this scope ends (nothing for a null module).
   void hold(DistributedModule* m);
+  //! Runs `f` when the scope ends (the accelerator records the end of a `no_sync` for a rank out of batches).
+  void on_release(std::function<void()> f) { on_release_ = std::move(f); }
 
  private:
   std::vector<std::pair<DistributedModule*, bool>> held_;
+  std::function<void()> on_release_;
 };
 
 class DistributedModule {
@@ -86,6 +97,8 @@ class DistributedModule {
     std::size_t next_launch = 0;
     std::uint64_t hook_calls = 0;  // gradients accumulated so far (whether a backward went through the module)
     bool sync = true;
+    bool buffers_due = true;        // DDP's require_forward_param_sync: broadcast the buffers before the next forward
+    std::vector<at::Tensor> buffers;  // the module's buffers, in registration order
     bool callback_queued = false;
     std::mutex mu;
   };
@@ -116,6 +129,8 @@ class DistributedModule {
     }
     for (auto& p : module_->named_parameters())
       if (p.value().requires_grad()) s.params.push_back({p.key(), p.value()});
+    for (auto& b : module_->named_buffers())
+      if (b.value().defined() && b.value().numel() > 0) s.buffers.push_back(b.value());
     // Buckets in reverse registration order; a bucket holds one dtype on one device.
     std::int64_t bytes = 0;
     for (std::size_t k = s.params.size(); k-- > 0;) {
@@ -150,6 +165,34 @@ class DistributedModule {
   //! Whether the next backward averages gradients.
   void set_sync(bool sync) { state_->sync = sync; }
   [[nodiscard]] bool sync() const noexcept { return state_->sync; }
+  // [torch:nn/parallel/distributed.py DistributedDataParallel._pre_forward / _post_forward]
+  //! Before a forward: broadcasts rank 0's buffers when DDP would (`broadcast_buffers`, the previous forward
+  //! ran with gradients outside `no_sync`, or none ran yet). Returns whether it did.
+  bool before_forward() {
+    auto& s = *state_;
+    if (!s.buffers_due || !broadcasts_buffers()) return false;
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> bytes;
+    for (const auto& b : s.buffers) bytes.push_back(b.contiguous().reshape({-1}).view(at::kByte));
+    at::Tensor packed = at::cat(bytes);
+    s.comm->broadcast(packed, 0);
+    if (s.comm->rank() != 0) {
+      std::int64_t at = 0;
+      for (auto& b : s.buffers) {
+        const std::int64_t n = b.numel() * std::int64_t(b.element_size());
+        b.view({-1}).view(at::kByte).copy_(packed.narrow(0, at, n));
+        at += n;
+      }
+    }
+    return true;
+  }
+  //! Whether forwards may broadcast buffers at all (the option, buffers to send, several processes).
+  [[nodiscard]] bool broadcasts_buffers() const noexcept {
+    const auto& s = *state_;
+    return s.opt.broadcast_buffers && !s.buffers.empty() && s.comm && s.comm->size() > 1;
+  }
+  //! After a forward: the next one broadcasts the buffers only if this one ran with gradients outside `no_sync`.
+  void after_forward(bool grad_enabled) { state_->buffers_due = grad_enabled && state_->sync; }
   //! Gradients accumulated into the parameters so far: it moves when a backward goes through the module.
   [[nodiscard]] std::uint64_t backward_count() const {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -263,6 +306,7 @@ class DistributedModule {
 
 inline SyncScope::~SyncScope() {
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) it->first->set_sync(it->second);
+  if (on_release_) on_release_();
 }
 inline void SyncScope::hold(DistributedModule* m) {
   if (!m) return;

@@ -7,6 +7,9 @@
 //! (nothing to wrap, nothing to pay).
 
 #include <accel/model/distributed_module.hpp>
+#include <accel/state/gradient_state.hpp>
+
+#include <ATen/core/grad_mode.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -54,10 +57,22 @@ class PreparedModel {
   }
   [[nodiscard]] auto* operator->() const noexcept { return get(); }
   [[nodiscard]] auto& operator*() const noexcept { return *get(); }
-  //! `model(x...)` is `model->forward(x...)`.
+  //! `model(x...)` is `model->forward(x...)`, bracketed as DDP brackets it: rank 0's buffers first when due
+  //! (`DistributedOptions::broadcast_buffers`). Call it this way, not `model->forward(x)`, for DDP's buffers.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
-    return get()->forward(std::forward<Args>(args)...);
+    const bool grad = at::GradMode::is_enabled();
+    const bool broadcast = ddp_->before_forward();
+    auto& gs = GradientState::instance();  // a rank out of batches takes part in the broadcast (Note [Joined steps])
+    if (ddp_->broadcasts_buffers() && gs.recording())
+      gs.record(broadcast ? GradientState::CallKind::collective : GradientState::CallKind::local, [d = ddp_, grad]() -> std::shared_ptr<void> {
+        d->before_forward();
+        d->after_forward(grad);
+        return nullptr;
+      });
+    decltype(auto) out = get()->forward(std::forward<Args>(args)...);
+    ddp_->after_forward(grad);
+    return out;
   }
   //! The user's holder, unwrapped (Accelerate's `unwrap_model`).
   [[nodiscard]] const Holder& unwrap() const noexcept { return holder_; }

@@ -127,7 +127,7 @@ class GradientState {
       return gathers == 0;
     };
     if (!eval_only(e.current, 0)) return {};                    // this step so far: no collective, no gather yet
-    if (e.had_step && !eval_only(e.last, 1)) return {};        // the step before: exactly one gather
+    if (!e.had_step || !eval_only(e.last, 1)) return {};       // the step before: exactly one gather
     e.pulled = true;
     std::vector<GatherLayout> out;
     for (const auto& v : e.missing) out.push_back(v.layout());
