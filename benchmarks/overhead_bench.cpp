@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -175,7 +176,7 @@ void release_together(c10d::Store& side, const std::string& key, int world) {
 
 int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
-  // Sections to run (train, calls, rendezvous): all by default.
+  // Sections to run (train, calls, buffers, rendezvous): all by default.
   const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
   const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
   Acc acc;
@@ -265,6 +266,41 @@ int main(int argc, char** argv) try {
   }
 
   // 3. Rendezvous, 10 rounds on fresh ports.
+  // 3. DDP's buffer broadcast: the forward of a prepared BatchNorm MLP with broadcast_buffers on and off (both
+  // with gradients, outside no_sync: the broadcast runs before every forward). Small: the digits example's width
+  // (64-32-10) with a BatchNorm; large: 4 hidden layers of 1,920 with BatchNorm (14.8M parameters).
+  if (wanted("buffers")) {
+    struct BnSize {
+      const char* name;
+      std::int64_t inputs, hidden, layers, batch;
+      int iters;
+    };
+    for (const BnSize z : {BnSize{"small", 64, 32, 1, 32, 2000}, BnSize{"large", 1920, 1920, 4, 64, 40}}) {
+      auto make = [&] {
+        torch::nn::Sequential net;
+        std::int64_t in = z.inputs;
+        for (std::int64_t l = 0; l < z.layers; ++l)
+          net->push_back(torch::nn::Linear(in, z.hidden)), net->push_back(torch::nn::BatchNorm1d(z.hidden)), net->push_back(torch::nn::ReLU()),
+              in = z.hidden;
+        net->push_back(torch::nn::Linear(in, bench::kClasses));
+        return net;
+      };
+      Acc on{accel::Options{.broadcast_buffers = true}}, off{accel::Options{.broadcast_buffers = false}};
+      auto with = on.prepare(make());
+      auto without = off.prepare(make());
+      std::int64_t params = 0;
+      for (const auto& p : with->parameters()) params += p.numel();
+      const auto x = at::randn({z.batch, z.inputs});
+      acc.wait_for_everyone();
+      const double o = ns_per_call(z.iters, 7, [&] { (void)with(x); });
+      acc.wait_for_everyone();
+      const double r = ns_per_call(z.iters, 7, [&] { (void)without(x); });
+      add({{"name", std::string("per_forward_buffers_") + z.name}, {"accel_seconds", o * 1e-9}, {"accel_ns", o},
+           {"baseline", "the same forward with broadcast_buffers = false"}, {"baseline_seconds", r * 1e-9}, {"baseline_ns", r},
+           {"ratio", o / r}, {"processes", N}, {"parameters", params}, {"batch_per_process", z.batch}});
+    }
+  }
+
   if (wanted("rendezvous")) {
     const auto env = accel::detect_launch_env();
     auto side = store_at(env, env.master_port + 1, true);
