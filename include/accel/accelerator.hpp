@@ -81,6 +81,7 @@ struct Options {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< gradient all-reduce bucket size
   bool find_unused_parameters = false;         //!< parameters without a gradient contribute zeros instead of an error
   bool broadcast_buffers = true;               //!< DDP's: rank 0's buffers before a forward, when DDP broadcasts them
+  CommHook comm_hook = CommHook::none;         //!< Accelerate's comm_hook: gradient buckets compressed to fp16 or bf16
   comm::CommOptions comm{};                    //!< collective and rendezvous timeouts
   LaunchOverrides launch{};                    //!< explicit rank / world size / address, winning over the environment
 };
@@ -444,7 +445,7 @@ class Accelerator {
       } else {
         auto ddp = std::make_shared<DistributedModule>(
             module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters,
-                                                  .broadcast_buffers = opt_.broadcast_buffers});
+                                                  .broadcast_buffers = opt_.broadcast_buffers, .comm_hook = opt_.comm_hook});
         ddps_.push_back(ddp);
         return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
       }

@@ -43,12 +43,18 @@
 
 namespace accel {
 
+//! Accelerate's `comm_hook` (`DDPCommunicationHookType`): gradient buckets travel compressed to 16 bits —
+//! PyTorch's `fp16_compress_hook` / `bf16_compress_hook`: the bucket cast to the wire type, divided by N there,
+//! all-reduced, cast back. Both engines reduce both types (Gloo and NCCL); a bucket already 16-bit travels as it is.
+enum class CommHook { none, fp16, bf16 };
+
 struct DistributedOptions {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;
   bool find_unused_parameters = false;
   //! DDP's `broadcast_buffers`: rank 0's buffers (BatchNorm's running statistics) are broadcast before a
   //! forward of the prepared model, when DDP does it (see `before_forward`); false keeps each rank's own.
   bool broadcast_buffers = true;
+  CommHook comm_hook = CommHook::none;  //!< gradient compression (see `CommHook`)
 };
 
 class DistributedModule;
@@ -87,6 +93,7 @@ class DistributedModule {
     std::int64_t numel = 0;
     at::Tensor buffer;  // the gradients, then the room for the collective check (Communicator::check_room)
     at::Tensor flat;    // the gradients' part of `buffer`: every gradient of the bucket, as views
+    at::Tensor wire_buffer, wire;  // under a comm hook: the compressed bucket (and its check room) that travels
     comm::Communicator::Pending pending;
   };
   struct State {
@@ -159,6 +166,16 @@ class DistributedModule {
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const std::shared_ptr<torch::nn::Module>& shared() const noexcept { return module_; }
   [[nodiscard]] std::size_t buckets() const noexcept { return state_->buckets.size(); }
+  //! Bytes of gradients one synchronising backward sends into the all-reduce (halved by a 16-bit comm hook).
+  [[nodiscard]] std::int64_t gradient_bytes() const {
+    std::int64_t n = 0;
+    for (const auto& b : state_->buckets) {
+      if (b.params.empty()) continue;
+      const auto size = std::int64_t(state_->params[b.params.front()].tensor.element_size());
+      n += b.numel * (compressed(*state_, b) ? 2 : size);
+    }
+    return n;
+  }
 
   //! RAII: gradients stay local while the result lives (`SyncScope`).
   [[nodiscard]] SyncScope no_sync();
@@ -248,9 +265,9 @@ class DistributedModule {
       b.flat = b.buffer.narrow(0, 0, b.numel);
     }
     const auto& g = p.tensor.grad();
-    const at::Scalar share = 1.0 / double(s.comm->size());
+    const at::Scalar share = compressed(s, b) ? 1.0 : 1.0 / double(s.comm->size());  // a hook divides on the wire
     if (g.defined() && g.data_ptr() == static_cast<char*>(b.flat.data_ptr()) + p.offset * std::int64_t(b.flat.element_size())) {
-      g.mul_(share);
+      if (!compressed(s, b)) g.mul_(share);
       return;
     }
     // An alias of the bucket's storage that is not an autograd view: LibTorch's Optimizer::zero_grad calls
@@ -266,7 +283,24 @@ class DistributedModule {
   }
   static void launch(State& s, Bucket& b) {
     for (auto k : b.params) adopt(s, s.params[k]);
+    if (compressed(s, b)) {  // [torch:distributed/algorithms/ddp_comm_hooks/default_hooks.py fp16_compress_hook]
+      if (!b.wire_buffer.defined()) {
+        const auto type = s.opt.comm_hook == CommHook::fp16 ? at::kHalf : at::kBFloat16;
+        b.wire_buffer = at::empty({b.numel + s.comm->check_room(type, b.numel)}, b.flat.options().dtype(type));
+        b.wire = b.wire_buffer.narrow(0, 0, b.numel);
+      }
+      b.wire.copy_(b.flat);
+      b.wire.div_(s.comm->size());
+      b.pending = s.comm->all_reduce_start(b.wire_buffer, b.numel);
+      return;
+    }
     b.pending = s.comm->all_reduce_start(b.buffer, b.numel);  // the sum of the shares is the average
+  }
+  // Whether bucket `b` travels compressed (a comm hook, and a bucket wider than the wire type).
+  static bool compressed(const State& s, const Bucket& b) {
+    if (s.opt.comm_hook == CommHook::none || b.params.empty()) return false;
+    const auto t = s.params[b.params.front()].tensor.scalar_type();
+    return t == at::kFloat || t == at::kDouble;
   }
   static void finalize(State& s) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -286,7 +320,10 @@ class DistributedModule {
   static void complete(State& s) {
     try {
       launch_ready(s);
-      for (auto& b : s.buckets) s.comm->finish(b.pending);
+      for (auto& b : s.buckets) {
+        s.comm->finish(b.pending);
+        if (compressed(s, b)) b.flat.copy_(b.wire);  // decompress: the average, back in the gradients
+      }
     } catch (...) {
       reset(s);
       throw;
