@@ -60,8 +60,8 @@ Data make_data(const Size& z, int processes, int accum) {
 // ---- 1. the training loop, through accel and by hand ---------------------------------------------------------
 
 // Seconds per optimizer step through the Accelerator.
-double accel_steps(const Size& z, int accum, const Data& d) {
-  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes}};
+double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook = accel::CommHook::none) {
+  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes, .comm_hook = hook}};
   at::manual_seed(0);
   auto net = make_net(z);
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-3));
@@ -176,7 +176,7 @@ void release_together(c10d::Store& side, const std::string& key, int world) {
 
 int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
-  // Sections to run (train, calls, buffers, rendezvous): all by default.
+  // Sections to run (train, calls, hooks, buffers, rendezvous): all by default.
   const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
   const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
   Acc acc;
@@ -266,6 +266,23 @@ int main(int argc, char** argv) try {
   }
 
   // 3. Rendezvous, 10 rounds on fresh ports.
+  // 2b. Gradient compression: the large MLP's training step with fp16 and bf16 buckets against uncompressed ones
+  // (the bytes each backward sends, and the time per step; best of 3 alternating rounds).
+  if (wanted("hooks")) {
+    const auto data = make_data(kLarge, N, 1);
+    double none = std::numeric_limits<double>::max(), fp16 = none, bf16 = none;
+    for (int round = 0; round < 3; ++round) {
+      none = std::min(none, accel_steps(kLarge, 1, data));
+      fp16 = std::min(fp16, accel_steps(kLarge, 1, data, accel::CommHook::fp16));
+      bf16 = std::min(bf16, accel_steps(kLarge, 1, data, accel::CommHook::bf16));
+    }
+    std::int64_t full = 0;
+    for (const auto& p : make_net(kLarge)->parameters()) full += p.numel() * 4;
+    for (const auto& [name, t] : {std::pair{"fp16", fp16}, std::pair{"bf16", bf16}})
+      add({{"name", std::string("train_step_large_") + name + "_hook"}, {"accel_seconds", t}, {"baseline", "the same step, uncompressed"},
+           {"baseline_seconds", none}, {"ratio", t / none}, {"processes", N}, {"gradient_bytes", full / 2}, {"baseline_gradient_bytes", full}});
+  }
+
   // 3. DDP's buffer broadcast: the forward of a prepared BatchNorm MLP with broadcast_buffers on and off (both
   // with gradients, outside no_sync: the broadcast runs before every forward). Small: the digits example's width
   // (64-32-10) with a BatchNorm; large: 4 hidden layers of 1,920 with BatchNorm (14.8M parameters).
