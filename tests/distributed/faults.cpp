@@ -19,9 +19,10 @@ namespace mp {
 
 struct Victim : accel::Accelerator<accel::dist::from_env> {};
 
-// The last rank SIGKILLs itself inside a training loop (inside forward/backward's bucketed all-reduce).
-void kill_mid_training(const Args&) {
-  Victim acc{accel::Options{.comm = {.timeout = std::chrono::seconds(20), .rendezvous_timeout = std::chrono::seconds(20)}}};
+// Trains on 400 samples; before the 5th batch the last rank raises `sig` (SIGKILL: dead; SIGSTOP: frozen). The
+// survivors must end with an error: reaching the end is a failure.
+void train_until_signal(const accel::comm::CommOptions& comm, int sig, const char* what) {
+  Victim acc{accel::Options{.comm = comm}};
   tally.rank = acc.process_index();
   const int N = acc.num_processes();
   auto net = torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
@@ -31,13 +32,18 @@ void kill_mid_training(const Args&) {
                                                                   {.batch_size = 4, .shuffle = true}));
   int step = 0;
   for (const auto& b : loader) {
-    if (++step == 5 && tally.rank == N - 1) ::raise(SIGKILL);
+    if (++step == 5 && tally.rank == N - 1) ::raise(sig);
     auto sync = acc.accumulate(model);
     acc.backward(torch::mse_loss(model(b.data), b.target));
     opt.step();
     opt.zero_grad();
   }
-  check(false, "survived a dead peer");
+  check(false, std::string("survived a ") + what + " peer");
+}
+
+// The last rank SIGKILLs itself inside a training loop (inside forward/backward's bucketed all-reduce).
+void kill_mid_training(const Args&) {
+  train_until_signal({.timeout = std::chrono::seconds(20), .rendezvous_timeout = std::chrono::seconds(20)}, SIGKILL, "dead");
 }
 
 // The last rank SIGKILLs itself in the middle of a series of all_reduces.
@@ -56,25 +62,9 @@ void kill_mid_collective(const Args&) {
 // The last rank freezes itself (SIGSTOP) inside a training loop: the survivors must end within the peer timeout
 // (ARG ms) plus a few seconds, naming it, instead of waiting for the collective timeout (120 s here).
 void freeze_mid_training(const Args& args) {
-  const auto peer_timeout = std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")));
-  Victim acc{accel::Options{.comm = {.timeout = std::chrono::seconds(120), .rendezvous_timeout = std::chrono::seconds(20),
-                                     .peer_timeout = peer_timeout}}};
-  tally.rank = acc.process_index();
-  const int N = acc.num_processes();
-  auto net = torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
-  at::manual_seed(1);
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
-                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({400, 5}), at::randn({400, 2})),
-                                                                  {.batch_size = 4, .shuffle = true}));
-  int step = 0;
-  for (const auto& b : loader) {
-    if (++step == 5 && tally.rank == N - 1) ::raise(SIGSTOP);
-    auto sync = acc.accumulate(model);
-    acc.backward(torch::mse_loss(model(b.data), b.target));
-    opt.step();
-    opt.zero_grad();
-  }
-  check(false, "survived a frozen peer");
+  train_until_signal({.timeout = std::chrono::seconds(120), .rendezvous_timeout = std::chrono::seconds(20),
+                      .peer_timeout = std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")))},
+                     SIGSTOP, "frozen");
 }
 
 // The last rank computes for ARG ms (longer than the 2 s peer timeout) before joining an all_reduce: a busy

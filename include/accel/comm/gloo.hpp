@@ -38,18 +38,14 @@ class GlooCommunicator final : public Communicator {
   [[nodiscard]] const c10::intrusive_ptr<c10d::Backend>& backend() const noexcept { return backend_; }
   [[nodiscard]] const Rendezvous& rendezvous() const noexcept { return *rdzv_; }
 
-  [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t) const override { return slots(dtype, ReduceOp::sum); }
+  [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t numel) const override {
+    return framed_all_reduce(numel) ? slots(dtype, ReduceOp::sum) : 0;
+  }
 
   Pending all_reduce_start(at::Tensor& t) override {
-    if (t.dim() == 1 && t.is_contiguous() && check_room(t.scalar_type(), t.numel()) == 0) return all_reduce_start(t, t.numel());
-    if (!framed_all_reduce(t.numel())) {
-      at::Tensor buffer = t.reshape({-1});
-      Pending p = start_unchecked(buffer);
-      if (!t.is_contiguous() || buffer.data_ptr() != t.data_ptr()) std::static_pointer_cast<InFlight>(p.native)->copy_back = t;
-      return p;
-    }
-    // A copy with room for the check, copied back by `finish`.
     const std::int64_t room = check_room(t.scalar_type(), t.numel());
+    if (room == 0 && t.dim() == 1 && t.is_contiguous()) return all_reduce_start(t, t.numel());
+    // A copy with room for the check, copied back by `finish`.
     at::Tensor buffer = at::empty({t.numel() + room}, t.options());
     buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
     Pending p = all_reduce_start(buffer, t.numel());
@@ -190,21 +186,6 @@ class GlooCommunicator final : public Communicator {
   // Gloo reduces in a fifth of the time of three (0.15 ms against 1 ms on loopback) and whose check would cost
   // more than the data; the next collective that carries a check checks them too.
   static bool framed_all_reduce(std::int64_t numel) { return numel > 2; }
-  Pending start_unchecked(at::Tensor& buffer) {
-    auto id = begin(OpKind::all_reduce, buffer.scalar_type(), buffer.numel());
-    leave_unchecked(id);
-    auto f = std::make_shared<InFlight>();
-    f->id = id, f->buffer = buffer, f->payload = buffer.numel();
-    std::vector<at::Tensor> v{buffer};
-    c10d::AllreduceOptions o;
-    o.timeout = options().timeout;
-    try {
-      f->work = backend_->allreduce(v, o);
-    } catch (const std::exception& e) {
-      fail(id, e.what());
-    }
-    return {id.seq, std::move(f)};
-  }
   // Whether `t` travels with its check slots (small enough for a copy); else a check collective goes first.
   static bool framed(const at::Tensor& t, std::int64_t room) {
     return room > 0 && t.numel() * std::int64_t(t.element_size()) <= kFramedBytes;
