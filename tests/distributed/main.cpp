@@ -8,6 +8,7 @@
 //   ddp                            model/: DistributedModule equals one process on the concatenated batches
 //   ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
 //   comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
+//   sync-bn                        model/: SyncBatchNorm equals BatchNorm on the concatenated batch
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
 //   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
       {"elastic", mp::elastic},
       {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
       {"mismatch", mp::mismatch},             {"uneven", mp::uneven},
-      {"ddp-buffers", mp::ddp_buffers},       {"comm-hooks", mp::comm_hooks}};
+      {"ddp-buffers", mp::ddp_buffers},       {"comm-hooks", mp::comm_hooks},
+      {"sync-bn", mp::sync_batch_norm}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {
