@@ -40,7 +40,6 @@
 #include <accel/model/autocast.hpp>
 #include <accel/model/distributed_module.hpp>
 #include <accel/model/prepared_model.hpp>
-#include <accel/model/sync_batch_norm.hpp>
 
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>

@@ -31,7 +31,6 @@
 #include <accel/data/prepare.hpp>
 #include <accel/model/autocast.hpp>
 #include <accel/model/prepared_model.hpp>
-#include <accel/model/sync_batch_norm.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
@@ -440,7 +439,7 @@ class Accelerator {
     if constexpr (kind == detail::Prepares::model) {
       auto module = module_of(x);
       if constexpr (config::device_placement) module->to(device());
-      set_sync_batchnorm_communicator(*module, state_.comm());  // its SyncBatchNorms use this job's processes
+      set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
       checkpointer_.add_model(module);
       if constexpr (one_process) {
         return U(std::forward<T>(x));

@@ -59,6 +59,18 @@ struct DistributedOptions {
 
 class DistributedModule;
 
+//! A module that talks to the other processes itself (`SyncBatchNorm`): `Accelerator::prepare` hands it the job's
+//! communicator (`set_communicators`). Kept here, light, so that preparing a model needs no such module's header.
+struct CollectiveModule {
+  virtual ~CollectiveModule() = default;
+  virtual void set_communicator(comm::Communicator* c) noexcept = 0;
+};
+//! Hands `c` to every `CollectiveModule` in `m` (itself included).
+inline void set_communicators(torch::nn::Module& m, comm::Communicator* c) {
+  for (const auto& sub : m.modules(/*include_self=*/true))
+    if (auto* x = dynamic_cast<CollectiveModule*>(sub.get())) x->set_communicator(c);
+}
+
 //! RAII: while it lives, the gradients of the modules it holds stay local (no all-reduce in backward); on exit
 //! each module goes back to what it did before. The one no-sync mechanism: `DistributedModule::no_sync()`,
 //! `Accelerator::no_sync(models...)` and `Accelerator::accumulate(models...)` on accumulation steps return it.

@@ -12,7 +12,9 @@
 //!   them, as DDP does).
 //! - Eval mode (with running statistics) is local, as PyTorch's. One process, or no communicator: BatchNorm.
 //!
-//! The communicator is the prepared model's: `Accelerator::prepare` hands it to every `SyncBatchNorm` in the model.
+//! The communicator is the prepared model's: `Accelerator::prepare` hands it to every `SyncBatchNorm` in the model
+//! (a `CollectiveModule`). Not part of `<accel/accel.hpp>` (its LibTorch headers cost every translation unit
+//! about a second): include `<accel/model/sync_batch_norm.hpp>` where you use it.
 //!
 //! \code
 //! auto net = accel::convert_sync_batchnorm(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8)));
@@ -21,6 +23,7 @@
 
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
+#include <accel/model/distributed_module.hpp>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
@@ -97,7 +100,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 
 }  // namespace detail
 
-class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public CollectiveModule {
  public:
   explicit SyncBatchNormImpl(SyncBatchNormOptions o) : options(o) { reset(); }  // NOLINT
   explicit SyncBatchNormImpl(std::int64_t num_features) : SyncBatchNormImpl(SyncBatchNormOptions{.num_features = num_features}) {}
@@ -115,7 +118,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   }
 
   //! The processes whose batches make the statistics (set by `Accelerator::prepare`; none: local BatchNorm).
-  void set_communicator(comm::Communicator* c) noexcept { comm_ = c; }
+  void set_communicator(comm::Communicator* c) noexcept override { comm_ = c; }
 
   at::Tensor forward(const at::Tensor& x) {
     detail::require(x.dim() >= 2 && x.size(1) == options.num_features,
@@ -241,10 +244,5 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const Holder& h) {
   return convert_sync_batchnorm(std::static_pointer_cast<torch::nn::Module>(h.ptr()));
 }
 
-//! Hands `comm` to every `SyncBatchNorm` in `m` (what `Accelerator::prepare` does with a model).
-inline void set_sync_batchnorm_communicator(torch::nn::Module& m, comm::Communicator* comm) {
-  for (const auto& sub : m.modules(/*include_self=*/true))
-    if (auto* s = dynamic_cast<SyncBatchNormImpl*>(sub.get())) s->set_communicator(comm);
-}
 
 }  // namespace accel

@@ -5,6 +5,7 @@
 #include "../harness.hpp"
 
 #include <accel/accelerator.hpp>
+#include <accel/model/sync_batch_norm.hpp>
 
 #include <ATen/ops/abs.h>
 #include <ATen/ops/cat.h>
@@ -48,7 +49,7 @@ void sync_batch_norm(const Args&) {
   }
   auto sync = std::static_pointer_cast<accel::SyncBatchNormImpl>(accel::convert_sync_batchnorm(reference));
   check(sync->options.momentum == 0.3 && at::equal(sync->weight, reference->weight), "conversion keeps the options and weights");
-  accel::set_sync_batchnorm_communicator(*sync, state.comm());
+  accel::set_communicators(*sync, state.comm());
   for (int round = 0; round < 2; ++round) {  // twice: the running statistics accumulate
     const at::Tensor full = at::cat(xs).requires_grad_(true);
     const at::Tensor out_full = reference->forward(full);
