@@ -45,6 +45,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -206,8 +207,7 @@ class Accelerator {
   //! `loss / gradient_accumulation_steps` (always, as in Accelerate), scaled under fp16, then backward.
   void backward(const at::Tensor& loss) {
     auto& gs = GradientState::instance();
-    for (const auto& d : ddps_)
-      if (d->sync()) refuse_starved("backward (the gradient all-reduce)");
+    if (std::any_of(ddps_.begin(), ddps_.end(), [](const auto& d) { return d->sync(); })) refuse_starved("backward (the gradient all-reduce)");
     const bool recording = gs.recording();
     std::vector<std::uint64_t> before;
     if (recording)

@@ -42,7 +42,6 @@
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -140,6 +139,15 @@ struct CollectiveId {
   }
 };
 
+//! What the heartbeat found about the other ranks: nothing (keep waiting), a collective mismatch, a rank that
+//! reported its own failure, or ranks that stopped responding; `text` says it for an error message.
+struct Finding {
+  enum class Kind { none, mismatch, failed, silent };
+  Kind kind = Kind::none;
+  std::string text;
+  explicit operator bool() const noexcept { return kind != Kind::none; }
+};
+
 //! What the heartbeat knows of the other ranks; the rendezvous implements it (Notes [Dead peers],
 //! [Frozen peers], [Mismatched collectives]). Every method is bounded in time: none waits on a peer.
 class Monitor {
@@ -147,18 +155,20 @@ class Monitor {
   virtual ~Monitor() = default;
   //! Records the collective this rank issues; the next heartbeat publishes it. Cheap (a lock and a copy).
   virtual void issued(const CollectiveId& id) noexcept = 0;
+  //! The collective this rank issued as number `seq`, while it is among the last ones recorded.
+  [[nodiscard]] virtual std::optional<CollectiveId> own(std::uint64_t seq) const = 0;
   //! While the result lives, the heartbeat also reads every other rank's counter and collectives.
   [[nodiscard]] virtual std::shared_ptr<void> watch() = 0;
-  //! A reason to stop waiting for `id` now (a rank silent for `peer_timeout`, a rank that issued another
-  //! collective under the same number, an unreachable store), or an empty string: keep waiting. Never blocks.
-  [[nodiscard]] virtual std::string verdict(const CollectiveId& id) const = 0;
+  //! Which other ranks published another operation under `own`'s number ("rank 1 issued ..."; empty: none known).
+  [[nodiscard]] virtual std::string differing(const CollectiveId& own) const = 0;
+  //! A reason to stop waiting for `id` now (a rank that issued another collective under its number, a rank that
+  //! failed, a rank silent for `peer_timeout`, an unreachable store), or nothing: keep waiting. Never blocks.
+  [[nodiscard]] virtual Finding verdict(const CollectiveId& id) const = 0;
   //! After a failure: records that this rank failed, then names the ranks that stopped responding and, for
   //! `id`, the ranks that issued something else. Takes a few heartbeat intervals; never throws.
-  [[nodiscard]] virtual std::string census(const CollectiveId* id) noexcept = 0;
+  [[nodiscard]] virtual Finding census(const CollectiveId* id) noexcept = 0;
   //! Records that this rank failed (the next heartbeat publishes it; the others' watch stops waiting for it).
   virtual void failed() noexcept = 0;
-  //! The collectives `rank` published last (empty when unknown). Never blocks.
-  [[nodiscard]] virtual std::vector<CollectiveId> published(int rank) const = 0;
 };
 
 //! The collectives of one process group. Shared, not copied; one engine implements it per `dist` tag.
@@ -214,7 +224,6 @@ class Communicator {
   //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
   CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce = ReduceOp::sum, int root = 0) {
     CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
-    mine_[id.seq % mine_.size()] = id;
     if (broken_)
       throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
                                std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
@@ -235,14 +244,14 @@ class Communicator {
       if (waited >= opt_.timeout) fail(id, "timed out after " + seconds(waited));
       if (done(std::min(opt_.timeout - waited, std::max(opt_.heartbeat_interval, std::chrono::milliseconds(10))))) return;
       if (!monitor_) continue;
-      if (std::string why = monitor_->verdict(id); !why.empty()) {
-        const bool mismatch = why.rfind("collective mismatch", 0) == 0;
-        const auto w = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-        if (mismatch) fail_mismatch(id, why.substr(std::string("collective mismatch: ").size()));
-        // A peer that failed: its error says why; the census names the ranks that stopped.
-        fail(id, "waited " + seconds(w) + ": " + why, /*census=*/why.rfind("failed", 0) == 0);
-      }
+      if (const Finding f = monitor_->verdict(id)) fail_found(id, f, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
     }
+  }
+  //! Ends a watched wait for `id` with what the heartbeat found (after `waited`).
+  [[noreturn]] void fail_found(const CollectiveId& id, const Finding& f, std::chrono::milliseconds waited) {
+    if (f.kind == Finding::Kind::mismatch) fail_mismatch(id, f.text);
+    // A peer that failed: its error says why; the census names the ranks that stopped.
+    fail(id, "waited " + seconds(waited) + ": " + f.text, /*census=*/f.kind == Finding::Kind::failed);
   }
 
   //! Throws the CommunicationError for `id`, with the census of the other ranks; the group is broken after.
@@ -251,8 +260,9 @@ class Communicator {
     if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
     std::string tail;
     if (census && monitor_) {
-      tail = monitor_->census(&id);
-      if (tail.rfind("collective mismatch: ", 0) == 0) fail_mismatch(id, tail.substr(std::string("collective mismatch: ").size()));
+      const Finding f = monitor_->census(&id);
+      if (f.kind == Finding::Kind::mismatch) fail_mismatch(id, f.text);
+      tail = f.text;
     }
     throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
                              std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " +
@@ -272,25 +282,19 @@ class Communicator {
   //! the first collective where another rank's operation differs, from what the heartbeats published (waiting
   //! up to three heartbeats for them).
   [[noreturn]] void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects) {
-    std::vector<int> ranks = suspects;
-    if (ranks.empty())
-      for (int r = 0; r < size_; ++r)
-        if (r != rank_) ranks.push_back(r);
     // The collectives that may differ: `id`, and the unchecked ones before it that this rank still remembers.
-    const std::uint64_t first = std::max<std::uint64_t>({id.unchecked_from ? id.unchecked_from : id.seq, id.seq + 1 > mine_.size() ? id.seq + 1 - mine_.size() : 1});
+    const std::uint64_t first = id.unchecked_from ? id.unchecked_from : id.seq;
     CollectiveId at = id;
     std::string others;
     if (monitor_) {
       auto watching = monitor_->watch();
       const auto t0 = Clock::now();
       for (;;) {
-        for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s) {
-          const CollectiveId& own = mine_[s % mine_.size()];
-          if (own.seq != s) continue;  // overwritten by a later collective (buckets in flight)
-          for (int r : ranks)
-            for (const auto& p : monitor_->published(r))
-              if (p.seq == s && !(p == own)) others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + p.describe()), at = own;
-        }
+        for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s)
+          if (const auto own = monitor_->own(s)) {
+            others = monitor_->differing(*own);
+            if (!others.empty()) at = *own;
+          }
         if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 3) break;
         std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
       }
@@ -316,10 +320,11 @@ class Communicator {
 
   // ---- the fingerprint slots (Note [Mismatched collectives]) ------------------------------------------------
 
-  //! Slots a check of `dtype` needs for `op`: 64, a pair (bit, 1 - bit) per bit of the fingerprint (a sum gives
-  //! (N, 0) or (0, N) when every rank agrees, a max or min (1, 0) or (0, 1)); 0 where the dtype cannot count to
-  //! N exactly (bool, complex, bf16 beyond 256 ranks, ...).
-  [[nodiscard]] std::int64_t slots(c10::ScalarType dtype, ReduceOp op) const {
+  //! Slots a check of `dtype` needs: 64, a pair (bit, 1 - bit) per bit of the fingerprint (a sum gives (N, 0) or
+  //! (0, N) when every rank agrees, a max or min (1, 0) or (0, 1): the same room for every reduction, so a sum and a
+  //! max of the same data stay the same size); 0 where the dtype cannot count to N exactly (bool, complex, bf16
+  //! beyond 256 ranks, ...).
+  [[nodiscard]] std::int64_t slots(c10::ScalarType dtype) const {
     if (!opt_.check_collectives) return 0;
     std::int64_t exact = 0;  // the largest count the dtype holds exactly
     switch (dtype) {
@@ -332,32 +337,29 @@ class Communicator {
       case c10::ScalarType::Byte: exact = 255; break;
       default: return 0;
     }
-    if (size_ > exact) return 0;
-    (void)op;  // the same room for every reduction: a sum and a max of the same data stay the same size
-    return 64;
+    return size_ > exact ? 0 : 64;
   }
   //! Writes this rank's fingerprint of `id` into `s` (a CPU 1-d tensor of `slots(...)` elements).
-  static void write_check(at::Tensor s, const CollectiveId& id, ReduceOp op) {
+  static void write_check(at::Tensor s, const CollectiveId& id) {
     const std::uint32_t f = id.fingerprint();
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_write_check", [&] {
       auto* p = s.data_ptr<scalar_t>();
       for (int b = 0; b < 32; ++b) {
         const int bit = int((f >> b) & 1u);
-        (void)op;
         p[2 * b] = scalar_t(bit), p[2 * b + 1] = scalar_t(1 - bit);
       }
     });
   }
-  //! Whether the reduced slots `s` say that every rank issued `id` (`n` ranks contributed).
-  static bool read_check(const at::Tensor& s, const CollectiveId& id, ReduceOp op, int n) {
+  //! Whether the slots `s` that came back say that every rank issued `id`: each pair holds `copies` times this
+  //! rank's bits (a sum: N copies; a max, a min or a sender's own slots: 1).
+  static bool read_check(const at::Tensor& s, const CollectiveId& id, int copies) {
     const std::uint32_t f = id.fingerprint();
     bool ok = true;
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_read_check", [&] {
       const auto* p = s.data_ptr<scalar_t>();
       for (int b = 0; b < 32 && ok; ++b) {
         const double bit = double((f >> b) & 1u);
-        const double k = op == ReduceOp::sum ? n : 1;
-        ok = double(p[2 * b]) == bit * k && double(p[2 * b + 1]) == (1 - bit) * k;
+        ok = double(p[2 * b]) == bit * copies && double(p[2 * b + 1]) == (1 - bit) * copies;
       }
     });
     return ok;
@@ -380,7 +382,6 @@ class Communicator {
   Monitor* monitor_ = nullptr;
   std::uint64_t seq_ = 0;
   bool broken_ = false;
-  std::array<CollectiveId, 8> mine_{};  // this rank's last collectives (for the mismatch's message)
   std::uint32_t unchecked_ = 0;         // fingerprints of the collectives since the last checked one
   std::uint64_t unchecked_from_ = 0;
 };

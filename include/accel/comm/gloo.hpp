@@ -39,7 +39,7 @@ class GlooCommunicator final : public Communicator {
   [[nodiscard]] const Rendezvous& rendezvous() const noexcept { return *rdzv_; }
 
   [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t numel) const override {
-    return framed_all_reduce(numel) ? slots(dtype, ReduceOp::sum) : 0;
+    return framed_all_reduce(numel) ? slots(dtype) : 0;
   }
 
   Pending all_reduce_start(at::Tensor& t) override {
@@ -57,7 +57,7 @@ class GlooCommunicator final : public Communicator {
     const std::int64_t room = check_room(buffer.scalar_type(), payload);
     detail::require(buffer.dim() == 1 && buffer.numel() == payload + room,
                     "accel: all_reduce_start: the buffer must be 1-d with " + std::to_string(room) + " elements after the payload");
-    if (room) carry_unchecked(id), write_check(buffer.narrow(0, payload, room), id, ReduceOp::sum);
+    if (room) carry_unchecked(id), write_check(buffer.narrow(0, payload, room), id);
     else leave_unchecked(id);
     auto f = std::make_shared<InFlight>();
     f->id = id, f->buffer = buffer, f->payload = payload, f->room = room;
@@ -75,61 +75,43 @@ class GlooCommunicator final : public Communicator {
     if (!p.native) return;
     auto f = std::static_pointer_cast<InFlight>(std::move(p.native));
     wait(f->id, f->work);
-    if (f->room && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, ReduceOp::sum, size())) mismatch_found(f->id, {});
+    if (f->room && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, size())) mismatch_found(f->id, {});
     if (f->copy_back.defined()) f->copy_back.copy_(f->buffer.narrow(0, 0, f->payload).view(f->copy_back.sizes()));
   }
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) override {
     auto id = begin(OpKind::all_reduce, t.scalar_type(), t.numel(), op);
-    const std::int64_t room = framed_all_reduce(t.numel()) ? slots(t.scalar_type(), op) : 0;
+    const std::int64_t room = check_room(t.scalar_type(), t.numel());
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN;
     o.timeout = options().timeout;
-    if (!framed(t, room)) {
-      if (room) check(id);
-      else leave_unchecked(id);
-      std::vector<at::Tensor> v{t};
-      run(id, [&] { return backend_->allreduce(v, o); });
-      return;
-    }
-    carry_unchecked(id);
-    at::Tensor buffer = at::empty({t.numel() + room}, t.options());
-    buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
-    write_check(buffer.narrow(0, t.numel(), room), id, op);
-    std::vector<at::Tensor> v{buffer};
+    const bool frame = framing(id, t, room);
+    std::vector<at::Tensor> v{frame ? framed_copy(t, id, room) : t};
     run(id, [&] { return backend_->allreduce(v, o); });
-    if (!read_check(buffer.narrow(0, t.numel(), room), id, op, size())) mismatch_found(id, {});
-    t.copy_(buffer.narrow(0, 0, t.numel()).view(t.sizes()));
+    if (!frame) return;
+    // A sum counts every rank's bits; a max or a min keeps one copy of them.
+    if (!read_check(v[0].narrow(0, t.numel(), room), id, op == ReduceOp::sum ? size() : 1)) mismatch_found(id, {});
+    t.copy_(v[0].narrow(0, 0, t.numel()).view(t.sizes()));
   }
   void broadcast(at::Tensor& t, int root = 0) override {
     check_root(root, "broadcast");
     auto id = begin(OpKind::broadcast, t.scalar_type(), t.numel(), ReduceOp::sum, root);
-    const std::int64_t room = framed_all_reduce(t.numel()) ? slots(t.scalar_type(), ReduceOp::sum) : 0;
+    const std::int64_t room = check_room(t.scalar_type(), t.numel());
     c10d::BroadcastOptions o;
     o.rootRank = root;
     o.timeout = options().timeout;
-    if (!framed(t, room)) {
-      if (room) check(id);
-      else leave_unchecked(id);
-      std::vector<at::Tensor> v{t};
-      run(id, [&] { return backend_->broadcast(v, o); });
-      return;
-    }
-    carry_unchecked(id);
-    at::Tensor buffer = framed_copy(t, id, room);
-    std::vector<at::Tensor> v{buffer};
+    const bool frame = framing(id, t, room);
+    std::vector<at::Tensor> v{frame ? framed_copy(t, id, room) : t};
     run(id, [&] { return backend_->broadcast(v, o); });
-    if (!read_check(buffer.narrow(0, t.numel(), room), id, ReduceOp::sum, 1)) mismatch_found(id, {root});
-    if (rank() != root) t.copy_(buffer.narrow(0, 0, t.numel()).view(t.sizes()));
+    if (!frame) return;
+    if (!read_check(v[0].narrow(0, t.numel(), room), id, 1)) mismatch_found(id, {root});
+    if (rank() != root) t.copy_(v[0].narrow(0, 0, t.numel()).view(t.sizes()));
   }
   std::vector<at::Tensor> all_gather(const at::Tensor& t) override {
     auto id = begin(OpKind::all_gather, t.scalar_type(), t.numel());
-    const std::int64_t room = slots(t.scalar_type(), ReduceOp::sum);
+    const std::int64_t room = slots(t.scalar_type());
     c10d::AllgatherOptions o;
     o.timeout = options().timeout;
-    const bool frame = framed(t, room);
-    if (frame) carry_unchecked(id);
-    else if (room) check(id);
-    else leave_unchecked(id);
+    const bool frame = framing(id, t, room);
     std::vector<at::Tensor> in{frame ? framed_copy(t, id, room) : t.contiguous()};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < size(); ++r) out[0].push_back(at::empty_like(in[0]));
@@ -137,7 +119,7 @@ class GlooCommunicator final : public Communicator {
     if (!frame) return std::move(out[0]);
     std::vector<int> differ;
     for (int r = 0; r < size(); ++r)
-      if (!read_check(out[0][std::size_t(r)].narrow(0, t.numel(), room), id, ReduceOp::sum, 1)) differ.push_back(r);
+      if (!read_check(out[0][std::size_t(r)].narrow(0, t.numel(), room), id, 1)) differ.push_back(r);
     if (!differ.empty()) mismatch_found(id, differ);
     std::vector<at::Tensor> parts;
     for (auto& g : out[0]) parts.push_back(g.narrow(0, 0, t.numel()).view(t.sizes()));
@@ -146,14 +128,11 @@ class GlooCommunicator final : public Communicator {
   void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root = 0) override {
     check_root(root, "scatter");
     auto id = begin(OpKind::scatter, out.scalar_type(), out.numel(), ReduceOp::sum, root);
-    const std::int64_t room = slots(out.scalar_type(), ReduceOp::sum);
+    const std::int64_t room = slots(out.scalar_type());
     c10d::ScatterOptions opts;
     opts.rootRank = root;
     opts.timeout = options().timeout;
-    const bool frame = framed(out, room);
-    if (frame) carry_unchecked(id);
-    else if (room) check(id);
-    else leave_unchecked(id);
+    const bool frame = framing(id, out, room);
     std::vector<at::Tensor> o{frame ? at::empty({out.numel() + room}, out.options()) : out};
     std::vector<std::vector<at::Tensor>> in;
     if (rank() == root) {
@@ -162,12 +141,12 @@ class GlooCommunicator final : public Communicator {
     }
     run(id, [&] { return backend_->scatter(o, in, opts); });
     if (!frame) return;
-    if (!read_check(o[0].narrow(0, out.numel(), room), id, ReduceOp::sum, 1)) mismatch_found(id, {root});
+    if (!read_check(o[0].narrow(0, out.numel(), room), id, 1)) mismatch_found(id, {root});
     out.copy_(o[0].narrow(0, 0, out.numel()).view(out.sizes()));
   }
   void barrier() override {
     auto id = begin(OpKind::barrier, at::kInt, 0);
-    if (slots(at::kInt, ReduceOp::sum)) return check(id);  // the check is an all-reduce: a barrier too
+    if (slots(at::kInt)) return check(id);  // the check is an all-reduce: a barrier too
     leave_unchecked(id);
     c10d::BarrierOptions o;
     o.timeout = options().timeout;
@@ -186,27 +165,34 @@ class GlooCommunicator final : public Communicator {
   // Gloo reduces in a fifth of the time of three (0.15 ms against 1 ms on loopback) and whose check would cost
   // more than the data; the next collective that carries a check checks them too.
   static bool framed_all_reduce(std::int64_t numel) { return numel > 2; }
-  // Whether `t` travels with its check slots (small enough for a copy); else a check collective goes first.
-  static bool framed(const at::Tensor& t, std::int64_t room) {
-    return room > 0 && t.numel() * std::int64_t(t.element_size()) <= kFramedBytes;
+  // How `id` is checked: with its slots after a copy of `t` (true; small payloads), by a check collective first
+  // (large ones), or not at all (no room: its fingerprint travels with the next checked collective).
+  bool framing(CollectiveId& id, const at::Tensor& t, std::int64_t room) {
+    if (room > 0 && t.numel() * std::int64_t(t.element_size()) <= kFramedBytes) {
+      carry_unchecked(id);
+      return true;
+    }
+    if (room > 0) check(id);
+    else leave_unchecked(id);
+    return false;
   }
   // `t` flattened, followed by this rank's slots for `id` (which takes the unchecked collectives before it).
   static at::Tensor framed_copy(const at::Tensor& t, const CollectiveId& id, std::int64_t room) {
     at::Tensor buffer = at::empty({t.numel() + room}, t.options());
     buffer.narrow(0, 0, t.numel()).copy_(t.reshape({-1}));
-    write_check(buffer.narrow(0, t.numel(), room), id, ReduceOp::sum);
+    write_check(buffer.narrow(0, t.numel(), room), id);
     return buffer;
   }
   // The check on its own: an all-reduce (sum) of `id`'s bits, before a large payload or as a barrier.
   void check(CollectiveId& id) {
     carry_unchecked(id);
-    at::Tensor bits = at::empty({slots(at::kInt, ReduceOp::sum)}, at::TensorOptions().dtype(at::kInt));
-    write_check(bits, id, ReduceOp::sum);
+    at::Tensor bits = at::empty({slots(at::kInt)}, at::TensorOptions().dtype(at::kInt));
+    write_check(bits, id);
     std::vector<at::Tensor> v{bits};
     c10d::AllreduceOptions o;
     o.timeout = options().timeout;
     run(id, [&] { return backend_->allreduce(v, o); });
-    if (!read_check(bits, id, ReduceOp::sum, size())) mismatch_found(id, {});
+    if (!read_check(bits, id, size())) mismatch_found(id, {});
   }
 
   // Waits for `work` (Communicator::await: watched after a second, bounded by the timeout).
@@ -266,7 +252,7 @@ inline std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec
     std::string msg = e.what();
     if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);
     throw CommunicationError("accel: rank " + std::to_string(rank) + ": connecting " + std::to_string(size) +
-                             " processes with Gloo failed: " + msg + ". " + rdzv->census(nullptr) + ".");
+                             " processes with Gloo failed: " + msg + ". " + rdzv->census(nullptr).text + ".");
   }
   Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);

@@ -25,6 +25,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -168,67 +169,73 @@ class Rendezvous final : public Monitor {
     });
   }
 
-  [[nodiscard]] std::string verdict(const CollectiveId& id) const override {
+  [[nodiscard]] std::optional<CollectiveId> own(std::uint64_t seq) const override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    const CollectiveId& c = beat_->mine[seq % kPublished];
+    if (seq == 0 || c.seq != seq) return std::nullopt;  // not issued, or overwritten by a later one
+    return c;
+  }
+
+  [[nodiscard]] std::string differing(const CollectiveId& own) const override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    return differing_locked(own);
+  }
+
+  [[nodiscard]] Finding verdict(const CollectiveId& id) const override {
+    using K = Finding::Kind;
     std::lock_guard<std::mutex> lock(beat_->mu);
     const auto now = Clock::now();
     if (now - beat_->last_ok > opt_.peer_timeout)
-      return "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
-             " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host();
-    std::string silent, mismatch, failed;
+      return {K::silent, "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
+                             " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
+    if (std::string others = differing_locked(id); !others.empty()) return {K::mismatch, others};
+    std::string silent, failed;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const auto& p = beat_->peers[std::size_t(r)];
       if (p.epoch != beat_->epoch) continue;  // not read since this watch began
       if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
       if (now - p.changed > opt_.peer_timeout) silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
-      for (const auto& c : p.published)
-        if (c.seq == id.seq && !(c == id))
-          mismatch += (mismatch.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
     }
-    if (!mismatch.empty()) return "collective mismatch: " + mismatch;
-    if (!failed.empty()) return "failed (its error says why): " + failed;
+    if (!failed.empty()) return {K::failed, "failed (its error says why): " + failed};
     if (!silent.empty())
-      return "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: frozen, "
-             "stopped or starved): " + silent;
+      return {K::silent, "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: "
+                         "frozen, stopped or starved): " + silent};
     return {};
   }
 
-  [[nodiscard]] std::string census(const CollectiveId* id) noexcept override {
+  [[nodiscard]] Finding census(const CollectiveId* id) noexcept override {
+    using K = Finding::Kind;
     try {
       auto w = watch();
+      failed();
       std::unique_lock<std::mutex> lock(beat_->mu);
-      beat_->failed = true;
-      lock.unlock();
-      beat_->cv.notify_all();
-      lock.lock();
       // Two reads of the others, three heartbeats apart (bounded: a frozen store never answers).
       const auto interval = opt_.heartbeat_interval;
       const std::uint64_t r0 = beat_->rounds;
       beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
-      if (beat_->rounds == r0) return host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
-                                            : "the rendezvous store at " + where() + " is gone (the launcher hosting it ended)";
+      if (beat_->rounds == r0)
+        return {K::silent, host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
+                                 : "the rendezvous store at " + where() + " is gone (the launcher hosting it ended)"};
       std::vector<std::int64_t> before;
       for (const auto& p : beat_->peers) before.push_back(p.beats);
       const std::uint64_t r1 = beat_->rounds;
       beat_->cv.wait_for(lock, interval * 5, [&] { return beat_->rounds >= r1 + 3; });
-      std::string dead, failed, mismatch;
+      if (id)
+        if (std::string others = differing_locked(*id); !others.empty()) return {K::mismatch, others};
+      std::string dead, failed;
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         const auto& p = beat_->peers[std::size_t(r)];
         if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
         else if (beat_->rounds == r1 || p.beats == before[std::size_t(r)]) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
-        if (id)
-          for (const auto& c : p.published)
-            if (c.seq == id->seq && !(c == *id))
-              mismatch += (mismatch.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
       }
-      if (!mismatch.empty()) return "collective mismatch: " + mismatch;
       std::string out = dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
                                      : "not responding: " + dead;
       if (!failed.empty()) out += "; also failed: " + failed;
-      return out;
+      return {K::silent, out};
     } catch (...) {
-      return "the census of the other ranks failed";
+      return {K::silent, "the census of the other ranks failed"};
     }
   }
 
@@ -256,13 +263,18 @@ class Rendezvous final : public Monitor {
     beat_->cv.notify_all();
   }
 
-  [[nodiscard]] std::vector<CollectiveId> published(int rank) const override {
-    std::lock_guard<std::mutex> lock(beat_->mu);
-    if (rank < 0 || rank >= size_) return {};
-    return beat_->peers[std::size_t(rank)].published;
-  }
-
  private:
+  // "rank 1 issued ...; rank 2 issued ..." for the peers that published another operation under `own`'s number
+  // (called with the lock held).
+  [[nodiscard]] std::string differing_locked(const CollectiveId& own) const {
+    std::string out;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      for (const auto& c : beat_->peers[std::size_t(r)].published)
+        if (c.seq == own.seq && !(c == own)) out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
+    }
+    return out;
+  }
   static std::atomic<Rendezvous*>& active() {
     static std::atomic<Rendezvous*> r{nullptr};
     return r;

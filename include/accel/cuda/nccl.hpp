@@ -228,7 +228,10 @@ class NcclCommunicator final : public comm::Communicator {
       if (now - t0_ > c_.options().timeout) c_.abort_and_fail(id_, "timed out");
       if (!c_.monitor()) return;
       if (!watching_) watching_ = c_.monitor()->watch();
-      if (std::string why = c_.monitor()->verdict(id_); !why.empty()) c_.abort_and_fail(id_, why, false);
+      if (const comm::Finding f = c_.monitor()->verdict(id_)) {
+        c_.abort();
+        c_.fail_found(id_, f, std::chrono::duration_cast<std::chrono::milliseconds>(now - t0_));
+      }
     }
 
    private:
@@ -237,11 +240,13 @@ class NcclCommunicator final : public comm::Communicator {
     comm::Clock::time_point t0_, next_;
     std::shared_ptr<void> watching_;
   };
-  [[noreturn]] void abort_and_fail(const comm::CollectiveId& n, const std::string& why, bool census = true) {
+  void abort() noexcept {
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    if (why.rfind("collective mismatch: ", 0) == 0) fail_mismatch(n, why.substr(std::string("collective mismatch: ").size()));
-    fail(n, why, census);
+  }
+  [[noreturn]] void abort_and_fail(const comm::CollectiveId& n, const std::string& why) {
+    abort();
+    fail(n, why);
   }
 
   std::unique_ptr<comm::Rendezvous> rdzv_;

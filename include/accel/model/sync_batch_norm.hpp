@@ -152,12 +152,13 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
         local.narrow(0, 1 + C, C).copy_((xd - m.view(detail::SyncBatchNormFunction::shape(x))).pow(2).sum(d));
       }
       const auto all = comm_->all_gather(local);
-      at::Tensor total_mean = at::zeros({C}, local.options()), m2 = at::zeros({C}, local.options());
+      std::vector<double> counts;  // every rank's, read once (each read waits for the device)
       double total = 0;
-      for (const auto& r : all) total += r[0].item<double>();
+      for (const auto& r : all) counts.push_back(r[0].item<double>()), total += counts.back();
       detail::require(total > 0, "accel::SyncBatchNorm: no rank has a sample in this batch");
-      for (const auto& r : all) total_mean += r.narrow(0, 1, C) * (r[0].item<double>() / total);
-      for (const auto& r : all) m2 += r.narrow(0, 1 + C, C) + (r.narrow(0, 1, C) - total_mean).pow(2) * r[0].item<double>();
+      at::Tensor total_mean = at::zeros({C}, local.options()), m2 = at::zeros({C}, local.options());
+      for (std::size_t r = 0; r < all.size(); ++r) total_mean += all[r].narrow(0, 1, C) * (counts[r] / total);
+      for (std::size_t r = 0; r < all.size(); ++r) m2 += all[r].narrow(0, 1 + C, C) + (all[r].narrow(0, 1, C) - total_mean).pow(2) * counts[r];
       count = std::int64_t(total);
       mean = total_mean.to(x.scalar_type());
       var = (m2 / total).to(x.scalar_type());
