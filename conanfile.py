@@ -25,6 +25,7 @@ class AccelConan(ConanFile):
         # CMake config), as test_package does.
         self.requires("range-v3/0.12.0")
         self.requires("boost/1.74.0", options={"header_only": True})
+        self.requires("openssl/[>=3.0 <4]")  # HMAC of the rendezvous store's values
 
     def validate(self):
         check_min_cppstd(self, "20")

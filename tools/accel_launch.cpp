@@ -4,17 +4,27 @@
 // stopped and that exit code is returned (128 + signal for a process killed by a signal).
 //
 // The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
-// to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). The launchers of the other nodes join it and meet
-// there (`accel-launch/join/<node>`: every node must run the same --nnodes, --nproc-per-node and --max-restarts).
-// They exchange what happens through it, under keys apart from the workers' ("accel/<generation>/..."):
-//   accel-launch/<generation>/failed     the first failure of that generation: "<rank> <code> <node> <what>" (compare-
-//                                        and-set: the first one wins); every launcher polls it (200 ms) and stops its
-//                                        processes, or restarts them while restarts remain (--max-restarts: every
-//                                        launcher restarts its group together, into generation + 1);
-//   accel-launch/<generation>/done/<node> this node's processes all exited 0; the job succeeds when every node's has;
-//   accel-launch/stop                    a launcher was interrupted (SIGINT/SIGTERM): every launcher stops, no restart;
-//   accel-launch/left                    launchers of nodes > 0 that are done with the store; node 0 (the host) waits
-//                                        for them before it ends, so nobody loses the store before reading the outcome.
+// to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). It listens on loopback for a job on one node, and on
+// the --master-addr interface alone for several (accel/comm/store.hpp, Note [Listening surface]). The job has an id
+// (--job-id, ACCEL_JOB_ID, the scheduler's, or generated) and, when ACCEL_JOB_SECRET / ACCEL_JOB_SECRET_FILE is set
+// or the job runs on one node (a secret is generated then), a secret that seals every value written to the store;
+// both reach the processes as ACCEL_JOB_ID and ACCEL_JOB_SECRET (Notes [Job keys], [Authenticated keys]).
+// The launchers of the other nodes join it and meet there (`accel-launch/<job>/join/<node>`: every node must run the
+// same --nnodes, --nproc-per-node and --max-restarts). They exchange what happens through it, under keys apart from
+// the workers' ("accel/<job>/<generation>/..."):
+//   accel-launch/<job>/<generation>/failed      the first failure of that generation: "<rank> <code> <node> <what>"
+//                                               (compare-and-set: the first one wins); every launcher polls it (200 ms)
+//                                               and stops its processes, or restarts them while restarts remain
+//                                               (--max-restarts: every launcher restarts its group together, into
+//                                               generation + 1);
+//   accel-launch/<job>/<generation>/done/<node> this node's processes all exited 0; the job succeeds when every node's has;
+//   accel-launch/<job>/stop                     a launcher was interrupted (SIGINT/SIGTERM): every launcher stops;
+//   accel-launch/<job>/left                     launchers of nodes > 0 that are done with the store; node 0 (the host)
+//                                               waits for them before it ends, so nobody loses the store before reading
+//                                               the outcome.
+//   accel-launch/job                            the job id node 0 generated, when the nodes were given none.
+#include <accel/comm/store.hpp>
+
 #include <CLI/CLI.hpp>
 
 #include <c10/util/Logging.h>
@@ -150,6 +160,8 @@ struct Settings {
   int nproc = 1, nnodes = 1, node_rank = 0, max_restarts = 0;
   std::string master_addr = "127.0.0.1";
   int port = 0;
+  std::string job_id;  // empty: ACCEL_JOB_ID, the scheduler's, or generated
+  std::string secret;  // empty: none (several nodes without ACCEL_JOB_SECRET)
   double grace = 0, join_timeout = 300;
   bool prefix = true;
   std::vector<std::string> command;
@@ -197,11 +209,10 @@ class Launcher {
  private:
   // ---- the store ----------------------------------------------------------------------------------------------
   [[nodiscard]] std::string where() const { return s_.master_addr + ":" + std::to_string(s_.port); }
-  static std::string failed_key(int g) { return "accel-launch/" + std::to_string(g) + "/failed"; }
-  static std::string done_key(int g, int node) { return "accel-launch/" + std::to_string(g) + "/done/" + std::to_string(node); }
-  static std::string join_key(int node) { return "accel-launch/join/" + std::to_string(node); }
-  static constexpr const char* stop_key = "accel-launch/stop";
-  static constexpr const char* left_key = "accel-launch/left";
+  [[nodiscard]] std::string key(const std::string& what) const { return "accel-launch/" + s_.job_id + "/" + what; }
+  [[nodiscard]] std::string failed_key(int g) const { return key(std::to_string(g) + "/failed"); }
+  [[nodiscard]] std::string done_key(int g, int node) const { return key(std::to_string(g) + "/done/" + std::to_string(node)); }
+  [[nodiscard]] std::string join_key(int node) const { return key("join/" + std::to_string(node)); }
 
   void say(const std::string& what) const {
     std::fprintf(stderr, "accel-launch: %s%s\n", s_.nnodes > 1 ? ("node " + std::to_string(s_.node_rank) + ": ").c_str() : "",
@@ -213,21 +224,21 @@ class Launcher {
   bool join() {
     const auto t0 = Clock::now();
     const auto timeout = std::chrono::milliseconds(int64_t(s_.join_timeout * 1000));
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(s_.port);
-    o.isServer = s_.node_rank == 0;
-    o.waitWorkers = false;
-    o.timeout = timeout;
+    c10::intrusive_ptr<c10d::TCPStore> tcp;
     try {
       if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout)) throw std::runtime_error("nothing listens there");
-      // Node 0 talks to its own store through loopback: the server listens on every interface.
-      store_ = c10::make_intrusive<c10d::TCPStore>(s_.node_rank == 0 ? std::string("127.0.0.1") : s_.master_addr, o);
-      s_.port = store_->getPort();  // the port chosen when --master-port was left out
+      tcp = s_.node_rank == 0 ? accel::comm::host_store(s_.master_addr, s_.port, timeout)
+                              : accel::comm::connect_store(s_.master_addr, s_.port, timeout);
+      s_.port = tcp->getPort();  // the port chosen when --master-port was left out
+      store_ = tcp;
+      if (!s_.secret.empty())
+        store_ = c10::make_intrusive<accel::comm::AuthenticatedStore>(
+            tcp, s_.secret, "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
     } catch (const std::exception& e) {
       store_.reset();
       if (s_.node_rank == 0)
-        say("cannot host the rendezvous store on port " + std::to_string(s_.port) + " (" + first_line(e.what()) +
-            "); choose a free --master-port");
+        say("cannot host the rendezvous store at " + where() + " (" + first_line(e.what()) +
+            "); choose a free --master-port, and a --master-addr of this host");
       else
         say("could not reach the rendezvous store of node 0 at " + where() + " within " + seconds(s_.join_timeout) +
             ": start accel-launch --node-rank 0 on the node of --master-addr (its launcher hosts the store), and give every "
@@ -235,6 +246,17 @@ class Launcher {
       return false;
     }
     if (s_.nnodes == 1) return true;
+    if (s_.job_id.empty()) {  // node 0 draws the id and the others take it
+      try {
+        if (s_.node_rank == 0) store_->set("accel-launch/job", bytes(accel::comm::random_hex(16)));
+        s_.job_id = text(store_->get("accel-launch/job"));
+        accel::comm::check_job_id(s_.job_id, "published by node 0");
+      } catch (const std::exception& e) {
+        say("could not agree on a job id with node 0 at " + where() + " (" + first_line(e.what()) + "); give every node "
+            "the same --job-id");
+        return false;
+      }
+    }
     const std::string config = "--nnodes " + std::to_string(s_.nnodes) + " --nproc-per-node " + std::to_string(s_.nproc) +
                                " --max-restarts " + std::to_string(s_.max_restarts);
     char host[256] = "?";
@@ -293,11 +315,11 @@ class Launcher {
     if (s_.nnodes == 1 || !store_) return code;
     try {
       if (s_.node_rank != 0) {
-        store_->add(left_key, 1);
+        store_->add(key("left"), 1);
         return code;
       }
       const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t((s_.grace + 15) * 1000));
-      while (store_->add(left_key, 0) < s_.nnodes - 1 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+      while (store_->add(key("left"), 0) < s_.nnodes - 1 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
     } catch (const std::exception&) {
     }
     return code;
@@ -328,14 +350,20 @@ class Launcher {
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},  // this launcher hosts the store: rank 0 connects to it
         {"TORCHELASTIC_RESTART_COUNT", std::to_string(generation)},
         {"TORCHELASTIC_MAX_RESTARTS", std::to_string(s_.max_restarts)},
+        {"ACCEL_JOB_ID", s_.job_id},
     };
+    // The secret reaches the processes as a value (readable by this user only, in /proc/<pid>/environ).
+    const std::vector<std::string> dropped = {"ACCEL_JOB_SECRET", "ACCEL_JOB_SECRET_FILE"};
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       const std::string_view kv(*e);
       const auto name = kv.substr(0, kv.find('='));
-      if (std::none_of(ours.begin(), ours.end(), [&](const auto& p) { return p.first == name; })) env.emplace_back(kv);
+      if (std::none_of(ours.begin(), ours.end(), [&](const auto& p) { return p.first == name; }) &&
+          std::find(dropped.begin(), dropped.end(), name) == dropped.end())
+        env.emplace_back(kv);
     }
     for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
+    if (!s_.secret.empty()) env.push_back("ACCEL_JOB_SECRET=" + s_.secret);
     return env;
   }
 
@@ -436,7 +464,7 @@ class Launcher {
         signal_all(g_signal);
         if (!failure && !stop) stop = Outcome{Outcome::stopped, 128 + g_signal};
         if (store_ && s_.nnodes > 1) try {
-            store_->compareSet(stop_key, {}, bytes(std::to_string(128 + g_signal)));
+            store_->compareSet(key("stop"), {}, bytes(std::to_string(128 + g_signal)));
           } catch (const std::exception&) {
           }
         terminated = true;
@@ -476,8 +504,8 @@ class Launcher {
             say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " + failure->what + "; " +
                 (s_.grace > 0 ? "waiting for" : "stopping") + " the " + std::to_string(others()) + " process(es) of this node");
             stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.grace * 1000));
-          } else if (store_->check({stop_key})) {
-            stop = Outcome{Outcome::stopped, std::stoi(text(store_->get(stop_key)))};
+          } else if (store_->check({key("stop")})) {
+            stop = Outcome{Outcome::stopped, std::stoi(text(store_->get(key("stop"))))};
             say("another node's launcher was interrupted; stopping the " + std::to_string(others()) + " process(es) of this node");
             stop_deadline = Clock::now();
           }
@@ -528,9 +556,9 @@ class Launcher {
               " (this node's processes had ended)");
           return {Outcome::failure, f.code};
         }
-        if (store_->check({stop_key})) return {Outcome::stopped, std::stoi(text(store_->get(stop_key)))};
+        if (store_->check({key("stop")})) return {Outcome::stopped, std::stoi(text(store_->get(key("stop"))))};
         if (g_signal) {
-          store_->compareSet(stop_key, {}, bytes(std::to_string(128 + g_signal)));
+          store_->compareSet(key("stop"), {}, bytes(std::to_string(128 + g_signal)));
           return {Outcome::stopped, 128 + g_signal};
         }
         std::this_thread::sleep_for(200ms);
@@ -542,7 +570,7 @@ class Launcher {
   }
 
   Settings s_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;  // the TCPStore, sealing values when the job has a secret
   bool mismatch_ = false;
 };
 
@@ -566,6 +594,8 @@ int main(int argc, char** argv) {
   app.add_option("--join-timeout", s.join_timeout, "seconds the launchers of a multi-node job wait for each other (default 300)")
       ->check(CLI::PositiveNumber);
   app.add_option("--grace", s.grace, "after a failure, seconds the others get to end by themselves before being stopped");
+  app.add_option("--job-id", s.job_id, "the job's id, under which every rendezvous key lives (default: ACCEL_JOB_ID, the "
+                 "scheduler's job id, or generated; give every node the same)");
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
   app.add_option("command", s.command, "the program and its arguments")->required();
   app.positionals_at_end();
@@ -587,6 +617,26 @@ int main(int argc, char** argv) {
   if (master_addr) s.master_addr = *master_addr;
   if (master_port) s.port = *master_port;  // else 0: the store picks a free port
   s.prefix = !no_prefix;
+  const auto env = [](std::string_view name) -> std::optional<std::string> {
+    if (const char* v = std::getenv(std::string(name).c_str())) return std::string(v);
+    return std::nullopt;
+  };
+  // A job on one node stays on loopback, whatever --master-addr says (Note [Listening surface]).
+  if (s.nnodes == 1) s.master_addr = "127.0.0.1";
+  try {
+    if (!s.job_id.empty()) accel::comm::check_job_id(s.job_id, "--job-id");
+    else if (std::string id = accel::comm::job_id_from(env); id != "none") s.job_id = id;
+    else if (s.nnodes == 1) s.job_id = accel::comm::random_hex(16);
+    s.secret = accel::comm::job_secret_from(env);
+  } catch (const std::exception& e) {
+    std::cerr << "accel-launch: " << e.what() << "\n";
+    return 2;
+  }
+  if (s.secret.empty() && s.nnodes == 1) s.secret = accel::comm::random_hex(32);
+  if (s.secret.empty())
+    std::cerr << "accel-launch: warning: no ACCEL_JOB_SECRET or ACCEL_JOB_SECRET_FILE: any host that reaches "
+              << s.master_addr << " can write this job's rendezvous keys; give every node the same secret (README, "
+                 "Security)\n";
 
   ::signal(SIGPIPE, SIG_IGN);
   // c10d logs every retry of a connection (with a stack trace); the launcher says what went wrong itself.

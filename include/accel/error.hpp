@@ -17,6 +17,16 @@ struct InvalidArgument : Error {
   using Error::Error;
 };
 
+//! A collective or the rendezvous failed (a peer died, froze, never arrived, or timed out; the rendezvous store
+//! held values that fail authentication).
+struct CommunicationError : Error {
+  using Error::Error;
+};
+//! Ranks issued different collectives at the same point (comm/communicator.hpp, Note [Mismatched collectives]).
+struct CollectiveMismatch : CommunicationError {
+  using CommunicationError::CommunicationError;
+};
+
 namespace detail {
 //! Throws `InvalidArgument(message)` unless `ok`.
 inline void require(bool ok, const std::string& message) {

@@ -64,5 +64,10 @@ void busy_peer(const Args&);               // faults.cpp
 void mismatch(const Args&);                // faults.cpp
 void uneven(const Args&);                  // uneven.cpp
 void elastic(const Args&);                 // launch.cpp
+void listening_surface(const Args&);       // security.cpp
+void foreign_writer(const Args&);          // security.cpp
+void attacked_job(const Args&);            // security.cpp
+void job_sum(const Args&);                 // security.cpp
+void store_host(const Args&);              // security.cpp
 
 }  // namespace mp

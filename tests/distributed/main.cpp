@@ -19,6 +19,11 @@
 //   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
 //                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)
+//   surface                        every socket the job's processes listen on is a loopback one (security.sh)
+//   foreign-writer PORT SECONDS    a client outside the job overwrites every key it finds in the store at PORT
+//   attacked SECONDS               all_reduces for SECONDS, every result checked (while foreign-writer runs)
+//   job-sum VALUE                  all_reduces of VALUE: one of two jobs sharing a store (ACCEL_JOB_ID)
+//   store-host PORT SECONDS        hosts a bare store (the agent store of job-sum's two jobs)
 // Each rank ends with "rank R: N passed, M failed" and exits non-zero on any failure.
 #include "harness.hpp"
 
@@ -37,7 +42,9 @@ int main(int argc, char** argv) {
       {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
       {"mismatch", mp::mismatch},             {"uneven", mp::uneven},
       {"ddp-buffers", mp::ddp_buffers},       {"comm-hooks", mp::comm_hooks},
-      {"sync-bn", mp::sync_batch_norm}};
+      {"sync-bn", mp::sync_batch_norm},       {"surface", mp::listening_surface},
+      {"foreign-writer", mp::foreign_writer}, {"attacked", mp::attacked_job},
+      {"job-sum", mp::job_sum},               {"store-host", mp::store_host}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -53,18 +53,7 @@
 #include <thread>
 #include <vector>
 
-namespace accel {
-
-//! A collective or the rendezvous failed (a peer died, froze, never arrived, or timed out).
-struct CommunicationError : Error {
-  using Error::Error;
-};
-//! Ranks issued different collectives at the same point (Note [Mismatched collectives]).
-struct CollectiveMismatch : CommunicationError {
-  using CommunicationError::CommunicationError;
-};
-
-namespace comm {
+namespace accel::comm {
 
 enum class ReduceOp { sum, max, min };
 
@@ -386,5 +375,4 @@ class Communicator {
   std::uint64_t unchecked_from_ = 0;
 };
 
-}  // namespace comm
-}  // namespace accel
+}  // namespace accel::comm

@@ -254,6 +254,7 @@ inline std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec
     throw CommunicationError("accel: rank " + std::to_string(rank) + ": connecting " + std::to_string(size) +
                              " processes with Gloo failed: " + msg + ". " + rdzv->census(nullptr).text + ".");
   }
+  rdzv->settled();
   Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);
 }

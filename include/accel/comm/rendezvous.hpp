@@ -1,10 +1,14 @@
 #pragma once
 //! \file
-//! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` (hosted by rank 0, or by the launcher),
-//! every rank announcing itself (a missing rank is named), and a heartbeat per process that publishes this
-//! rank's last collectives and, while someone waits, reads the other ranks' (the `Monitor` of
-//! communicator.hpp: Notes [Dead peers], [Frozen peers], [Mismatched collectives]). The engines (Gloo, NCCL)
-//! exchange their addresses through its store.
+//! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` (hosted by rank 0, or by the launcher;
+//! listening only where comm/store.hpp says, its keys under the job's id, its values sealed with the job's
+//! secret when there is one), every rank announcing itself (a missing rank is named), and a heartbeat per
+//! process that publishes this rank's last collectives and, while someone waits, reads the other ranks' (the
+//! `Monitor` of communicator.hpp: Notes [Dead peers], [Frozen peers], [Mismatched collectives]). The engines
+//! (Gloo, NCCL) exchange their addresses through its store.
+//!
+//! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
+//! "<beats> <failed>" and the last collectives), and `job/...` (the engines' own: Gloo's addresses, NCCL's id).
 //!
 //! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
 //! a store op to a frozen host never returns, so nothing else may wait on one. What it learns goes into a
@@ -12,10 +16,12 @@
 //! snapshot that stopped ageing, and is abandoned (detached) when the process ends.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/comm/store.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,6 +51,8 @@ struct RendezvousSpec {
   //! writes is scoped by it, so that a stale key of an earlier attempt can never satisfy the arrival check, the
   //! Gloo rendezvous or the NCCL id exchange of a restarted one.
   int generation = 0;
+  //! The job's id and secret (comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
+  JobIdentity job;
 };
 
 //! The rendezvous: the store, every rank announcing itself, and the heartbeat.
@@ -57,6 +65,7 @@ class Rendezvous final : public Monitor {
     int port = 0, rank = 0, size = 1;
     std::string prefix;
     CommOptions opt;
+    c10::intrusive_ptr<AuthenticatedStore> auth;  // the main connection's, when the job has a secret
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false, exited = false;
@@ -85,39 +94,29 @@ class Rendezvous final : public Monitor {
  public:
   Rendezvous(const RendezvousSpec& spec, const CommOptions& opt)
       : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), host_(spec.host_store),
-        prefix_("accel/" + std::to_string(spec.generation) + "/"), opt_(opt) {
-    const int rank = rank_, size = size_;
+        prefix_("accel/" + spec.job.id + "/" + std::to_string(spec.generation) + "/"), opt_(opt) {
+    check_job_id(spec.job.id, "of the job");
+    const int rank = rank_;
     const auto t0 = Clock::now();
     try {
-      raw_ = connect(opt.rendezvous_timeout, rank == 0 && spec.host_store);
-      store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "job", raw_);
+      raw_ = rank == 0 && spec.host_store ? host_store(addr_, port_, opt.rendezvous_timeout)
+                                          : connect_store(addr_, port_, opt.rendezvous_timeout);
+    } catch (const InvalidArgument&) {
+      throw;
     } catch (const std::exception& e) {
       throw CommunicationError("accel: rank " + std::to_string(rank) + ": could not reach the rendezvous store at " + where() +
                                " within " + seconds(opt.rendezvous_timeout) + " (" + host() + " hosts it: is it running, "
                                "and are MASTER_ADDR/MASTER_PORT the same on every process?): " + e.what());
     }
-    raw_->set(arrived_key(rank), std::vector<uint8_t>{1});
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(arrived_key(r));
-    const auto left = opt.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-    try {
-      raw_->wait(keys, std::max(left, std::chrono::milliseconds(1)));
-    } catch (const std::exception&) {
-      std::string missing;
-      int arrived = 0;
-      for (int r = 0; r < size; ++r) {
-        if (raw_->check({arrived_key(r)})) ++arrived;
-        else missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw CommunicationError("accel: rank " + std::to_string(rank) + ": rendezvous at " + where() + ": only " +
-                               std::to_string(arrived) + " of " + std::to_string(size) + " processes arrived within " +
-                               seconds(opt.rendezvous_timeout) + "; missing rank(s): " + missing +
-                               ". Start all " + std::to_string(size) + " processes (accel-launch --nproc-per-node), or "
-                               "check WORLD_SIZE");
-    }
+    kv_ = raw_;
+    if (!spec.job.secret.empty()) kv_ = auth_ = c10::make_intrusive<AuthenticatedStore>(raw_, spec.job.secret, "rank " + std::to_string(rank));
+    store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "job", kv_);
+    kv_->set(arrived_key(rank), std::vector<uint8_t>{1});
+    // The heartbeat starts now: it repairs this rank's one-shot keys while the others arrive and connect.
     beat_ = std::make_shared<Beat>();
     beat_->addr = addr_, beat_->port = port_, beat_->rank = rank_, beat_->size = size_, beat_->prefix = prefix_;
     beat_->opt = opt_;
+    beat_->auth = auth_;
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { run(b); });
@@ -125,11 +124,36 @@ class Rendezvous final : public Monitor {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
     }
+    try {
+      await_arrivals(t0);
+    } catch (...) {
+      stop_heartbeat();
+      throw;
+    }
   }
 
   ~Rendezvous() override {
     Rendezvous* self = this;
     active().compare_exchange_strong(self, nullptr);
+    stop_heartbeat();
+  }
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  //! The job's store, scoped by the job id and the restart generation (the engines exchange their addresses
+  //! through it); its values are authenticated when the job has a secret.
+  [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
+  [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
+  //! The engine is connected: the one-shot keys are read no more (Note [Authenticated keys]).
+  void settled() {
+    if (auth_) auth_->settled();
+  }
+  //! Store values that failed authentication in this process so far.
+  [[nodiscard]] std::uint64_t forged_values() const noexcept { return auth_ ? auth_->forged() : 0; }
+
+ private:
+  void stop_heartbeat() {
+    if (!heartbeat_.joinable()) return;
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->stop = true;
@@ -142,12 +166,72 @@ class Rendezvous final : public Monitor {
     if (ended) heartbeat_.join();
     else heartbeat_.detach();
   }
-  Rendezvous(const Rendezvous&) = delete;
-  Rendezvous& operator=(const Rendezvous&) = delete;
 
-  //! The job's store, scoped by the restart generation (the engines exchange their addresses through it).
-  [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
-  [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
+  // Every rank's arrival key, authentic (with a secret): a rank whose values all fail is named and refused.
+  void await_arrivals(Clock::time_point t0) {
+    const auto left = [&] {
+      return std::max(std::chrono::milliseconds(1),
+                      opt_.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
+    };
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(arrived_key(r));
+    try {
+      raw_->wait(keys, left());
+    } catch (const std::exception&) {
+      std::string missing;
+      int arrived = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (raw_->check({arrived_key(r)})) ++arrived;
+        else missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw CommunicationError("accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": only " +
+                               std::to_string(arrived) + " of " + std::to_string(size_) + " processes arrived within " +
+                               seconds(opt_.rendezvous_timeout) + "; missing rank(s): " + missing +
+                               ". Start all " + std::to_string(size_) + " processes (accel-launch --nproc-per-node), or "
+                               "check WORLD_SIZE");
+    }
+    if (!auth_) return;
+    // A rank has arrived once one authentic arrival value of it was seen. A value replaced by a foreign client
+    // is rewritten by its writer (here, and by the heartbeat); a rank with another secret writes values that
+    // fail for good: wait this long before calling it so.
+    const auto grace = std::max<Clock::duration>(std::chrono::seconds(3), opt_.heartbeat_interval * 6);
+    std::vector<bool> seen(std::size_t(size_), false);
+    const auto since = Clock::now();
+    std::vector<bool> forged(std::size_t(size_), false);  // a value of it failed, none passed yet
+    std::string failing;
+    for (;;) {
+      try {
+        for (int r = 0; r < size_; ++r) {
+          if (seen[std::size_t(r)]) continue;
+          if (auth_->try_get(arrived_key(r))) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
+          else if (r == rank_) kv_->set(arrived_key(r), std::vector<uint8_t>{1});  // ours, replaced: again
+          else forged[std::size_t(r)] = true;
+        }
+      } catch (const std::exception& e) {
+        failing.clear();
+        for (int r = 0; r < size_; ++r)
+          if (forged[std::size_t(r)]) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
+        if (failing.empty()) throw CommunicationError("accel: rank " + std::to_string(rank_) + ": lost the rendezvous store at " +
+                                                      where() + " while the processes arrived: " + e.what());
+        break;  // the others gave up on us first
+      }
+      if (std::all_of(seen.begin(), seen.end(), [](bool b) { return b; })) return;
+      failing.clear();
+      for (int r = 0; r < size_; ++r)
+        if (forged[std::size_t(r)]) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
+      const auto now = Clock::now();
+      if (!failing.empty() && (now - since > grace || now - t0 > opt_.rendezvous_timeout)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    throw CommunicationError(
+        "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " + failing +
+        " fails authentication with this process's job secret (for " + seconds(Clock::now() - since) +
+        "): the processes do not share one secret. Give every process the same ACCEL_JOB_SECRET or "
+        "ACCEL_JOB_SECRET_FILE (accel-launch passes its own to the processes it starts; on several nodes, export "
+        "the same secret to every node's accel-launch)");
+  }
+
+ public:
 
   // ---- Monitor ------------------------------------------------------------------------------------------
 
@@ -308,17 +392,6 @@ class Rendezvous final : public Monitor {
   [[nodiscard]] std::string host() const { return host_ ? "rank 0" : "the launcher of node 0"; }
   [[nodiscard]] std::string arrived_key(int r) const { return prefix_ + "arrived/" + std::to_string(r); }
 
-  static c10::intrusive_ptr<c10d::TCPStore> connect(const std::string& addr, int port, std::chrono::milliseconds timeout, bool server) {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(port);
-    o.isServer = server;
-    o.waitWorkers = false;
-    o.timeout = timeout;
-    return c10::make_intrusive<c10d::TCPStore>(addr, o);
-  }
-  [[nodiscard]] c10::intrusive_ptr<c10d::TCPStore> connect(std::chrono::milliseconds timeout, bool server) const {
-    return connect(addr_, port_, timeout, server);
-  }
 
   static std::string encode(const std::array<CollectiveId, kPublished>& mine, std::uint64_t issued) {
     std::string out;
@@ -336,41 +409,82 @@ class Rendezvous final : public Monitor {
     return out;
   }
 
-  // The heartbeat: bumps this rank's counter, publishes its collectives and failure, and reads the others
-  // while someone watches. Only `b` is touched: the thread may outlive the Rendezvous.
+  // The heartbeat: writes this rank's beat key (its count, its failure, its last collectives), reads the others'
+  // while someone watches, and repairs this rank's one-shot keys until the engine is connected. Only `b` is
+  // touched: the thread may outlive the Rendezvous.
   static void run(std::shared_ptr<Beat> b) {
-    c10::intrusive_ptr<c10d::TCPStore> own;
+    c10::intrusive_ptr<c10d::Store> own;
+    c10::intrusive_ptr<AuthenticatedStore> auth;
     try {
-      own = connect(b->addr, b->port, b->opt.rendezvous_timeout, false);
+      own = connect_store(b->addr, b->port, b->opt.rendezvous_timeout);
+      if (b->auth) own = auth = b->auth->sharing(own);
     } catch (const std::exception&) {
     }
+    // One value per beat: "<beats> <failed>\n<collectives>".
+    auto write = [&](const std::string& key, const std::string& v) {
+      std::vector<uint8_t> bytes(v.begin(), v.end());
+      if (auth) auth->set_volatile(key, bytes);
+      else own->set(key, bytes);
+    };
+    auto read = [&](const std::string& key) -> std::optional<std::string> {
+      if (auth) {
+        auto v = auth->try_get(key);
+        if (!v) return std::nullopt;
+        return std::string(v->begin(), v->end());
+      }
+      if (!own->check({key})) return std::nullopt;
+      const auto v = own->get(key);
+      return std::string(v.begin(), v.end());
+    };
+    // Whether this rank's beat key still holds what it last wrote: a foreign writer is reported, even when
+    // nobody reads the key before it is written again.
+    bool replaced_reported = false;
+    auto still_mine = [&](const std::string& key, const std::string& v) {
+      std::vector<uint8_t> bytes(v.begin(), v.end());
+      if (auth) return auth->holds(key, bytes);
+      if (own->check({key}) && own->get(key) == bytes) return true;
+      if (!replaced_reported)
+        std::fprintf(stderr, "accel: rank %d: the rendezvous store's key '%s' was replaced by a value this process did "
+                             "not write (a client outside the job; set ACCEL_JOB_SECRET to authenticate values)\n",
+                     b->rank, key.c_str());
+      replaced_reported = true;
+      return false;
+    };
+    std::int64_t beats = 0;
+    std::string published;  // the collectives last encoded
+    std::string last;       // the beat value last written
     std::unique_lock<std::mutex> lock(b->mu);
     while (own && !b->stop) {
       const std::uint64_t issued = b->issued;
-      const std::string mine = issued != b->published ? encode(b->mine, issued) : std::string();
-      const bool fail = b->failed && !b->failed_written;
+      if (issued != b->published) published = encode(b->mine, issued);
+      const bool fail = b->failed;
       const bool watch = b->watchers > 0;
       const std::uint64_t epoch = b->epoch;
       lock.unlock();
       std::vector<Beat::Peer> seen;
       try {
-        own->add(b->key("heartbeat", b->rank), 1);
-        if (!mine.empty()) {
-          const std::string& v = mine;
-          own->set(b->key("collectives", b->rank), std::vector<uint8_t>(v.begin(), v.end()));
-        }
-        if (fail) own->set(b->key("failed", b->rank), std::vector<uint8_t>{1});
+        if (!last.empty()) still_mine(b->key("beat", b->rank), last);
+        last = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
+        write(b->key("beat", b->rank), last);
+        if (auth) auth->repair();
         if (watch) {
           seen.resize(std::size_t(b->size));
           for (int r = 0; r < b->size; ++r) {
             if (r == b->rank) continue;
             auto& p = seen[std::size_t(r)];
-            p.beats = own->add(b->key("heartbeat", r), 0);
-            if (own->check({b->key("collectives", r)})) {
-              const auto v = own->get(b->key("collectives", r));
-              p.published = decode(std::string(v.begin(), v.end()));
+            if (const auto v = read(b->key("beat", r))) {
+              std::istringstream in(*v);
+              int failed = 0;
+              if (in >> p.beats >> failed) {
+                p.failed = failed != 0;
+                std::string rest;
+                std::getline(in, rest);  // the end of the first line
+                std::getline(in, rest);
+                p.published = decode(rest);
+              } else {
+                p.beats = -1;
+              }
             }
-            p.failed = own->check({b->key("failed", r)});
           }
         }
       } catch (const std::exception&) {
@@ -380,13 +494,17 @@ class Rendezvous final : public Monitor {
       lock.lock();
       const auto now = Clock::now();
       b->last_ok = now;
-      if (!mine.empty()) b->published = issued;
+      b->published = issued;
       if (fail) b->failed_written = true;
       if (watch) {
         for (int r = 0; r < b->size; ++r) {
           if (r == b->rank) continue;
           auto& p = b->peers[std::size_t(r)];
           auto& s = seen[std::size_t(r)];
+          if (s.beats < 0) {  // not written yet, or not authentic: what was known stands
+            if (p.epoch != epoch) p.changed = now, p.epoch = epoch;
+            continue;
+          }
           if (p.epoch != epoch || p.beats != s.beats) p.changed = now;
           p.beats = s.beats, p.epoch = epoch, p.published = std::move(s.published), p.failed = s.failed;
         }
@@ -404,10 +522,12 @@ class Rendezvous final : public Monitor {
   std::string addr_;
   int port_, rank_, size_;
   bool host_;           // whether rank 0 hosts the store (else the launcher does)
-  std::string prefix_;  // "accel/<generation>/"
+  std::string prefix_;  // "accel/<job id>/<generation>/"
   CommOptions opt_;
-  c10::intrusive_ptr<c10d::TCPStore> raw_;
-  c10::intrusive_ptr<c10d::Store> store_;  // raw_ under prefix_ + "job"
+  c10::intrusive_ptr<c10d::TCPStore> raw_;            // the connection
+  c10::intrusive_ptr<AuthenticatedStore> auth_;       // raw_ sealing values with the job's secret (null: none)
+  c10::intrusive_ptr<c10d::Store> kv_;                // auth_, or raw_ without a secret
+  c10::intrusive_ptr<c10d::Store> store_;             // kv_ under prefix_ + "job"
   std::shared_ptr<Beat> beat_;
   std::thread heartbeat_;
 };

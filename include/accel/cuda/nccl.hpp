@@ -68,12 +68,17 @@ class NcclCommunicator final : public comm::Communicator {
       store->set("accel/nccl/id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
     } else {
       const auto bytes = store->get("accel/nccl/id");
+      if (bytes.size() != sizeof id)
+        throw CommunicationError("accel: rank " + std::to_string(rank()) + ": the NCCL id in the rendezvous store is " +
+                                 std::to_string(bytes.size()) + " bytes, not " + std::to_string(sizeof id) +
+                                 " (written by another NCCL version, or by a client outside the job)");
       std::memcpy(&id, bytes.data(), sizeof id);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     check_nccl(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), n);
     wait_comm(n);
+    rdzv_->settled();
   }
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);

@@ -63,9 +63,12 @@ inline int visible_gpus() {
 }
 
 namespace detail {
-inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env) {
+//! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
+//! and secret (comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
+inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvLookup& vars) {
   return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
-          .host_store = !env.agent_store, .generation = env.restart_count};
+          .host_store = !env.agent_store, .generation = env.restart_count,
+          .job = {.id = comm::job_id_from(vars), .secret = comm::job_secret_from(vars)}};
 }
 }  // namespace detail
 
@@ -97,7 +100,7 @@ struct Engine<dist::gloo> {
     if (env.world_size == 1) return c;
     share_cores(opt.env, env.local_world_size);
     c.type = DistributedType::multi_cpu;
-    c.comm = comm::make_gloo_communicator(detail::rendezvous_of(env), opt.comm);
+    c.comm = comm::make_gloo_communicator(detail::rendezvous_of(env, opt.env), opt.comm);
     return c;
   }
 
@@ -124,7 +127,7 @@ struct Engine<dist::nccl> {
     Connection c{DistributedType::no, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)), nullptr};
     if (env.world_size == 1) return c;
     c.type = DistributedType::multi_gpu;
-    c.comm = cuda::make_nccl_communicator(detail::rendezvous_of(env), opt.comm, device);
+    c.comm = cuda::make_nccl_communicator(detail::rendezvous_of(env, opt.env), opt.comm, device);
     return c;
   }
 };
