@@ -79,16 +79,18 @@ def lambda_of(spec):
 
 def make(opt, spec):
     k, p = spec["kind"], spec.get("params", {})
+    last = p.get("last_epoch", -1)  # >= 0: resumed by index, from the initial_lr a "prior" scheduler set
     if k == "StepLR":
-        return L.StepLR(opt, step_size=p["step_size"], gamma=p["gamma"])
+        return L.StepLR(opt, step_size=p["step_size"], gamma=p["gamma"], last_epoch=last)
     if k == "MultiStepLR":
-        return L.MultiStepLR(opt, milestones=p["milestones"], gamma=p["gamma"])
+        return L.MultiStepLR(opt, milestones=p["milestones"], gamma=p["gamma"], last_epoch=last)
     if k == "ExponentialLR":
-        return L.ExponentialLR(opt, gamma=p["gamma"])
+        return L.ExponentialLR(opt, gamma=p["gamma"], last_epoch=last)
     if k == "LinearLR":
-        return L.LinearLR(opt, start_factor=p["start_factor"], end_factor=p["end_factor"], total_iters=p["total_iters"])
+        return L.LinearLR(opt, start_factor=p["start_factor"], end_factor=p["end_factor"], total_iters=p["total_iters"],
+                          last_epoch=last)
     if k == "CosineAnnealingLR":
-        return L.CosineAnnealingLR(opt, T_max=p["T_max"], eta_min=p["eta_min"])
+        return L.CosineAnnealingLR(opt, T_max=p["T_max"], eta_min=p["eta_min"], last_epoch=last)
     if k == "LambdaLR":
         return L.LambdaLR(opt, lambda_of(p))
     if k == "OneCycleLR":
@@ -113,6 +115,7 @@ def momentum_of(opt):
 
 def run(case):
     opt = optimizer(case.get("optimizer", "sgd"))
+    prior = make(opt, case["prior"]) if "prior" in case else None  # noqa: F841 (alive, as in the C++ test)
     sched = make(opt, case)
     lrs = [[g["lr"] for g in opt.param_groups]]
     moms = [momentum_of(opt)]
@@ -180,6 +183,13 @@ def cases():
         {"kind": "LambdaLR", "params": {"fn": "warmup_constant", "warmup": 8}},
         {"kind": "MultiStepLR", "params": {"milestones": [3, 9], "gamma": 0.3}}],
         "milestones": [12]}, "steps": 40})
+    prior = {"kind": "ExponentialLR", "params": {"gamma": 0.8}}
+    for spec in ({"kind": "StepLR", "params": {"step_size": 3, "gamma": 0.5, "last_epoch": 5}},
+                 {"kind": "CosineAnnealingLR", "params": {"T_max": 10, "eta_min": 0.001, "last_epoch": 4}},
+                 {"kind": "LinearLR", "params": {"start_factor": 0.25, "end_factor": 1.0, "total_iters": 8,
+                                                 "last_epoch": 2}},
+                 {"kind": "MultiStepLR", "params": {"milestones": [4, 9], "gamma": 0.1, "last_epoch": 3}}):
+        out.append(dict(spec, prior=prior, steps=30))
     plateau = [1.0, 0.9, 0.9, 0.9, 0.95, 0.9, 0.8, 0.8, 0.80001, 0.79999, 0.8, 0.8, 0.8, 0.5, 0.5, 0.5, 0.5, 0.5,
                0.5, 0.49, 0.49, 0.49, 0.49, 0.49, 0.49, 0.49, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]
     rising = [0.1, 0.2, 0.2, 0.2, 0.2, 0.25, 0.25, 0.25, 0.25, 0.250001, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3,

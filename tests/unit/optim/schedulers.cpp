@@ -67,15 +67,16 @@ accel::LambdaLR::Fn lambda_of(const nlohmann::json& p, std::size_t group) {
 std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::optim::Optimizer& opt) {
   const std::string k = spec["kind"];
   const auto& p = spec["params"];
-  if (k == "StepLR") return std::make_shared<accel::StepLR>(opt, p["step_size"].get<std::int64_t>(), p["gamma"].get<double>());
+  const auto last = p.value("last_epoch", std::int64_t(-1));  // >= 0: resumed by index (a "prior" set the initial rates)
+  if (k == "StepLR") return std::make_shared<accel::StepLR>(opt, p["step_size"].get<std::int64_t>(), p["gamma"].get<double>(), last);
   if (k == "MultiStepLR")
-    return std::make_shared<accel::MultiStepLR>(opt, p["milestones"].get<std::vector<std::int64_t>>(), p["gamma"].get<double>());
-  if (k == "ExponentialLR") return std::make_shared<accel::ExponentialLR>(opt, p["gamma"].get<double>());
+    return std::make_shared<accel::MultiStepLR>(opt, p["milestones"].get<std::vector<std::int64_t>>(), p["gamma"].get<double>(), last);
+  if (k == "ExponentialLR") return std::make_shared<accel::ExponentialLR>(opt, p["gamma"].get<double>(), last);
   if (k == "LinearLR")
     return std::make_shared<accel::LinearLR>(opt, p["start_factor"].get<double>(), p["end_factor"].get<double>(),
-                                             p["total_iters"].get<std::int64_t>());
+                                             p["total_iters"].get<std::int64_t>(), last);
   if (k == "CosineAnnealingLR")
-    return std::make_shared<accel::CosineAnnealingLR>(opt, p["T_max"].get<std::int64_t>(), p["eta_min"].get<double>());
+    return std::make_shared<accel::CosineAnnealingLR>(opt, p["T_max"].get<std::int64_t>(), p["eta_min"].get<double>(), last);
   if (k == "LambdaLR") {
     const std::string fn = p["fn"];
     if (fn == "warmup_linear") return accel::linear_schedule_with_warmup(opt, p["warmup"], p["total"]);
@@ -151,6 +152,14 @@ void check_rows(const nlohmann::json& c, const Fixture& f, std::size_t from, Ste
   }
 }
 
+//! The golden StepLR(step_size 3, gamma 0.5) from the start.
+const nlohmann::json* step_lr_3_half() {
+  for (const auto& x : schedule_golden()["cases"])
+    if (x["kind"] == "StepLR" && x["params"]["step_size"] == 3 && x["params"]["gamma"] == 0.5 && !x.contains("prior"))
+      return &x;
+  return nullptr;
+}
+
 }  // namespace
 
 TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bit, and get_last_lr", "[schedulers][golden]") {
@@ -159,8 +168,9 @@ TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bi
   for (const auto& c : cases) {
     INFO(c["name"].get<std::string>());
     Fixture f(c.value("optimizer", "sgd"));
+    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;  // kept alive, as in the generator
     auto s = make(c, *f.opt);
-    CHECK(s->last_epoch() == 0);
+    CHECK(s->last_epoch() == c["params"].value("last_epoch", std::int64_t(-1)) + 1);
     CHECK(s->get_last_lr() == f.lrs());
     check_rows(c, f, 0, [&](std::size_t) {
       s->step();
@@ -175,16 +185,18 @@ TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler
     INFO(c["name"].get<std::string>());
     const std::size_t steps = c["steps"], cut = steps / 2 + 1;  // odd cuts land inside phases and between milestones
     Fixture f(c.value("optimizer", "sgd"));
+    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;
     auto s = make(c, *f.opt);
     for (std::size_t k = 0; k < cut; ++k) s->step();
     const auto opt_bytes = saved([&](auto& a) { f.opt->save(a); });
     const auto sched_bytes = saved([&](auto& a) { s->save(a); });
 
     Fixture g(c.value("optimizer", "sgd"));
+    const auto prior_g = c.contains("prior") ? make(c["prior"], *g.opt) : nullptr;
     auto t = make(c, *g.opt);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
     restore(opt_bytes, [&](auto& a) { g.opt->load(a); });
     restore(sched_bytes, [&](auto& a) { t->load(a); });
-    CHECK(t->last_epoch() == std::int64_t(cut));
+    CHECK(t->last_epoch() == s->last_epoch());
     CHECK(t->get_last_lr() == s->get_last_lr());
     check_rows(c, g, cut, [&](std::size_t) { t->step(); });
   }
@@ -265,9 +277,7 @@ TEST_CASE("OneCycleLR through AcceleratedScheduler: N steps per step stop at tot
 }
 
 TEST_CASE("schedulers: LibTorch's StepLR changes the rate one step after PyTorch's; accel::StepLR does not", "[schedulers][golden]") {
-  const nlohmann::json* c = nullptr;
-  for (const auto& x : schedule_golden()["cases"])
-    if (x["kind"] == "StepLR" && x["params"]["step_size"] == 3 && x["params"]["gamma"] == 0.5) c = &x;
+  const nlohmann::json* c = step_lr_3_half();
   REQUIRE(c != nullptr);
   const auto want = (*c)["lr"].get<Rows>();
   Fixture f("sgd"), g("sgd");
@@ -301,6 +311,8 @@ TEST_CASE("schedulers: errors name what is wrong", "[schedulers]") {
   torch::optim::Adagrad adagrad(p, torch::optim::AdagradOptions(0.1));
   CHECK_THROWS_WITH(accel::OneCycleLR(adagrad, {1.0}, {.total_steps = 5}), Catch::Contains("cycle_momentum"));
   CHECK_NOTHROW(accel::OneCycleLR(adagrad, {1.0}, {.total_steps = 5, .cycle_momentum = false}));
+  Fixture h("sgd");  // no scheduler has set its initial rates: PyTorch's KeyError for 'initial_lr'
+  CHECK_THROWS_WITH(accel::StepLR(*h.opt, 3, 0.5, 4), Catch::Contains("needs the groups' initial rates"));
   static_assert(accel::TorchScheduler<accel::ReduceLROnPlateau> && accel::SavesState<accel::ReduceLROnPlateau>);
   static_assert(accel::TorchScheduler<accel::SequentialLR> && accel::SavesState<accel::OneCycleLR>);
   static_assert(!accel::SavesState<torch::optim::StepLR>);
@@ -339,9 +351,7 @@ Rows train_with_schedule(std::int64_t stop_after, const std::string& save_dir, c
 
 TEST_CASE("schedulers: prepared by the Accelerator, stepped with the optimizer, checkpointed and resumed", "[schedulers][accelerator]") {
   accel::ProcessState::reset();
-  const nlohmann::json* c = nullptr;
-  for (const auto& x : schedule_golden()["cases"])
-    if (x["kind"] == "StepLR" && x["params"]["step_size"] == 3 && x["params"]["gamma"] == 0.5) c = &x;
+  const nlohmann::json* c = step_lr_3_half();
   REQUIRE(c != nullptr);
   const auto want = (*c)["lr"].get<Rows>();
   const auto straight = train_with_schedule(0, "", "");
