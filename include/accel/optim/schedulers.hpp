@@ -68,7 +68,8 @@ namespace detail {
 // takes its `base_lrs` from it, which is what makes a cosine built after a warmup (SequentialLR) start from the
 // un-warmed rate. LibTorch's groups have no free keys, so the value lives here, one vector per optimizer, shared by
 // the schedulers of that optimizer while any of them lives (a scheduler never outlives its optimizer, so the
-// address cannot be reused under a live entry).
+// address cannot be reused under a live entry). One difference follows: PyTorch's group keeps `initial_lr` after
+// its schedulers are gone, here a scheduler built once all earlier ones are destroyed starts from the current rates.
 class InitialLrs {
  public:
   //! The optimizer's initial rates: taken from its groups' current rates for groups that have none yet
@@ -119,8 +120,9 @@ inline void set_group_lrs(torch::optim::Optimizer& opt, const std::vector<double
 //! One value per parameter group: a single value is repeated (PyTorch's `_format_param`).
 inline std::vector<double> per_group(const std::vector<double>& v, std::size_t groups, const char* name) {
   if (v.size() == 1) return std::vector<double>(groups, v[0]);
-  detail::require(v.size() == groups, std::string("accel: ") + name + " must have one value, or one per parameter group (" +
-                                  std::to_string(groups) + "); it has " + std::to_string(v.size()));
+  detail::require(v.size() == groups, std::string("accel: ") + name +
+                                          " must have one value, or one per parameter group (" +
+                                          std::to_string(groups) + "); it has " + std::to_string(v.size()));
   return v;
 }
 
@@ -438,9 +440,11 @@ class CosineAnnealingLR : public ExactScheduler {
       for (std::size_t i = 0; i < lrs.size(); ++i)
         lrs[i] = eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(e * pi / t)) / 2;
     } else if ((last_epoch_ - 1 - t_max_) % (2 * t_max_) == 0) {  // divisibility: the sign of % does not matter
-      for (std::size_t i = 0; i < lrs.size(); ++i) lrs[i] = lrs[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / t)) / 2;
+      for (std::size_t i = 0; i < lrs.size(); ++i)
+        lrs[i] = lrs[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / t)) / 2;
     } else {
-      for (auto& lr : lrs) lr = (1 + std::cos(pi * e / t)) / (1 + std::cos(pi * (e - 1) / t)) * (lr - eta_min_) + eta_min_;
+      for (auto& lr : lrs)
+        lr = (1 + std::cos(pi * e / t)) / (1 + std::cos(pi * (e - 1) / t)) * (lr - eta_min_) + eta_min_;
     }
     return lrs;
   }
@@ -478,8 +482,8 @@ class LambdaLR : public ExactScheduler {
   LambdaLR(torch::optim::Optimizer& opt, std::vector<Fn> fns, std::int64_t last_epoch = -1)
       : ExactScheduler(opt, last_epoch), fns_(std::move(fns)) {
     detail::require(fns_.size() == opt.param_groups().size(),
-            "accel::LambdaLR: expected " + std::to_string(opt.param_groups().size()) + " functions (one per group), got " +
-                std::to_string(fns_.size()));
+            "accel::LambdaLR: expected " + std::to_string(opt.param_groups().size()) +
+                " functions (one per group), got " + std::to_string(fns_.size()));
     initial_step();
   }
 
@@ -813,7 +817,8 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler {
     num_bad_epochs_ = 0;
   }
   [[nodiscard]] double mode_worse() const {
-    return o_.mode == PlateauMode::min ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    return o_.mode == PlateauMode::min ? inf : -inf;
   }
   [[nodiscard]] bool is_better(double a, double best) const {
     const bool rel = o_.threshold_mode == ThresholdMode::rel;

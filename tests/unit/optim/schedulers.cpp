@@ -13,8 +13,8 @@
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
-#include <catch2/catch.hpp>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -43,10 +43,14 @@ struct Fixture {
     const auto lrs = schedule_golden()["meta"]["lrs"].get<std::vector<double>>();
     std::vector<torch::optim::OptimizerParamGroup> groups{torch::optim::OptimizerParamGroup({params[0]}),
                                                           torch::optim::OptimizerParamGroup({params[1]})};
-    if (kind == "sgd") opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(lrs[0]).momentum(0.9));
-    else if (kind == "adam") opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(lrs[0]));
-    else if (kind == "adamw") opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lrs[0]));
-    else FAIL("unknown optimizer " << kind);
+    if (kind == "sgd")
+      opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(lrs[0]).momentum(0.9));
+    else if (kind == "adam")
+      opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(lrs[0]));
+    else if (kind == "adamw")
+      opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lrs[0]));
+    else
+      FAIL("unknown optimizer " << kind);
     for (std::size_t i = 0; i < lrs.size(); ++i) opt->param_groups()[i].options().set_lr(lrs[i]);
   }
   [[nodiscard]] std::vector<double> lrs() const { return accel::detail::group_lrs(*opt); }
@@ -67,16 +71,20 @@ accel::LambdaLR::Fn lambda_of(const nlohmann::json& p, std::size_t group) {
 std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::optim::Optimizer& opt) {
   const std::string k = spec["kind"];
   const auto& p = spec["params"];
-  const auto last = p.value("last_epoch", std::int64_t(-1));  // >= 0: resumed by index (a "prior" set the initial rates)
-  if (k == "StepLR") return std::make_shared<accel::StepLR>(opt, p["step_size"].get<std::int64_t>(), p["gamma"].get<double>(), last);
+  const auto last =
+      p.value("last_epoch", std::int64_t(-1));  // >= 0: resumed by index (a "prior" set the initial rates)
+  if (k == "StepLR")
+    return std::make_shared<accel::StepLR>(opt, p["step_size"].get<std::int64_t>(), p["gamma"].get<double>(), last);
   if (k == "MultiStepLR")
-    return std::make_shared<accel::MultiStepLR>(opt, p["milestones"].get<std::vector<std::int64_t>>(), p["gamma"].get<double>(), last);
+    return std::make_shared<accel::MultiStepLR>(opt, p["milestones"].get<std::vector<std::int64_t>>(),
+                                                p["gamma"].get<double>(), last);
   if (k == "ExponentialLR") return std::make_shared<accel::ExponentialLR>(opt, p["gamma"].get<double>(), last);
   if (k == "LinearLR")
     return std::make_shared<accel::LinearLR>(opt, p["start_factor"].get<double>(), p["end_factor"].get<double>(),
                                              p["total_iters"].get<std::int64_t>(), last);
   if (k == "CosineAnnealingLR")
-    return std::make_shared<accel::CosineAnnealingLR>(opt, p["T_max"].get<std::int64_t>(), p["eta_min"].get<double>(), last);
+    return std::make_shared<accel::CosineAnnealingLR>(opt, p["T_max"].get<std::int64_t>(), p["eta_min"].get<double>(),
+                                                      last);
   if (k == "LambdaLR") {
     const std::string fn = p["fn"];
     if (fn == "warmup_linear") return accel::linear_schedule_with_warmup(opt, p["warmup"], p["total"]);
@@ -85,19 +93,27 @@ std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::o
     return std::make_shared<accel::LambdaLR>(opt, std::vector<accel::LambdaLR::Fn>{lambda_of(p, 0), lambda_of(p, 1)});
   }
   if (k == "OneCycleLR") {
-    auto many = [](const nlohmann::json& v) { return v.is_array() ? v.get<std::vector<double>>() : std::vector<double>{v.get<double>()}; };
+    auto many = [](const nlohmann::json& v) {
+      return v.is_array() ? v.get<std::vector<double>>() : std::vector<double>{v.get<double>()};
+    };
     return std::make_shared<accel::OneCycleLR>(
         opt, many(p["max_lr"]),
-        accel::OneCycleOptions{.total_steps = p["total_steps"], .pct_start = p["pct_start"],
-                               .anneal_strategy = p["anneal_strategy"] == "cos" ? accel::Anneal::cos : accel::Anneal::linear,
-                               .cycle_momentum = p["cycle_momentum"], .base_momentum = many(p["base_momentum"]),
-                               .max_momentum = many(p["max_momentum"]), .div_factor = p["div_factor"],
-                               .final_div_factor = p["final_div_factor"], .three_phase = p["three_phase"]});
+        accel::OneCycleOptions{
+            .total_steps = p["total_steps"],
+            .pct_start = p["pct_start"],
+            .anneal_strategy = p["anneal_strategy"] == "cos" ? accel::Anneal::cos : accel::Anneal::linear,
+            .cycle_momentum = p["cycle_momentum"],
+            .base_momentum = many(p["base_momentum"]),
+            .max_momentum = many(p["max_momentum"]),
+            .div_factor = p["div_factor"],
+            .final_div_factor = p["final_div_factor"],
+            .three_phase = p["three_phase"]});
   }
   if (k == "SequentialLR") {
     std::vector<std::shared_ptr<accel::ExactScheduler>> subs;
     for (const auto& s : p["schedulers"]) subs.push_back(make(s, opt));
-    return std::make_shared<accel::SequentialLR>(opt, std::move(subs), p["milestones"].get<std::vector<std::int64_t>>());
+    return std::make_shared<accel::SequentialLR>(opt, std::move(subs),
+                                                 p["milestones"].get<std::vector<std::int64_t>>());
   }
   FAIL("unknown scheduler " << k);
   return nullptr;
@@ -106,12 +122,15 @@ std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::o
 std::shared_ptr<accel::ReduceLROnPlateau> make_plateau(const nlohmann::json& p, torch::optim::Optimizer& opt) {
   const auto& m = p["min_lr"];
   return std::make_shared<accel::ReduceLROnPlateau>(
-      opt, accel::PlateauOptions{.mode = p["mode"] == "min" ? accel::PlateauMode::min : accel::PlateauMode::max,
-                                 .factor = p["factor"], .patience = p["patience"], .threshold = p["threshold"],
-                                 .threshold_mode = p["threshold_mode"] == "rel" ? accel::ThresholdMode::rel : accel::ThresholdMode::abs,
-                                 .cooldown = p["cooldown"],
-                                 .min_lr = m.is_array() ? m.get<std::vector<double>>() : std::vector<double>{m.get<double>()},
-                                 .eps = p["eps"]});
+      opt, accel::PlateauOptions{
+               .mode = p["mode"] == "min" ? accel::PlateauMode::min : accel::PlateauMode::max,
+               .factor = p["factor"],
+               .patience = p["patience"],
+               .threshold = p["threshold"],
+               .threshold_mode = p["threshold_mode"] == "rel" ? accel::ThresholdMode::rel : accel::ThresholdMode::abs,
+               .cooldown = p["cooldown"],
+               .min_lr = m.is_array() ? m.get<std::vector<double>>() : std::vector<double>{m.get<double>()},
+               .eps = p["eps"]});
 }
 
 std::vector<nlohmann::json> cases_of(bool plateau) {
@@ -162,7 +181,8 @@ const nlohmann::json* step_lr_3_half() {
 
 }  // namespace
 
-TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bit, and get_last_lr", "[schedulers][golden]") {
+TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bit, and get_last_lr",
+          "[schedulers][golden]") {
   const auto cases = cases_of(false);
   REQUIRE(cases.size() >= 60);
   for (const auto& c : cases) {
@@ -180,7 +200,8 @@ TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bi
   }
 }
 
-TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler, goes on identically", "[schedulers][golden]") {
+TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler, goes on identically",
+          "[schedulers][golden]") {
   for (const auto& c : cases_of(false)) {
     INFO(c["name"].get<std::string>());
     const std::size_t steps = c["steps"], cut = steps / 2 + 1;  // odd cuts land inside phases and between milestones
@@ -193,7 +214,8 @@ TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler
 
     Fixture g(c.value("optimizer", "sgd"));
     const auto prior_g = c.contains("prior") ? make(c["prior"], *g.opt) : nullptr;
-    auto t = make(c, *g.opt);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
+    auto t =
+        make(c, *g.opt);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
     restore(opt_bytes, [&](auto& a) { g.opt->load(a); });
     restore(sched_bytes, [&](auto& a) { t->load(a); });
     CHECK(t->last_epoch() == s->last_epoch());
@@ -202,7 +224,8 @@ TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler
   }
 }
 
-TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, cooldown, min_lr, eps) and its state", "[schedulers][golden]") {
+TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, cooldown, min_lr, eps) and its state",
+          "[schedulers][golden]") {
   const auto cases = cases_of(true);
   REQUIRE(cases.size() >= 12);
   for (const auto& c : cases) {
@@ -231,18 +254,21 @@ TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, 
   }
 }
 
-TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarded, N times per step as in Accelerate", "[schedulers]") {
+TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarded, N times per step as in Accelerate",
+          "[schedulers]") {
   accel::GradientState::instance().set_sync_gradients(true);
   const auto c = cases_of(true).front();
   const auto metrics = c["metrics"].get<std::vector<double>>();
   {  // one process: the golden sequence
     Fixture f("sgd");
-    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {}, {.num_processes = 1});
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {},
+                                                            {.num_processes = 1});
     check_rows(c, f, 0, [&](std::size_t k) { s.step(metrics[k]); });
     CHECK(s.steps() == std::int64_t(metrics.size()));
     // the wrapper saves the scheduler's own state: a fresh wrapper resumes from it
     Fixture g("sgd");
-    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> t(make_plateau(c["params"], *g.opt), {}, {.num_processes = 1});
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> t(make_plateau(c["params"], *g.opt), {},
+                                                            {.num_processes = 1});
     restore(saved([&](auto& a) { s.save(a); }), [&](auto& a) { t.load(a); });
     CHECK(t->best() == s->best());
     CHECK(t->last_epoch() == s->last_epoch());
@@ -250,7 +276,8 @@ TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarde
   }
   {  // two processes, batches per process: each metric is seen twice (Accelerate's loop passes the args through)
     Fixture f("sgd"), g("sgd");
-    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {}, {.num_processes = 2});
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {},
+                                                            {.num_processes = 2});
     auto direct = make_plateau(c["params"], *g.opt);
     for (double m : metrics) {
       s.step(m);
@@ -263,10 +290,12 @@ TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarde
   }
 }
 
-TEST_CASE("OneCycleLR through AcceleratedScheduler: N steps per step stop at total_steps (Accelerate's guard)", "[schedulers]") {
+TEST_CASE("OneCycleLR through AcceleratedScheduler: N steps per step stop at total_steps (Accelerate's guard)",
+          "[schedulers]") {
   accel::GradientState::instance().set_sync_gradients(true);
   Fixture f("sgd");
-  auto one = std::make_shared<accel::OneCycleLR>(*f.opt, std::vector<double>{1.0}, accel::OneCycleOptions{.total_steps = 7});
+  auto one =
+      std::make_shared<accel::OneCycleLR>(*f.opt, std::vector<double>{1.0}, accel::OneCycleOptions{.total_steps = 7});
   accel::AcceleratedScheduler<accel::OneCycleLR> s(one, {}, {.num_processes = 3});
   s.step(), s.step();
   CHECK(one->last_epoch() == 6);
@@ -276,7 +305,8 @@ TEST_CASE("OneCycleLR through AcceleratedScheduler: N steps per step stop at tot
   CHECK_THROWS_WITH(one->step(), Catch::Contains("the specified number of total steps is 7"));
 }
 
-TEST_CASE("schedulers: LibTorch's StepLR changes the rate one step after PyTorch's; accel::StepLR does not", "[schedulers][golden]") {
+TEST_CASE("schedulers: LibTorch's StepLR changes the rate one step after PyTorch's; accel::StepLR does not",
+          "[schedulers][golden]") {
   const nlohmann::json* c = step_lr_3_half();
   REQUIRE(c != nullptr);
   const auto want = (*c)["lr"].get<Rows>();
@@ -349,7 +379,8 @@ Rows train_with_schedule(std::int64_t stop_after, const std::string& save_dir, c
 }
 }  // namespace
 
-TEST_CASE("schedulers: prepared by the Accelerator, stepped with the optimizer, checkpointed and resumed", "[schedulers][accelerator]") {
+TEST_CASE("schedulers: prepared by the Accelerator, stepped with the optimizer, checkpointed and resumed",
+          "[schedulers][accelerator]") {
   accel::ProcessState::reset();
   const nlohmann::json* c = step_lr_3_half();
   REQUIRE(c != nullptr);
