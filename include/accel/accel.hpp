@@ -44,6 +44,7 @@
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
+#include <accel/optim/schedulers.hpp>
 
 #include <accel/checkpoint/checkpointer.hpp>
 #include <accel/checkpoint/format.hpp>

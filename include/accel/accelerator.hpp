@@ -152,7 +152,7 @@ class Accelerator {
   //! | model: `std::shared_ptr<M>` or a module holder      | `PreparedModel<Holder>` (the holder itself under `dist::none`), moved to the device, rank 0's weights |
   //! | optimizer: `std::shared_ptr<O>` or `O&&`            | `AcceleratedOptimizer<O>`                        |
   //! | `data::DataLoader`                                  | the prepared loader of `config` (`ShardedLoader`, `DispatchedLoader`, ...) |
-  //! | scheduler: `std::shared_ptr<S>` (an `LRScheduler`)  | `AcceleratedScheduler<S>`, held back by every prepared optimizer's skipped steps |
+  //! | scheduler: `std::shared_ptr<S>` (an `LRScheduler`: LibTorch's, or optim/schedulers.hpp's PyTorch-exact ones) | `AcceleratedScheduler<S>`, held back by every prepared optimizer's skipped steps |
   //!
   //! An optimizer holding a parameter of no prepared model is an error (build it from the model's
   //! `parameters()`). The order of preparation is the order of the checkpoint's files.

@@ -8,6 +8,9 @@
 //! | `AcceleratedOptimizer.step/zero_grad` | no-ops unless `GradientState::sync_gradients()`            |
 //! | `step` with a GradScaler            | `scaler.step(optimizer)` then `scaler.update()`; `step_was_skipped` when inf/NaN was found |
 //! | `AcceleratedScheduler.step`         | N steps per real optimizer step under `batches::per_process` (Accelerate's rule: the schedule is sized for the un-sharded loader), 1 under `batches::split`, `always_once` to step once; none after a skipped step |
+//! | `AcceleratedScheduler.step(*args)`  | `step(metric)` for a scheduler that takes one (`ReduceLROnPlateau`), the same number of times |
+//! | the `total_steps` guard             | a scheduler with `total_steps()` (`OneCycleLR`) is not stepped past it by the N steps |
+//! | `state_dict` / `load_state_dict`    | `save` / `load`: the scheduler's own `save`/`load` where it has them (optim/schedulers.hpp), else LibTorch's step count |
 //!
 //! Both are handles: copies share one wrapper (the `Accelerator` keeps one for checkpoints, the loop another).
 
@@ -45,6 +48,12 @@ concept TorchOptimizer = std::derived_from<O, torch::optim::Optimizer>;
 //! A LibTorch learning-rate scheduler (derived from `torch::optim::LRScheduler`).
 template <class S>
 concept TorchScheduler = std::derived_from<S, torch::optim::LRScheduler>;
+//! A scheduler that saves its whole state into an archive and loads it back (optim/schedulers.hpp).
+template <class S>
+concept SavesState = requires(const S& s, S& m, torch::serialize::OutputArchive& o, torch::serialize::InputArchive& i) {
+  s.save(o);
+  m.load(i);
+};
 
 // [accelerate:optimizer.py AcceleratedOptimizer]
 template <TorchOptimizer Optimizer>
@@ -111,40 +120,74 @@ class AcceleratedScheduler {
                        Options o)
       : s_(std::make_shared<Shared>(Shared{std::move(scheduler), std::move(optimizers), o})) {}
 
-  void step() {
-    auto& s = *s_;
-    auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
-    if (!s.opt.step_with_optimizer) {
-      s.sched->step();
-      ++s.count;
-      return;
-    }
-    if (!gs.sync_gradients()) return;
-    for (const auto& o : s.optimizers)
-      if (o->skipped) return;
-    const int times = s.opt.split_batches || s.opt.always_once ? 1 : s.opt.num_processes;
-    for (int i = 0; i < times; ++i) s.sched->step(), ++s.count;
+  void step() { step_with(); }
+  //! Steps a scheduler that judges a metric (`ReduceLROnPlateau`), as often as `step()` would; Accelerate passes
+  //! the arguments through the same loop, so under `batches::per_process` the metric is seen N times.
+  template <class Metric>
+    requires requires(Scheduler& s, Metric m) { s.step(m); }
+  void step(Metric metric) {
+    step_with(metric);
   }
   //! Times the inner scheduler has stepped.
   [[nodiscard]] std::int64_t steps() const noexcept { return s_->count; }
   [[nodiscard]] Scheduler& inner() const noexcept { return *s_->sched; }
   [[nodiscard]] Scheduler* operator->() const noexcept { return s_->sched.get(); }
 
-  //! The scheduler's state: LibTorch's step counter (the learning rates live in the optimizer's state).
+  //! The scheduler's state: its own `save` where it has one (PyTorch's whole `state_dict`), else LibTorch's step
+  //! counter, LibTorch's schedulers' only state (the learning rates live in the optimizer's state).
   void save(torch::serialize::OutputArchive& a) const {
-    a.write("step_count", c10::IValue(std::int64_t(detail::SchedulerAccess::step_count(*s_->sched))));
+    if constexpr (SavesState<Scheduler>) {
+      torch::serialize::OutputArchive inner(a.compilation_unit());
+      s_->sched->save(inner);
+      a.write("scheduler", inner);
+    } else {
+      a.write("step_count", c10::IValue(std::int64_t(detail::SchedulerAccess::step_count(*s_->sched))));
+    }
     a.write("accel_steps", c10::IValue(s_->count));
   }
   void load(torch::serialize::InputArchive& a) {
     c10::IValue v;
-    a.read("step_count", v);
-    detail::SchedulerAccess::step_count(*s_->sched) = unsigned(v.toInt());
+    if constexpr (SavesState<Scheduler>) {
+      torch::serialize::InputArchive inner;
+      a.read("scheduler", inner);
+      s_->sched->load(inner);
+    } else {
+      a.read("step_count", v);
+      detail::SchedulerAccess::step_count(*s_->sched) = unsigned(v.toInt());
+    }
     a.read("accel_steps", v);
     s_->count = v.toInt();
   }
 
  private:
+  // [accelerate:scheduler.py AcceleratedScheduler.step]
+  template <class... Args>
+  void step_with(Args... args) {
+    auto& s = *s_;
+    auto& gs = GradientState::instance();
+    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, args...]() mutable { return self.step_with(args...), std::shared_ptr<void>(); });  // Note [Joined steps]
+    if (!s.opt.step_with_optimizer) {
+      s.sched->step(args...);
+      ++s.count;
+      return;
+    }
+    if (!gs.sync_gradients()) return;
+    for (const auto& o : s.optimizers)
+      if (o->skipped) return;
+    if (s.opt.split_batches || s.opt.always_once) {
+      s.sched->step(args...), ++s.count;
+      return;
+    }
+    for (int i = 0; i < s.opt.num_processes; ++i) {
+      // Accelerate's special case for OneCycleLR when the loader's length was not a multiple of the processes:
+      // the N steps stop at total_steps instead of raising.
+      if constexpr (requires { s.sched->total_steps(); s.sched->step_count(); }) {
+        if (s.sched->step_count() > s.sched->total_steps()) continue;
+      }
+      s.sched->step(args...), ++s.count;
+    }
+  }
+
   struct Shared {
     std::shared_ptr<Scheduler> sched;
     std::vector<std::shared_ptr<const StepRecord>> optimizers;

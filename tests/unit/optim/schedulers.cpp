@@ -1,0 +1,398 @@
+// The PyTorch-exact schedulers (optim/schedulers.hpp) against PyTorch's own sequences (tests/golden/optim/
+// schedulers.json, written by tests/golden/generate_schedulers.py with the pinned torch): every rate of every group
+// after construction and after each step, bit for bit; get_last_lr; a state saved mid-sequence and loaded into a
+// freshly built scheduler goes on identically; ReduceLROnPlateau through AcceleratedScheduler; a scheduler
+// prepared by the Accelerator, checkpointed and resumed. And why they exist: LibTorch's StepLR is one step late.
+#include "../support.hpp"
+#include "../training_support.hpp"
+
+#include <accel/optim/schedulers.hpp>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/schedulers/step_lr.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <unistd.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace accel_test;
+
+namespace {
+
+using Rows = std::vector<std::vector<double>>;
+
+const nlohmann::json& schedule_golden() {
+  static const nlohmann::json j = golden("../optim/schedulers.json");
+  return j;
+}
+
+//! The generator's optimizer: two groups (0.1 and 0.03 in the golden file), SGD with momentum 0.9, Adam or AdamW.
+struct Fixture {
+  std::vector<at::Tensor> params{at::zeros({2}).requires_grad_(), at::zeros({3}).requires_grad_()};
+  std::shared_ptr<torch::optim::Optimizer> opt;
+
+  explicit Fixture(const std::string& kind) {
+    const auto lrs = schedule_golden()["meta"]["lrs"].get<std::vector<double>>();
+    std::vector<torch::optim::OptimizerParamGroup> groups{torch::optim::OptimizerParamGroup({params[0]}),
+                                                          torch::optim::OptimizerParamGroup({params[1]})};
+    if (kind == "sgd")
+      opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(lrs[0]).momentum(0.9));
+    else if (kind == "adam")
+      opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(lrs[0]));
+    else if (kind == "adamw")
+      opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lrs[0]));
+    else
+      FAIL("unknown optimizer " << kind);
+    for (std::size_t i = 0; i < lrs.size(); ++i) opt->param_groups()[i].options().set_lr(lrs[i]);
+  }
+  [[nodiscard]] std::vector<double> lrs() const { return accel::detail::group_lrs(*opt); }
+  [[nodiscard]] std::vector<double> momenta() const {
+    std::vector<double> out;
+    for (auto& g : opt->param_groups()) out.push_back(accel::detail::momentum_of(g.options()));
+    return out;
+  }
+};
+
+//! The generator's plain lambdas ("power"): 0.97^epoch for the first group, 1 / (1 + epoch) for the second.
+accel::LambdaLR::Fn lambda_of(const nlohmann::json& p, std::size_t group) {
+  if (p["fn"] != "power") FAIL("no lambda " << p["fn"]);
+  if (group == 0) return [](std::int64_t e) { return std::pow(0.97, double(e)); };
+  return [](std::int64_t e) { return 1.0 / (1.0 + double(e)); };
+}
+
+std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::optim::Optimizer& opt) {
+  const std::string k = spec["kind"];
+  const auto& p = spec["params"];
+  const auto last =
+      p.value("last_epoch", std::int64_t(-1));  // >= 0: resumed by index (a "prior" set the initial rates)
+  if (k == "StepLR")
+    return std::make_shared<accel::StepLR>(opt, p["step_size"].get<std::int64_t>(), p["gamma"].get<double>(), last);
+  if (k == "MultiStepLR")
+    return std::make_shared<accel::MultiStepLR>(opt, p["milestones"].get<std::vector<std::int64_t>>(),
+                                                p["gamma"].get<double>(), last);
+  if (k == "ExponentialLR") return std::make_shared<accel::ExponentialLR>(opt, p["gamma"].get<double>(), last);
+  if (k == "LinearLR")
+    return std::make_shared<accel::LinearLR>(opt, p["start_factor"].get<double>(), p["end_factor"].get<double>(),
+                                             p["total_iters"].get<std::int64_t>(), last);
+  if (k == "CosineAnnealingLR")
+    return std::make_shared<accel::CosineAnnealingLR>(opt, p["T_max"].get<std::int64_t>(), p["eta_min"].get<double>(),
+                                                      last);
+  if (k == "LambdaLR") {
+    const std::string fn = p["fn"];
+    if (fn == "warmup_linear") return accel::linear_schedule_with_warmup(opt, p["warmup"], p["total"]);
+    if (fn == "warmup_cosine") return accel::cosine_schedule_with_warmup(opt, p["warmup"], p["total"], p["num_cycles"]);
+    if (fn == "warmup_constant") return accel::constant_schedule_with_warmup(opt, p["warmup"]);
+    return std::make_shared<accel::LambdaLR>(opt, std::vector<accel::LambdaLR::Fn>{lambda_of(p, 0), lambda_of(p, 1)});
+  }
+  if (k == "OneCycleLR") {
+    auto many = [](const nlohmann::json& v) {
+      return v.is_array() ? v.get<std::vector<double>>() : std::vector<double>{v.get<double>()};
+    };
+    return std::make_shared<accel::OneCycleLR>(
+        opt, many(p["max_lr"]),
+        accel::OneCycleOptions{
+            .total_steps = p["total_steps"],
+            .pct_start = p["pct_start"],
+            .anneal_strategy = p["anneal_strategy"] == "cos" ? accel::Anneal::cos : accel::Anneal::linear,
+            .cycle_momentum = p["cycle_momentum"],
+            .base_momentum = many(p["base_momentum"]),
+            .max_momentum = many(p["max_momentum"]),
+            .div_factor = p["div_factor"],
+            .final_div_factor = p["final_div_factor"],
+            .three_phase = p["three_phase"]});
+  }
+  if (k == "SequentialLR") {
+    std::vector<std::shared_ptr<accel::ExactScheduler>> subs;
+    for (const auto& s : p["schedulers"]) subs.push_back(make(s, opt));
+    return std::make_shared<accel::SequentialLR>(opt, std::move(subs),
+                                                 p["milestones"].get<std::vector<std::int64_t>>());
+  }
+  FAIL("unknown scheduler " << k);
+  return nullptr;
+}
+
+std::shared_ptr<accel::ReduceLROnPlateau> make_plateau(const nlohmann::json& p, torch::optim::Optimizer& opt) {
+  const auto& m = p["min_lr"];
+  return std::make_shared<accel::ReduceLROnPlateau>(
+      opt, accel::PlateauOptions{
+               .mode = p["mode"] == "min" ? accel::PlateauMode::min : accel::PlateauMode::max,
+               .factor = p["factor"],
+               .patience = p["patience"],
+               .threshold = p["threshold"],
+               .threshold_mode = p["threshold_mode"] == "rel" ? accel::ThresholdMode::rel : accel::ThresholdMode::abs,
+               .cooldown = p["cooldown"],
+               .min_lr = m.is_array() ? m.get<std::vector<double>>() : std::vector<double>{m.get<double>()},
+               .eps = p["eps"]});
+}
+
+std::vector<nlohmann::json> cases_of(bool plateau) {
+  std::vector<nlohmann::json> out;
+  for (const auto& c : schedule_golden()["cases"])
+    if ((c["kind"] == "ReduceLROnPlateau") == plateau) out.push_back(c);
+  return out;
+}
+
+//! A state through bytes, as a checkpoint file carries it.
+template <class Saver>
+std::string saved(Saver&& save) {
+  torch::serialize::OutputArchive a;
+  save(a);
+  std::ostringstream out;
+  a.save_to(out);
+  return out.str();
+}
+template <class Loader>
+void restore(const std::string& bytes, Loader&& load) {
+  torch::serialize::InputArchive a;
+  std::istringstream in(bytes);
+  a.load_from(in);
+  load(a);
+}
+
+//! Rows of the case from `from` on, as stepped by `step(k)` (k: the step's index), compared exactly.
+template <class Step>
+void check_rows(const nlohmann::json& c, const Fixture& f, std::size_t from, Step&& step) {
+  const auto want = c["lr"].get<Rows>();
+  const bool has_momentum = c.contains("momentum");
+  const auto want_m = has_momentum ? c["momentum"].get<Rows>() : Rows{};
+  for (std::size_t k = from; k < want.size(); ++k) {
+    if (k > from) step(k - 1);
+    INFO("after step " << k);
+    REQUIRE(f.lrs() == want[k]);  // bit equality: the same arithmetic as PyTorch's, in double
+    if (has_momentum) REQUIRE(f.momenta() == want_m[k]);
+  }
+}
+
+//! The golden StepLR(step_size 3, gamma 0.5) from the start.
+const nlohmann::json* step_lr_3_half() {
+  for (const auto& x : schedule_golden()["cases"])
+    if (x["kind"] == "StepLR" && x["params"]["step_size"] == 3 && x["params"]["gamma"] == 0.5 && !x.contains("prior"))
+      return &x;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bit, and get_last_lr",
+          "[schedulers][golden]") {
+  const auto cases = cases_of(false);
+  REQUIRE(cases.size() >= 60);
+  for (const auto& c : cases) {
+    INFO(c["name"].get<std::string>());
+    Fixture f(c.value("optimizer", "sgd"));
+    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;  // kept alive, as in the generator
+    auto s = make(c, *f.opt);
+    CHECK(s->last_epoch() == c["params"].value("last_epoch", std::int64_t(-1)) + 1);
+    CHECK(s->get_last_lr() == f.lrs());
+    check_rows(c, f, 0, [&](std::size_t) {
+      s->step();
+      REQUIRE(s->get_last_lr() == f.lrs());
+    });
+    CHECK(s->last_epoch() == c["last_epoch"].get<std::int64_t>());
+  }
+}
+
+TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler, goes on identically",
+          "[schedulers][golden]") {
+  for (const auto& c : cases_of(false)) {
+    INFO(c["name"].get<std::string>());
+    const std::size_t steps = c["steps"], cut = steps / 2 + 1;  // odd cuts land inside phases and between milestones
+    Fixture f(c.value("optimizer", "sgd"));
+    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;
+    auto s = make(c, *f.opt);
+    for (std::size_t k = 0; k < cut; ++k) s->step();
+    const auto opt_bytes = saved([&](auto& a) { f.opt->save(a); });
+    const auto sched_bytes = saved([&](auto& a) { s->save(a); });
+
+    Fixture g(c.value("optimizer", "sgd"));
+    const auto prior_g = c.contains("prior") ? make(c["prior"], *g.opt) : nullptr;
+    auto t =
+        make(c, *g.opt);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
+    restore(opt_bytes, [&](auto& a) { g.opt->load(a); });
+    restore(sched_bytes, [&](auto& a) { t->load(a); });
+    CHECK(t->last_epoch() == s->last_epoch());
+    CHECK(t->get_last_lr() == s->get_last_lr());
+    check_rows(c, g, cut, [&](std::size_t) { t->step(); });
+  }
+}
+
+TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, cooldown, min_lr, eps) and its state",
+          "[schedulers][golden]") {
+  const auto cases = cases_of(true);
+  REQUIRE(cases.size() >= 12);
+  for (const auto& c : cases) {
+    INFO(c["name"].get<std::string>());
+    const auto metrics = c["metrics"].get<std::vector<double>>();
+    Fixture f("sgd");
+    auto s = make_plateau(c["params"], *f.opt);
+    check_rows(c, f, 0, [&](std::size_t k) {
+      s->step(metrics[k]);
+      REQUIRE(s->get_last_lr() == f.lrs());
+    });
+    CHECK(s->last_epoch() == c["last_epoch"].get<std::int64_t>());
+
+    // resumed from the middle: best, bad epochs and the cooldown come back with it
+    const std::size_t cut = metrics.size() / 2 + 1;
+    Fixture g("sgd"), h("sgd");
+    auto u = make_plateau(c["params"], *g.opt);
+    for (std::size_t k = 0; k < cut; ++k) u->step(metrics[k]);
+    auto v = make_plateau(c["params"], *h.opt);
+    restore(saved([&](auto& a) { g.opt->save(a); }), [&](auto& a) { h.opt->load(a); });
+    restore(saved([&](auto& a) { u->save(a); }), [&](auto& a) { v->load(a); });
+    CHECK(v->best() == u->best());
+    CHECK(v->num_bad_epochs() == u->num_bad_epochs());
+    CHECK(v->cooldown_counter() == u->cooldown_counter());
+    check_rows(c, h, cut, [&](std::size_t k) { v->step(metrics[k]); });
+  }
+}
+
+TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarded, N times per step as in Accelerate",
+          "[schedulers]") {
+  accel::GradientState::instance().set_sync_gradients(true);
+  const auto c = cases_of(true).front();
+  const auto metrics = c["metrics"].get<std::vector<double>>();
+  {  // one process: the golden sequence
+    Fixture f("sgd");
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {},
+                                                            {.num_processes = 1});
+    check_rows(c, f, 0, [&](std::size_t k) { s.step(metrics[k]); });
+    CHECK(s.steps() == std::int64_t(metrics.size()));
+    // the wrapper saves the scheduler's own state: a fresh wrapper resumes from it
+    Fixture g("sgd");
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> t(make_plateau(c["params"], *g.opt), {},
+                                                            {.num_processes = 1});
+    restore(saved([&](auto& a) { s.save(a); }), [&](auto& a) { t.load(a); });
+    CHECK(t->best() == s->best());
+    CHECK(t->last_epoch() == s->last_epoch());
+    CHECK(t.steps() == s.steps());
+  }
+  {  // two processes, batches per process: each metric is seen twice (Accelerate's loop passes the args through)
+    Fixture f("sgd"), g("sgd");
+    accel::AcceleratedScheduler<accel::ReduceLROnPlateau> s(make_plateau(c["params"], *f.opt), {},
+                                                            {.num_processes = 2});
+    auto direct = make_plateau(c["params"], *g.opt);
+    for (double m : metrics) {
+      s.step(m);
+      direct->step(m);
+      direct->step(m);
+      REQUIRE(f.lrs() == g.lrs());
+    }
+    CHECK(s->last_epoch() == 2 * std::int64_t(metrics.size()));
+    CHECK(f.lrs() != c["lr"].back().get<std::vector<double>>());  // it does differ from one process here
+  }
+}
+
+TEST_CASE("OneCycleLR through AcceleratedScheduler: N steps per step stop at total_steps (Accelerate's guard)",
+          "[schedulers]") {
+  accel::GradientState::instance().set_sync_gradients(true);
+  Fixture f("sgd");
+  auto one =
+      std::make_shared<accel::OneCycleLR>(*f.opt, std::vector<double>{1.0}, accel::OneCycleOptions{.total_steps = 7});
+  accel::AcceleratedScheduler<accel::OneCycleLR> s(one, {}, {.num_processes = 3});
+  s.step(), s.step();
+  CHECK(one->last_epoch() == 6);
+  s.step();  // 3 more would pass total_steps: PyTorch raises; Accelerate steps while _step_count <= total_steps
+  CHECK(one->last_epoch() == 7);
+  CHECK(one->step_count() == 8);
+  CHECK_THROWS_WITH(one->step(), Catch::Contains("the specified number of total steps is 7"));
+}
+
+TEST_CASE("schedulers: LibTorch's StepLR changes the rate one step after PyTorch's; accel::StepLR does not",
+          "[schedulers][golden]") {
+  const nlohmann::json* c = step_lr_3_half();
+  REQUIRE(c != nullptr);
+  const auto want = (*c)["lr"].get<Rows>();
+  Fixture f("sgd"), g("sgd");
+  torch::optim::StepLR theirs(*f.opt, 3, 0.5);
+  accel::StepLR ours(*g.opt, 3, 0.5);
+  int late = 0;
+  for (std::size_t k = 1; k < want.size(); ++k) {
+    theirs.step();
+    ours.step();
+    INFO("after step " << k);
+    CHECK(g.lrs() == want[k]);
+    // LibTorch decides from the step count before incrementing it: PyTorch's rate of step k arrives at step k+1
+    CHECK(f.lrs() == want[k - 1]);
+    late += f.lrs() != want[k];
+  }
+  CHECK(late == 13);  // every decay (steps 3, 6, ..., 39) is one step late
+}
+
+TEST_CASE("schedulers: errors name what is wrong", "[schedulers]") {
+  Fixture f("sgd");
+  CHECK_THROWS_WITH(accel::LambdaLR(*f.opt, std::vector<accel::LambdaLR::Fn>{[](std::int64_t) { return 1.0; }}),
+                    Catch::Contains("expected 2 functions"));
+  auto a = std::make_shared<accel::StepLR>(*f.opt, 2);
+  CHECK_THROWS_WITH(accel::SequentialLR(*f.opt, {a}, {3}), Catch::Contains("one milestone fewer than schedulers"));
+  Fixture g("sgd");
+  CHECK_THROWS_WITH(accel::SequentialLR(*f.opt, {a, std::make_shared<accel::StepLR>(*g.opt, 2)}, {3}),
+                    Catch::Contains("same optimizer"));
+  torch::optim::LRScheduler& base = *std::make_shared<accel::ReduceLROnPlateau>(*g.opt);
+  CHECK_THROWS_WITH(base.step(), Catch::Contains("call step(metric)"));
+  std::vector<at::Tensor> p{at::zeros({1}).requires_grad_()};
+  torch::optim::Adagrad adagrad(p, torch::optim::AdagradOptions(0.1));
+  CHECK_THROWS_WITH(accel::OneCycleLR(adagrad, {1.0}, {.total_steps = 5}), Catch::Contains("cycle_momentum"));
+  CHECK_NOTHROW(accel::OneCycleLR(adagrad, {1.0}, {.total_steps = 5, .cycle_momentum = false}));
+  Fixture h("sgd");  // no scheduler has set its initial rates: PyTorch's KeyError for 'initial_lr'
+  CHECK_THROWS_WITH(accel::StepLR(*h.opt, 3, 0.5, 4), Catch::Contains("needs the groups' initial rates"));
+  static_assert(accel::TorchScheduler<accel::ReduceLROnPlateau> && accel::SavesState<accel::ReduceLROnPlateau>);
+  static_assert(accel::TorchScheduler<accel::SequentialLR> && accel::SavesState<accel::OneCycleLR>);
+  static_assert(!accel::SavesState<torch::optim::StepLR>);
+}
+
+namespace {
+// Trains Net with SGD (fc1 at 0.1, fc2 at 0.03: the golden file's two groups) and accel::StepLR(3, 0.5), prepared
+// by the Accelerator; returns the rates after each optimizer step. `stop_after` > 0: save there and stop.
+Rows train_with_schedule(std::int64_t stop_after, const std::string& save_dir, const std::string& resume_dir) {
+  Solo acc{accel::Options{.seed = 5}};
+  Net net;
+  std::vector<torch::optim::OptimizerParamGroup> groups{torch::optim::OptimizerParamGroup(net->fc1->parameters()),
+                                                        torch::optim::OptimizerParamGroup(net->fc2->parameters())};
+  auto sgd = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1).momentum(0.9));
+  sgd->param_groups()[1].options().set_lr(0.03);
+  auto [model, opt, loader, sched] = acc.prepare(net, sgd, accel::data::DataLoader(toy_data(64), {.batch_size = 4}),
+                                                 std::make_shared<accel::StepLR>(*sgd, 3, 0.5));
+  static_assert(std::is_same_v<decltype(sched), accel::AcceleratedScheduler<accel::StepLR>>);
+  if (!resume_dir.empty()) acc.load_state(resume_dir);
+  Rows out;
+  for (const auto& batch : loader) {  // a resumed loader starts after the batches the saved job had seen
+    auto step = acc.accumulate(model);
+    acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    out.push_back(sched->get_last_lr());
+    if (std::int64_t(out.size()) == stop_after) {
+      acc.save_state(save_dir);
+      break;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("schedulers: prepared by the Accelerator, stepped with the optimizer, checkpointed and resumed",
+          "[schedulers][accelerator]") {
+  accel::ProcessState::reset();
+  const nlohmann::json* c = step_lr_3_half();
+  REQUIRE(c != nullptr);
+  const auto want = (*c)["lr"].get<Rows>();
+  const auto straight = train_with_schedule(0, "", "");
+  REQUIRE(straight.size() == 16);
+  for (std::size_t k = 0; k < straight.size(); ++k) CHECK(straight[k] == want[k + 1]);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("accel_sched_" + std::to_string(::getpid()));
+  train_with_schedule(7, dir.string(), "");
+  const auto resumed = train_with_schedule(0, "", dir.string());
+  REQUIRE(resumed.size() == straight.size() - 7);
+  for (std::size_t k = 0; k < resumed.size(); ++k) CHECK(resumed[k] == straight[k + 7]);
+  std::filesystem::remove_all(dir);
+}
