@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace accel {
 
@@ -15,6 +16,16 @@ struct Error : std::runtime_error {
 //! An argument, a parameter combination or an environment variable that accel cannot work with.
 struct InvalidArgument : Error {
   using Error::Error;
+};
+
+//! A file accel reads (a checkpoint's file, a tool's input) that is missing, truncated, damaged or not what it
+//! claims to be. The message starts with the file's path and says what is wrong with it; `path()` is that path.
+struct FileError : Error {
+  FileError(std::string path, const std::string& what) : Error(path + ": " + what), path_(std::move(path)) {}
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
 };
 
 namespace detail {
