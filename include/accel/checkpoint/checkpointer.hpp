@@ -143,7 +143,10 @@ class Checkpointer {
       return o;
     };
     std::vector<Opened> models, optimizers, schedulers;
-    for (std::size_t i = 0; i < models_.size(); ++i) models.push_back(open(indexed("model", i)));
+    for (std::size_t i = 0; i < models_.size(); ++i) {
+      models.push_back(open(indexed("model", i)));
+      check_module(*models_[i], models.back().archive, models.back().path, "");
+    }
     for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i)));
     for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i)));
     std::optional<Opened> scaler;
@@ -206,6 +209,25 @@ class Checkpointer {
     torch::serialize::OutputArchive a;
     save(a);
     a.save_to(path.string());
+  }
+  // LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
+  // dtype: a damaged archive would load into a model of another shape. Every parameter and buffer is checked
+  // first, submodules included (each is a nested archive, as Module::save writes them).
+  static void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path, const std::string& prefix) {
+    auto check = [&](const std::string& key, const at::Tensor& want) {
+      at::Tensor got;
+      if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
+      if (!got.sizes().equals(want.sizes()) || got.scalar_type() != want.scalar_type())
+        throw FileError(path, "holds " + prefix + key + " of shape " + c10::str(got.sizes()) + " and dtype " + std::string(c10::toString(got.scalar_type())) +
+                                  ", the model's is " + c10::str(want.sizes()) + " " + std::string(c10::toString(want.scalar_type())));
+    };
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) check(p.key(), p.value());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) check(b.key(), b.value());
+    for (const auto& child : m.named_children()) {
+      torch::serialize::InputArchive sub;
+      if (!reading(path, [&] { return a.try_read(child.key(), sub); })) continue;
+      check_module(*child.value(), sub, path, prefix + child.key() + ".");
+    }
   }
   static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have) {
     accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +
