@@ -10,6 +10,8 @@
 
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <string>
 #include <optional>
 
 namespace {
@@ -30,17 +32,19 @@ struct Args {
 };
 
 int run_golden(const Args& a) {
-  std::ifstream in(a.golden);
+  std::ifstream in(a.golden, std::ios::binary);
   if (!in) {
     std::cerr << "accel-plan: cannot read " << a.golden << "\n";
     return 2;
   }
-  const json ref = json::parse(in);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json ref = accel_plan::read_golden(text, a.golden);
   const json& cases = ref.at("cases");
   if (a.emit) {
     json out{{"meta", ref.value("meta", json::object())}, {"cases", json::array()}};
     out["meta"]["emitted_by"] = "accel-plan --golden --emit";
-    for (const auto& c : cases) out["cases"].push_back(accel_plan::emit_case(c));
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      out["cases"].push_back(accel_plan::on_case(i, a.golden, [&] { return accel_plan::emit_case(cases[i]); }));
     // One case per line, like the reference files.
     std::cout << "{\"meta\": " << out["meta"].dump() << ", \"cases\": [\n";
     for (std::size_t i = 0; i < out["cases"].size(); ++i)
@@ -48,19 +52,10 @@ int run_golden(const Args& a) {
     std::cout << "]}\n";
     return 0;
   }
-  std::size_t passed = 0, failed = 0;
-  for (const auto& c : cases) {
-    std::string why;
-    if (accel_plan::check_case(c, accel_plan::emit_case(c), why)) {
-      ++passed;
-    } else if (++failed <= 10) {
-      json params = c;
-      for (const char* k : {"processes", "skip_first_batches", "skip_batch_sampler", "skip_data_loader"}) params.erase(k);
-      std::cout << "FAILED " << params.dump() << ": " << why << "\n";
-    }
-  }
-  std::cout << a.golden.substr(a.golden.find_last_of('/') + 1) << ": " << passed << " passed, " << failed << " failed\n";
-  return failed == 0 ? 0 : 1;
+  const auto result = accel_plan::check_golden(ref, a.golden);
+  for (const auto& f : result.failures) std::cout << "FAILED " << f << "\n";
+  std::cout << a.golden.substr(a.golden.find_last_of('/') + 1) << ": " << result.passed << " passed, " << result.failed << " failed\n";
+  return result.failed == 0 ? 0 : 1;
 }
 
 int run_plan(const Args& a) {

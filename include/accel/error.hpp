@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace accel {
 
@@ -25,6 +26,16 @@ struct CommunicationError : Error {
 //! Ranks issued different collectives at the same point (comm/communicator.hpp, Note [Mismatched collectives]).
 struct CollectiveMismatch : CommunicationError {
   using CommunicationError::CommunicationError;
+};
+
+//! A file accel reads (a checkpoint's file, a tool's input) that is missing, truncated, damaged or not what it
+//! claims to be. The message starts with the file's path and says what is wrong with it; `path()` is that path.
+struct FileError : Error {
+  FileError(std::string path, const std::string& what) : Error(path + ": " + what), path_(std::move(path)) {}
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
 };
 
 namespace detail {

@@ -2,6 +2,7 @@
 // accel-plan --golden: recompute every case of a golden file (the schema of the vectors produced by Python
 // Accelerate) from its parameters alone, with the library's plans, and emit or check the results.
 
+#include <accel/error.hpp>
 #include <accel/plan/plan.hpp>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,8 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace accel_plan {
@@ -177,6 +180,107 @@ inline bool check_case(const json& ref, const json& ours, std::string& why) {
     if (!same_len(rp[i], op[i], items, where)) return false;
   }
   return true;
+}
+
+//! Reads a golden file's text (`path` names it in errors): JSON of at most 16 levels of nesting whose numbers are
+//! all integers, with a "cases" array of objects whose parameters are integers within bounds far above any
+//! reference file's (n, batch_size, num_batches up to 10000, up to 64 processes), so that a damaged or hostile
+//! file is one `accel::FileError` instead of a parser's exception, a float cast out of range, or hours of plans.
+inline json read_golden(std::string_view text, const std::string& path) {
+  // Nesting first: dumping or walking a deeply nested value recurses.
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (ch == '\\') ++i;
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > 16) throw accel::FileError(path, "JSON nested deeper than 16 levels");
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  json ref;
+  try {
+    ref = json::parse(text);
+  } catch (const json::exception& e) {
+    throw accel::FileError(path, std::string("not valid JSON: ") + e.what());
+  }
+  const std::function<void(const json&)> integers_only = [&](const json& v) {
+    if (v.is_number_float()) throw accel::FileError(path, "a non-integer number " + v.dump() + " (golden files hold integers)");
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > (std::uint64_t(1) << 53))
+      throw accel::FileError(path, "the number " + v.dump() + " is out of range");
+    if (v.is_structured())
+      for (const auto& e : v) integers_only(e);
+  };
+  integers_only(ref);
+  if (!ref.is_object() || !ref.contains("cases") || !ref.at("cases").is_array())
+    throw accel::FileError(path, "no \"cases\" array: not a golden file");
+  const auto& cases = ref.at("cases");
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const json& c = cases[i];
+    auto bad = [&](const std::string& what) { throw accel::FileError(path, "case " + std::to_string(i) + ": " + what); };
+    if (!c.is_object()) bad("not an object");
+    auto bounded = [&](const char* key, std::int64_t lo, std::int64_t hi, bool required) {
+      if (!c.contains(key)) {
+        if (required) bad(std::string("no \"") + key + "\"");
+        return;
+      }
+      const auto& v = c.at(key);
+      if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+        bad(std::string("\"") + key + "\" is " + v.dump().substr(0, 40) + ", not an integer in [" + std::to_string(lo) + ", " +
+            std::to_string(hi) + "]");
+    };
+    bounded("n", 0, 10000, true);
+    bounded("batch_size", -10000, 10000, true);
+    bounded("num_processes", 1, 64, false);
+    bounded("num_batches", -10000, 10000, false);
+    for (const char* flag : {"drop_last", "split_batches", "even_batches", "dispatch_batches"})
+      if (c.contains(flag) && !c.at(flag).is_boolean()) bad(std::string("\"") + flag + "\" is not true or false");
+  }
+  return ref;
+}
+
+//! Recomputes and checks every case of a golden file read by `read_golden`: the number that pass and the
+//! first failures (up to `report`, with their reasons). A case whose fields do not fit the schema, or whose
+//! parameters the library rejects outside the reference's error fields, is a `FileError` naming the file.
+//! Runs `f` on case `i` of the golden file `path`, turning a schema mismatch (nlohmann's exceptions) or a library
+//! error outside the reference's error fields into one `FileError` naming the file and the case.
+template <class F>
+decltype(auto) on_case(std::size_t i, const std::string& path, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const json::exception& e) {
+    throw accel::FileError(path, "case " + std::to_string(i) + " does not fit the golden schema: " + e.what());
+  } catch (const accel::FileError&) {
+    throw;
+  } catch (const std::exception& e) {  // accel::InvalidArgument outside the error fields, kind_of's runtime_error
+    throw accel::FileError(path, "case " + std::to_string(i) + ": " + e.what());
+  }
+}
+
+struct GoldenResult {
+  std::size_t passed = 0, failed = 0;
+  std::vector<std::string> failures;
+};
+inline GoldenResult check_golden(const json& ref, const std::string& path, std::size_t report = 10) {
+  GoldenResult out;
+  const auto& cases = ref.at("cases");
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const json& c = cases[i];
+    std::string why;
+    if (on_case(i, path, [&] { return check_case(c, emit_case(c), why); })) {
+      ++out.passed;
+    } else if (++out.failed <= report) {
+      json params = c;
+      for (const char* k : {"processes", "skip_first_batches", "skip_batch_sampler", "skip_data_loader"}) params.erase(k);
+      out.failures.push_back(params.dump() + ": " + why);
+    }
+  }
+  return out;
 }
 
 }  // namespace accel_plan

@@ -5,10 +5,14 @@
 //!
 //! Saving: every process calls `save`; the main process writes the shared files (models, optimizers, schedulers,
 //! scaler), every process its own record, all into `<dir>.partial`, which the main process swaps in whole once
-//! every process has written its part. Loading checks what the checkpoint holds against what this job prepared
-//! (format, processes, counts, mixed precision) before anything is restored.
+//! every process has written its part and the main process has listed every file in the manifest (manifest.hpp).
+//! Loading verifies the manifest, reads every file this process needs through it (size and checksum), checks
+//! what the checkpoint holds against what this job prepared (format, processes, counts, mixed precision) and opens
+//! every archive before anything is restored; a damaged file is one `FileError` naming it.
 
+#include <accel/checkpoint/archive.hpp>
 #include <accel/checkpoint/format.hpp>
+#include <accel/checkpoint/manifest.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/core/generator_state.hpp>
 #include <accel/core/serialize.hpp>
@@ -100,7 +104,10 @@ class Checkpointer {
       a.save_to((tmp / process_file(p.index)).string());
     }
     p.barrier();
-    if (main) swap_in(tmp, dir);
+    if (main) {
+      Manifest::of_directory(tmp).write(tmp);  // last: it makes the directory a complete checkpoint
+      swap_in(tmp, dir);
+    }
     p.barrier();
   }
 
@@ -110,43 +117,67 @@ class Checkpointer {
     const auto aside = std::filesystem::path(given.string() + ".old");
     const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
     accel::detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
-    torch::serialize::InputArchive meta;
-    open(meta, dir, meta_file);
-    accel::detail::require(read_int(meta, "format_version") == format_version,
-                           "accel::load_state: " + dir.string() + " has checkpoint format " +
-                               std::to_string(read_int(meta, "format_version")) + ", this accel reads format " +
-                               std::to_string(format_version));
-    const auto saved_processes = read_int(meta, "num_processes");
-    accel::detail::require(saved_processes == p.count,
-                           "accel::load_state: " + dir.string() + " was written by " + std::to_string(saved_processes) +
+    // Nothing is restored until every file this process reads has matched the manifest and been parsed.
+    const auto manifest = Manifest::read(dir);
+    manifest.check_sizes(dir);
+    const auto meta_path = (dir / meta_file).string();
+    const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
+    accel::detail::require(meta.num_processes == p.count,
+                           "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +
                                " process(es), this job has " + std::to_string(p.count) +
                                "; resume with the same number of processes (the loaders' positions are per process)");
-    expect_count(meta, dir, "models", models_.size());
-    expect_count(meta, dir, "optimizers", optimizers_.size());
-    expect_count(meta, dir, "schedulers", schedulers_.size());
-    expect_count(meta, dir, "loaders", loaders_.size());
-    accel::detail::require((read_int(meta, "scaler") != 0) == bool(scaler_),
+    expect_count(meta.models, dir, "models", models_.size());
+    expect_count(meta.optimizers, dir, "optimizers", optimizers_.size());
+    expect_count(meta.schedulers, dir, "schedulers", schedulers_.size());
+    expect_count(meta.loaders, dir, "loaders", loaders_.size());
+    accel::detail::require((meta.scaler != 0) == bool(scaler_),
                            "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present "
                            "in one only); use the same Options::mixed_precision");
-    for (std::size_t i = 0; i < models_.size(); ++i) load_one([&](auto& a) { models_[i]->load(a); }, dir, indexed("model", i), p.device);
-    for (std::size_t i = 0; i < optimizers_.size(); ++i) load_one(optimizers_[i].load, dir, indexed("optimizer", i), p.device);
-    for (std::size_t i = 0; i < schedulers_.size(); ++i) load_one(schedulers_[i].load, dir, indexed("scheduler", i), p.device);
-    if (scaler_) load_one(scaler_->load, dir, scaler_file, p.device);
-    torch::serialize::InputArchive a;
-    open(a, dir, process_file(p.index));
-    at::Tensor blob;
-    a.read("record", blob);
-    const auto record = accel::detail::from_bytes<ProcessRecord>(blob, blob.numel());
-    set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
-    if (p.device.is_cuda() && !record.rng_device.empty())
-      set_generator_bytes(at::globalContext().defaultGenerator(p.device), record.rng_device);
-    for (std::size_t m = 0; m < models_.size(); ++m)
-      for (auto& param : models_[m]->named_parameters()) {
-        at::Tensor g;
-        if (a.try_read(grad_key(m, param.key()), g)) param.value().mutable_grad() = g.to(param.value().device());
-        else param.value().mutable_grad() = at::Tensor();
-      }
-    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
+    struct Opened {
+      std::string path;
+      torch::serialize::InputArchive archive;
+    };
+    auto open = [&](const std::string& name) {
+      Opened o{(dir / name).string(), {}};
+      load_archive(o.archive, manifest.read(dir, name), o.path, p.device);
+      return o;
+    };
+    std::vector<Opened> models, optimizers, schedulers;
+    for (std::size_t i = 0; i < models_.size(); ++i) {
+      models.push_back(open(indexed("model", i)));
+      check_module(*models_[i], models.back().archive, models.back().path, "");
+    }
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i)));
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i)));
+    std::optional<Opened> scaler;
+    if (scaler_) scaler = open(scaler_file);
+    Opened proc = open(process_file(p.index));
+    const auto record = read_process_record(proc.archive, proc.path, generator_bytes(at::detail::getDefaultCPUGenerator()).size());
+    if (record.loaders.size() != loaders_.size())
+      throw FileError(proc.path, "holds " + std::to_string(record.loaders.size()) + " loader states, the checkpoint describes " +
+                                     std::to_string(loaders_.size()));
+    // Restoring: an archive of other keys or shapes than the object it is loaded into still names its file.
+    for (std::size_t i = 0; i < models_.size(); ++i) reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
+    if (scaler) reading(scaler->path, [&] { scaler_->load(scaler->archive); });
+    reading(proc.path, [&] {
+      set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
+      if (p.device.is_cuda() && !record.rng_device.empty())
+        set_generator_bytes(at::globalContext().defaultGenerator(p.device), record.rng_device);
+      for (std::size_t m = 0; m < models_.size(); ++m)
+        for (auto& param : models_[m]->named_parameters()) {
+          at::Tensor g;
+          if (proc.archive.try_read(grad_key(m, param.key()), g)) {
+            if (!g.sizes().equals(param.value().sizes()) || g.scalar_type() != param.value().scalar_type())
+              throw FileError(proc.path, "the saved gradient of " + param.key() + " has another shape or dtype than the parameter");
+            param.value().mutable_grad() = g.to(param.value().device());
+          } else {
+            param.value().mutable_grad() = at::Tensor();
+          }
+        }
+      for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
+    });
     p.barrier();
     return record.step;
   }
@@ -179,14 +210,26 @@ class Checkpointer {
     save(a);
     a.save_to(path.string());
   }
-  template <class F>
-  static void load_one(F&& load, const std::filesystem::path& dir, const std::string& name, c10::Device device) {
-    torch::serialize::InputArchive a;
-    open(a, dir, name, device);
-    load(a);
+  // LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
+  // dtype: a damaged archive would load into a model of another shape. Every parameter and buffer is checked
+  // first, submodules included (each is a nested archive, as Module::save writes them).
+  static void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path, const std::string& prefix) {
+    auto check = [&](const std::string& key, const at::Tensor& want) {
+      at::Tensor got;
+      if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
+      if (!got.sizes().equals(want.sizes()) || got.scalar_type() != want.scalar_type())
+        throw FileError(path, "holds " + prefix + key + " of shape " + c10::str(got.sizes()) + " and dtype " + std::string(c10::toString(got.scalar_type())) +
+                                  ", the model's is " + c10::str(want.sizes()) + " " + std::string(c10::toString(want.scalar_type())));
+    };
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) check(p.key(), p.value());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) check(b.key(), b.value());
+    for (const auto& child : m.named_children()) {
+      torch::serialize::InputArchive sub;
+      if (!reading(path, [&] { return a.try_read(child.key(), sub); })) continue;
+      check_module(*child.value(), sub, path, prefix + child.key() + ".");
+    }
   }
-  static void expect_count(torch::serialize::InputArchive& meta, const std::filesystem::path& dir, const char* what, std::size_t have) {
-    const auto saved = read_int(meta, what);
+  static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have) {
     accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +
                                                             what + ", this job prepared " + std::to_string(have) +
                                                             "; prepare the same objects, in the same order, as the job that saved it");

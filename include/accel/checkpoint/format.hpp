@@ -14,28 +14,37 @@
 //!                             GPU generator's state (on a GPU), every prepared loader's state (epoch,
 //!                             batches already handed out, the sampler generator's state at the epoch start),
 //!                             and, when saved inside an accumulation window, the process's local gradients
+//!   manifest.txt              every file above with its size and CRC-32C (manifest.hpp), written last
 //! ```
 //!
 //! The index suffix follows Accelerate (`model.pt` for the first, `model_1.pt` for the second, in `prepare`
 //! order). Every file is a LibTorch archive (`torch::serialize::OutputArchive`), readable with
 //! `torch::serialize::InputArchive`. A checkpoint is
-//! written into `<dir>.partial` and renamed into place once every process has written its part, so `<dir>`
-//! always holds a complete checkpoint (the previous one until the new one is whole).
+//! written into `<dir>.partial` and renamed into place once every process has written its part and the main process
+//! has written the manifest, so `<dir>` always holds a complete checkpoint (the previous one until the new one is
+//! whole). Loading verifies each file against the manifest before reading it, and every file is read by the
+//! functions below, which check what they read and throw one `accel::FileError` naming the file.
 
+#include <accel/checkpoint/archive.hpp>
+#include <accel/core/serialize.hpp>
 #include <accel/data/loader_state.hpp>
 #include <accel/error.hpp>
+
+#include <ATen/core/Tensor.h>
 
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
 namespace accel::checkpoint {
 
-inline constexpr std::int64_t format_version = 1;
+// 2: the manifest (format 1 had none).
+inline constexpr std::int64_t format_version = 2;
 
 //! `model.pt`, `model_1.pt`, ...: Accelerate's suffix rule.
 inline std::string indexed(const std::string& stem, std::size_t i) {
@@ -66,14 +75,60 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
   return v.toInt();
 }
 
-//! Opens `dir/name` for reading, or says which file of the checkpoint is missing.
-inline void open(torch::serialize::InputArchive& a, const std::filesystem::path& dir, const std::string& name,
-                 c10::optional<c10::Device> device = c10::nullopt) {
-  const auto path = dir / name;
-  detail::require(std::filesystem::exists(path), "accel::load_state: " + path.string() +
-                                                     " is missing; the checkpoint is incomplete or was written by a "
-                                                     "different job (it needs the same prepared objects and processes)");
-  a.load_from(path.string(), device);
+//! What `accel_checkpoint.pt` holds.
+struct Meta {
+  std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0;
+};
+
+//! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
+inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
+  torch::serialize::InputArchive a;
+  load_archive(a, bytes, path);
+  Meta m;
+  reading(path, [&] {
+    m.format_version = read_int(a, "format_version");
+    m.num_processes = read_int(a, "num_processes");
+    m.models = read_int(a, "models");
+    m.optimizers = read_int(a, "optimizers");
+    m.schedulers = read_int(a, "schedulers");
+    m.loaders = read_int(a, "loaders");
+    m.scaler = read_int(a, "scaler");
+  });
+  if (m.format_version != format_version)
+    throw FileError(path, "checkpoint format " + std::to_string(m.format_version) + ", this accel reads format " + std::to_string(format_version));
+  if (m.num_processes < 1 || m.models < 0 || m.optimizers < 0 || m.schedulers < 0 || m.loaders < 0 || (m.scaler != 0 && m.scaler != 1))
+    throw FileError(path, "damaged checkpoint description: a negative count or an unknown scaler flag");
+  return m;
+}
+
+//! Parses a process record's bytes (the "record" tensor of `process_<r>.pt`, the file `path`): deserialised
+//! whole, every generator state of the size this LibTorch's CPU generator has (`generator_state_bytes`).
+inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes) {
+  ProcessRecord r;
+  reading(path, [&] { accel::deserialize(r, in); });
+  if (!in.empty()) throw FileError(path, "damaged process record: " + std::to_string(in.size()) + " bytes after its end");
+  if (r.step < 0) throw FileError(path, "damaged process record: a negative step counter");
+  if (r.rng_cpu.size() != generator_state_bytes)
+    throw FileError(path, "damaged process record: a CPU generator state of " + std::to_string(r.rng_cpu.size()) +
+                              " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
+  for (std::size_t i = 0; i < r.loaders.size(); ++i) {
+    const auto& l = r.loaders[i];
+    if (l.epoch < 0 || l.batches < 0) throw FileError(path, "damaged loader state " + std::to_string(i) + ": a negative epoch or batch count");
+    if (!l.generator_state.empty() && l.generator_state.size() != generator_state_bytes)
+      throw FileError(path, "damaged loader state " + std::to_string(i) + ": a generator state of " +
+                                std::to_string(l.generator_state.size()) + " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
+  }
+  return r;
+}
+
+//! Reads the record of `process_<r>.pt` (opened into `a`).
+inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes) {
+  at::Tensor blob;
+  reading(path, [&] { a.read("record", blob); });
+  if (blob.scalar_type() != at::kByte || blob.dim() != 1 || !blob.is_contiguous() || !blob.device().is_cpu())
+    throw FileError(path, "damaged process record: 'record' is not a 1-D byte tensor");
+  return parse_process_record(std::span<const std::uint8_t>(blob.data_ptr<std::uint8_t>(), std::size_t(blob.numel())), path,
+                              generator_state_bytes);
 }
 
 }  // namespace accel::checkpoint

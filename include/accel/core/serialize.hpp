@@ -11,11 +11,14 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -37,6 +40,40 @@ inline std::size_t get_size(std::span<const std::uint8_t>& in) {
   std::memcpy(&v, in.data(), sizeof v);
   in = in.subspan(sizeof v);
   return static_cast<std::size_t>(v);
+}
+
+// The fewest bytes one serialised T takes. A count read from the data is checked against what is left before
+// anything is allocated for it, so damaged bytes (a checkpoint's record) cannot ask for 2^62 elements.
+template <class T>
+constexpr std::size_t min_bytes() {
+  if constexpr (std::same_as<T, at::Tensor>) return 1;
+  else if constexpr (is_example<T>::value) return 2;
+  else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) return sizeof(T);
+  else if constexpr (std::same_as<T, std::string> || is_vector_like<T>::value || is_map_like<T>::value) return 8;
+  else if constexpr (is_tuple_like<T>::value)
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (std::size_t{0} + ... + min_bytes<std::tuple_element_t<I, T>>());
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  else if constexpr (is_optional<T>::value) return 1;
+  else return 1;  // described structs: at least one byte (a field's own check catches the rest)
+}
+inline std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes) {
+  const auto n = get_size(in);
+  detail::require(n <= in.size() / std::max<std::size_t>(element_bytes, 1),
+                  "accel: broadcast_object: a count of " + std::to_string(n) + " elements, more than the " +
+                      std::to_string(in.size()) + " bytes left can hold (damaged data?)");
+  return n;
+}
+// The element types a serialised tensor may declare: an unknown code is damage, not a dtype to guess at.
+inline bool serialisable_dtype(std::int8_t code) {
+  switch (at::ScalarType(code)) {
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kHalf: case at::kFloat:
+    case at::kDouble: case at::kComplexHalf: case at::kComplexFloat: case at::kComplexDouble: case at::kBool:
+    case at::kBFloat16:
+      return true;
+    default:
+      return false;
+  }
 }
 }  // namespace detail
 
@@ -83,11 +120,18 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
       x = at::Tensor();
       return;
     }
+    detail::require(detail::serialisable_dtype(dtype), "accel: broadcast_object: unknown tensor dtype code " + std::to_string(dtype));
     std::vector<std::int64_t> shape;
     deserialize(shape, in);
-    x = at::empty(shape, at::TensorOptions().dtype(at::ScalarType(dtype)));
-    const auto bytes = std::size_t(x.numel() * std::int64_t(x.element_size()));
+    // The size is checked against the bytes left before the tensor is allocated.
+    std::size_t bytes = c10::elementSize(at::ScalarType(dtype));
+    for (const auto d : shape) {
+      detail::require(d >= 0, "accel: broadcast_object: a negative tensor dimension");
+      detail::require(d == 0 || bytes <= in.size() / std::size_t(d), "accel: broadcast_object: truncated tensor data");
+      bytes *= std::size_t(d);
+    }
     detail::require(in.size() >= bytes, "accel: broadcast_object: truncated tensor data");
+    x = at::empty(shape, at::TensorOptions().dtype(at::ScalarType(dtype)));
     if (bytes) std::memcpy(x.data_ptr(), in.data(), bytes);
     in = in.subspan(bytes);
   } else if constexpr (is_example<T>::value) {
@@ -105,13 +149,13 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
   } else if constexpr (is_tuple_like<T>::value) {
     std::apply([&](auto&... e) { (deserialize(e, in), ...); }, x);
   } else if constexpr (is_vector_like<T>::value && requires { x.resize(0); }) {
-    x.resize(detail::get_size(in));
+    x.resize(detail::get_count(in, detail::min_bytes<typename T::value_type>()));
     for (auto& e : x) deserialize(e, in);
   } else if constexpr (is_vector_like<T>::value) {  // std::array
     detail::require(detail::get_size(in) == x.size(), "accel: broadcast_object: array size differs between ranks");
     for (auto& e : x) deserialize(e, in);
   } else if constexpr (is_map_like<T>::value) {
-    const auto n = detail::get_size(in);
+    const auto n = detail::get_count(in, detail::min_bytes<typename T::key_type>() + detail::min_bytes<typename T::mapped_type>());
     x.clear();
     for (std::size_t i = 0; i < n; ++i) {
       std::pair<typename T::key_type, typename T::mapped_type> kv;

@@ -9,7 +9,10 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 
 using namespace accel_test;
 
@@ -66,4 +69,111 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
     CHECK_THROWS_WITH(acc.load_state(dir / "nowhere"), Catch::Contains("is not a checkpoint directory"));
   }
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+// Copies `from` to a fresh `to`.
+void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to);
+}
+void overwrite(const std::filesystem::path& file, std::uintmax_t keep, std::optional<std::uintmax_t> flip = std::nullopt) {
+  std::filesystem::resize_file(file, keep);
+  if (flip) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(*flip));
+    const char c = char(f.get() ^ 0x10);
+    f.seekp(std::streamoff(*flip));
+    f.put(c);
+  }
+}
+// Loads `dir` into a job like train_toy's; returns the accel::FileError it throws (or fails the test).
+accel::FileError load_error(const std::filesystem::path& dir) {
+  Solo acc;
+  Net net;
+  auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+  (void)acc.prepare(net, adam, accel::data::DataLoader(toy_data(70), {.batch_size = 8, .shuffle = true}),
+                    std::make_shared<torch::optim::StepLR>(*adam, 3, 0.5));
+  try {
+    acc.load_state(dir);
+  } catch (const accel::FileError& e) {
+    return e;
+  }
+  FAIL("load_state(" << dir << ") did not throw accel::FileError");
+  throw std::logic_error("not reached");
+}
+}  // namespace
+
+TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error naming the file", "[accelerator][checkpoint]") {
+  namespace fs = std::filesystem;
+  accel::ProcessState::reset();
+  const auto base = fs::temp_directory_path() / ("accel_manifest_" + std::to_string(::getpid()));
+  const auto good = base / "good", bad = base / "bad";
+  train_toy(11, 4, 5, good.string(), "");
+  REQUIRE(fs::exists(good / accel::checkpoint::manifest_file));
+  const auto manifest = accel::checkpoint::Manifest::read(good);
+  // Every file of the checkpoint is listed, with its size, and nothing else.
+  std::vector<std::string> listed, present;
+  for (const auto& e : manifest.files) {
+    listed.push_back(e.name);
+    CHECK(fs::file_size(good / e.name) == e.size);
+  }
+  for (const auto& f : fs::directory_iterator(good))
+    if (f.path().filename() != accel::checkpoint::manifest_file) present.push_back(f.path().filename().string());
+  std::sort(present.begin(), present.end());
+  CHECK(listed == present);
+  const auto model_size = fs::file_size(good / "model.pt");
+
+  SECTION("a truncated model.pt: size mismatch, before LibTorch reads it") {
+    copy_checkpoint(good, bad);
+    overwrite(bad / "model.pt", model_size / 2);
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / "model.pt").string());
+    CHECK_THAT(e.what(), Catch::Contains("size mismatch: " + std::to_string(model_size / 2) + " bytes, the manifest lists " +
+                                         std::to_string(model_size)));
+  }
+  SECTION("a flipped bit in the process record: checksum mismatch") {
+    copy_checkpoint(good, bad);
+    overwrite(bad / "process_0.pt", fs::file_size(good / "process_0.pt"), 100);
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / "process_0.pt").string());
+    CHECK_THAT(e.what(), Catch::Contains("checksum mismatch: CRC-32C"));
+  }
+  SECTION("no manifest (a save that did not finish): never loaded as complete") {
+    copy_checkpoint(good, bad);
+    fs::remove(bad / accel::checkpoint::manifest_file);
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / accel::checkpoint::manifest_file).string());
+    CHECK_THAT(e.what(), Catch::Contains("the checkpoint is incomplete"));
+  }
+  SECTION("a truncated manifest") {
+    copy_checkpoint(good, bad);
+    overwrite(bad / accel::checkpoint::manifest_file, fs::file_size(good / accel::checkpoint::manifest_file) - 12);
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / accel::checkpoint::manifest_file).string());
+    CHECK_THAT(e.what(), Catch::Contains("damaged checkpoint manifest"));
+  }
+  SECTION("a listed file missing") {
+    copy_checkpoint(good, bad);
+    fs::remove(bad / "scheduler.pt");
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / "scheduler.pt").string());
+    CHECK_THAT(e.what(), Catch::Contains("missing: the manifest lists it with"));
+  }
+  SECTION("a truncated model.pt that the manifest agrees with: LibTorch's error, named, without its backtrace") {
+    copy_checkpoint(good, bad);
+    overwrite(bad / "model.pt", model_size - 30);
+    accel::checkpoint::Manifest::of_directory(bad).write(bad);
+    const auto e = load_error(bad);
+    CHECK(e.path() == (bad / "model.pt").string());
+    CHECK_THAT(e.what(), Catch::StartsWith((bad / "model.pt").string() + ": not a readable LibTorch archive"));
+    CHECK_THAT(e.what(), !Catch::Contains("Exception raised from") && !Catch::Contains("frame #"));
+  }
+  SECTION("a file the manifest does not list is never read, and does not stop the load") {
+    copy_checkpoint(good, bad);
+    std::ofstream(bad / "notes.txt") << "written by hand";
+    const auto resumed = train_toy(99, 4, 0, "", bad.string());
+    CHECK(!resumed.empty());
+  }
+  fs::remove_all(base);
 }
