@@ -64,5 +64,6 @@ void busy_peer(const Args&);               // faults.cpp
 void mismatch(const Args&);                // faults.cpp
 void uneven(const Args&);                  // uneven.cpp
 void elastic(const Args&);                 // launch.cpp
+void files(const Args&);                   // files.cpp
 
 }  // namespace mp
