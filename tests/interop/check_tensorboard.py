@@ -7,7 +7,7 @@ accel_interop_tests track runs init_trackers("run", {lr: 0.1, batch_size: 32, op
 steps 100..109: loss = 1/(s+1), lr = 0.1 * 0.5**s, epoch = s // 3 on every third call, and the text
 'warm, "done"' as "phase" at s = 4. TensorBoard's EventAccumulator and event file loader must find exactly those
 tags, steps and values (scalars are float32 in TensorBoard), the file version first and the configuration as a
-text summary; the JSONL and CSV files must parse with json and csv to the same values.
+text summary and as the hparams plugin's data; the JSONL and CSV files must parse with json and csv to the same values.
 Prints "N passed, M failed"; exits 1 on any failure.
 """
 import csv
@@ -21,6 +21,7 @@ import sys
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 tool, work = sys.argv[1], pathlib.Path(sys.argv[2])
 shutil.rmtree(work, ignore_errors=True)
@@ -59,7 +60,8 @@ for tag, want in (("loss", loss), ("lr", lr), ("epoch", epoch)):
     got = {e.step: e.value for e in acc.Scalars(tag)}
     check(sorted(got) == sorted(want), f"{tag} steps {sorted(got)}")
     check(all(got.get(s) == float(np.float32(v)) for s, v in want.items()), f"{tag} values {got} != {want}")
-check(sorted(tags["tensors"]) == ["config", "phase"], f"text tags {tags['tensors']}")
+check(sorted(tags["tensors"]) == ["_hparams_/experiment", "_hparams_/session_start_info", "config", "phase"],
+      f"tensor tags {tags['tensors']}")
 phase = acc.Tensors("phase")
 check([e.step for e in phase] == [104], "phase logged once, at step 104")
 check(phase[0].tensor_proto.string_val[0].decode() == 'warm, "done"', f"phase text {phase[0].tensor_proto}")
@@ -67,6 +69,17 @@ check(acc.SummaryMetadata("phase").plugin_data.plugin_name == "text", "phase is 
 config = acc.Tensors("config")[0].tensor_proto.string_val[0].decode()
 for row in ("| lr | 0.1 |", "| batch_size | 32 |", "| optimizer | adamw |"):
     check(row in config, f"config text lacks {row!r}: {config!r}")
+
+# The hparams plugin's data: the experiment's names and types, the session's values.
+experiment = plugin_data_pb2.HParamsPluginData.FromString(acc.SummaryMetadata("_hparams_/experiment").plugin_data.content)
+check(acc.SummaryMetadata("_hparams_/experiment").plugin_data.plugin_name == "hparams", "hparams plugin name")
+infos = {i.name: i.type for i in experiment.experiment.hparam_infos}
+check(infos == {"batch_size": api_pb2.DATA_TYPE_FLOAT64, "lr": api_pb2.DATA_TYPE_FLOAT64, "optimizer": api_pb2.DATA_TYPE_STRING},
+      f"hparam infos {infos}")
+session = plugin_data_pb2.HParamsPluginData.FromString(acc.SummaryMetadata("_hparams_/session_start_info").plugin_data.content)
+values = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in session.session_start_info.hparams.items()}
+check(values == {"batch_size": 32.0, "lr": 0.1, "optimizer": "adamw"}, f"session hparams {values}")
+check(session.session_start_info.start_time_secs > 1e9, "session start time")
 
 # ---- JSONL and CSV --------------------------------------------------------------------------------------------
 lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -10,7 +10,9 @@
 //! holds one `Summary.Value` per name: `tag` (1) and `simple_value` (2, float) for numbers; for strings a text
 //! summary, the tensor (8: `TensorProto{dtype: DT_STRING, string_val}`) with `metadata` (9:
 //! `SummaryMetadata{plugin_data{plugin_name: "text"}}`), as `SummaryWriter.add_text` writes it. The run's
-//! configuration is one text summary, tag "config", step 0: a Markdown table of the hyperparameters.
+//! configuration is written at step 0 twice: as a text summary, tag "config" (a Markdown table), and as the
+//! hparams plugin's data (`_hparams_/experiment`: each name with its type, `_hparams_/session_start_info`: the
+//! values; `HParamsPluginData` of tensorboard/plugins/hparams), so that TensorBoard's HPARAMS tab lists the run.
 //! The protobuf subset is encoded by hand (varints, fixed 32/64-bit, length-delimited fields); CRC32C
 //! (Castagnoli) is table-driven. Every record is flushed when written.
 //!
@@ -102,16 +104,21 @@ inline std::string le_bytes(std::uint64_t v, int n) {
   return s;
 }
 
-//! A `Summary.Value` of a text summary (what `SummaryWriter.add_text` writes).
-inline Proto text_value(const std::string& tag, const std::string& text) {
+//! A `Summary.Value` for a plugin: a string tensor (`TensorProto{dtype: DT_STRING, string_val}`) and
+//! `SummaryMetadata{plugin_data{plugin_name, content}}`.
+inline Proto plugin_value(const std::string& tag, const std::string& plugin_name, const std::string& content,
+                          const std::string& text = "") {
   constexpr int dt_string = 7;  // tensorflow.DataType.DT_STRING
   Proto plugin, metadata, tensor, value;
-  plugin.bytes(1, "text");
+  plugin.bytes(1, plugin_name);
+  if (!content.empty()) plugin.bytes(2, content);
   metadata.message(1, plugin);
   tensor.varint(1, dt_string).message(2, Proto{}).bytes(8, text);
   value.bytes(1, tag).message(8, tensor).message(9, metadata);
   return value;
 }
+//! A text summary (what `SummaryWriter.add_text` writes).
+inline Proto text_value(const std::string& tag, const std::string& text) { return plugin_value(tag, "text", "", text); }
 
 }  // namespace detail
 
@@ -138,6 +145,24 @@ class TensorBoardWriter final : public Writer {
       table += "| " + k + " | " + std::visit([](const auto& x) { return text(x); }, v) + " |\n";
     detail::Proto summary;
     summary.message(1, detail::text_value("config", table));
+    // The hparams plugin's view of the same: the experiment (each name and its type) and this session's values.
+    detail::Proto experiment, session;
+    for (const auto& [k, v] : config) {
+      const bool is_text = std::holds_alternative<std::string>(v);
+      detail::Proto info, entry, value;
+      info.bytes(1, k).varint(4, is_text ? 1 : 3);  // HParamInfo{name, type: DATA_TYPE_STRING | DATA_TYPE_FLOAT64}
+      experiment.message(4, info);
+      if (is_text) value.bytes(3, std::get<std::string>(v));  // google.protobuf.Value{string_value}
+      else value.fixed64(2, std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v)));
+      entry.bytes(1, k).message(2, value);  // map<string, Value> entry
+      session.message(1, entry);
+    }
+    session.fixed64(5, now());  // SessionStartInfo.start_time_secs
+    detail::Proto experiment_data, session_data;
+    experiment_data.message(2, experiment);  // HParamsPluginData{experiment}
+    session_data.message(3, session);        // HParamsPluginData{session_start_info}
+    summary.message(1, detail::plugin_value("_hparams_/experiment", "hparams", experiment_data.str()));
+    summary.message(1, detail::plugin_value("_hparams_/session_start_info", "hparams", session_data.str()));
     write_summary(summary, 0);
   }
   void log(const Values& values, std::int64_t step) override {
