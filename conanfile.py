@@ -26,6 +26,7 @@ class AccelConan(ConanFile):
         self.requires("range-v3/0.12.0")
         self.requires("boost/1.74.0", options={"header_only": True})
         self.requires("openssl/[>=3.0 <4]")  # HMAC of the rendezvous store's values
+        self.requires("nlohmann_json/3.11.2")
 
     def validate(self):
         check_min_cppstd(self, "20")
@@ -39,7 +40,7 @@ class AccelConan(ConanFile):
         cmake_dir = os.path.join(self.package_folder, "lib", "cmake", "accel")
         copy(self, "accelDependencies.cmake", os.path.join(self.source_folder, "cmake"), cmake_dir)
         # The build module does on the consumer's side what the installed accelConfig.cmake does: find LibTorch
-        # (its pip wheel needs link fixes), range-v3 and Boost.Hana, and set ACCEL_WITH_CUDA from the option.
+        # (its pip wheel needs link fixes), range-v3, Boost.Hana and nlohmann_json, and set ACCEL_WITH_CUDA from the option.
         with open(os.path.join(cmake_dir, "accel-conan.cmake"), "w") as f:
             f.write("set(ACCEL_WITH_CUDA %s)\n" % ("ON" if self.options.with_cuda else "OFF"))
             f.write("include(${CMAKE_CURRENT_LIST_DIR}/accelDependencies.cmake)\n")

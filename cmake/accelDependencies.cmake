@@ -13,6 +13,7 @@ find_dependency(Torch 2)
 find_dependency(range-v3)
 find_dependency(Boost 1.74)   # Boost.Hana is header-only: Boost::headers is enough
 find_dependency(OpenSSL 3)    # HMAC-SHA256 of the rendezvous store's values (comm/store.hpp)
+find_dependency(nlohmann_json 3)  # the JSON of safetensors headers and sharded-checkpoint indexes, the trackers' files
 
 set(_accel_torch_cuda FALSE)
 if(TARGET torch_cuda OR TARGET torch_cuda_library OR CAFFE2_USE_CUDA)
@@ -70,7 +71,7 @@ message(STATUS "accel: LibTorch ${Torch_VERSION} (CUDA build: ${_accel_torch_cud
 # Attaches the dependencies to `target`. In the project's own build they are wrapped in BUILD_INTERFACE, so
 # the exported target carries no machine paths; the installed config attaches them again on the consumer's side.
 function(accel_link_dependencies target)
-  set(libs ${TORCH_LIBRARIES} range-v3::range-v3 Boost::headers OpenSSL::Crypto)
+  set(libs ${TORCH_LIBRARIES} range-v3::range-v3 Boost::headers OpenSSL::Crypto nlohmann_json::nlohmann_json)
   set(defs ACCEL_WITH_CUDA=0)
   set(opts "")
   if(ACCEL_TORCH_CUDA_LIBDIRS)

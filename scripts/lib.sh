@@ -42,6 +42,12 @@ install_venv() {
   log "python environment ready in $((SECONDS - t0)) s"
 }
 
+# The tests' pinned Python extras (scripts/test-requirements.lock: TensorBoard's event reader) into the project
+# environment; pip finds them installed on a second run and downloads nothing.
+install_test_extras() {
+  "$ACCEL_VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ACCEL_ROOT/scripts/test-requirements.lock"
+}
+
 ensure_deps() {
   install_apt
   install_venv

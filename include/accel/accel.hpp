@@ -17,6 +17,12 @@
 #include <accel/core/serialize.hpp>
 #include <accel/core/structure.hpp>
 
+#include <accel/tracking/csv.hpp>
+#include <accel/tracking/jsonl.hpp>
+#include <accel/tracking/tensorboard.hpp>
+#include <accel/tracking/tracker.hpp>
+#include <accel/tracking/trackers.hpp>
+
 #include <accel/plan/plan.hpp>
 
 #include <accel/comm/collectives.hpp>
@@ -48,5 +54,6 @@
 
 #include <accel/checkpoint/checkpointer.hpp>
 #include <accel/checkpoint/format.hpp>
+#include <accel/checkpoint/safetensors.hpp>
 
 #include <accel/accelerator.hpp>

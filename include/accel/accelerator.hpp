@@ -23,6 +23,7 @@
 //! wrong argument to `prepare` with one message too. Run-time knobs that never change a type are in `Options`.
 
 #include <accel/checkpoint/checkpointer.hpp>
+#include <accel/checkpoint/safetensors.hpp>
 #include <accel/core/generator_state.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
@@ -35,6 +36,7 @@
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
 #include <accel/state/process_state.hpp>
+#include <accel/tracking/trackers.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -47,6 +49,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -85,6 +88,8 @@ struct Options {
   CommHook comm_hook = CommHook::none;         //!< Accelerate's comm_hook: gradient buckets compressed to fp16 or bf16
   comm::CommOptions comm{};                    //!< collective and rendezvous timeouts
   LaunchOverrides launch{};                    //!< explicit rank / world size / address, winning over the environment
+  std::vector<tracking::Tracker> log_with{};   //!< Accelerate's log_with: the trackers `init_trackers` starts
+  std::filesystem::path logging_dir = ".";     //!< trackers write into <logging_dir>/<project_name>/
 };
 
 namespace detail {
@@ -352,6 +357,56 @@ class Accelerator {
   //! process calls it; the next batch of each loader is the one after the checkpoint.
   void load_state(const std::filesystem::path& dir) { accumulation_.set_step(checkpointer_.load(dir, checkpoint_process())); }
 
+  // [accelerate:accelerator.py Accelerator.save_model]
+  //! Writes the (unwrapped) model's parameters and buffers as safetensors into `dir`: `model.safetensors`, or
+  //! above `max_shard_size` shards and `model.safetensors.index.json`, named and split as Accelerate does
+  //! (checkpoint/safetensors.hpp). Every process calls it; the main process writes, the others wait for it, and
+  //! a failure there is raised on every process.
+  template <class M>
+    requires ModuleHandle<M> || is_prepared_model<M>
+  void save_model(const M& model, const std::filesystem::path& dir, const checkpoint::SaveModelOptions& options = {}) {
+    std::exception_ptr failure;
+    std::string message;
+    if (is_main_process()) {
+      try {
+        checkpoint::save_model(*module_of(unwrap_model(model)), dir, options);
+      } catch (const std::exception& e) {
+        failure = std::current_exception();
+        message = e.what();
+      }
+    }
+    message = broadcast_object(comm(), message);  // the others' barrier, and the main process's outcome
+    if (failure) std::rethrow_exception(failure);
+    if (!message.empty()) throw Error(message + " (raised on the main process)");
+  }
+
+  // ---- experiment trackers (tracking/trackers.hpp) ------------------------------------------------------------
+
+  // [accelerate:accelerator.py Accelerator.init_trackers]
+  //! Starts the trackers of `Options::log_with` for the run `project_name` with its hyperparameters `config`:
+  //! on the main process only (the others write nothing), into `<Options::logging_dir>/<project_name>/`.
+  void init_trackers(const std::string& project_name, const tracking::Values& config = {}) {
+    detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
+    tracking::Trackers::check_names(config, "init_trackers");
+    if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, opt_.logging_dir / project_name, config);
+    trackers_started_ = true;
+  }
+  // [accelerate:accelerator.py Accelerator.log]
+  //! Logs one step's values to every tracker (main process only; a no-op elsewhere). Without `step`, the step
+  //! is the number of `log` calls before this one.
+  void log(const tracking::Values& values, std::optional<std::int64_t> step = std::nullopt) {
+    detail::require(trackers_started_, "accel::Accelerator::log: no run is being tracked; call init_trackers first");
+    tracking::Trackers::check_names(values, "log");
+    if (is_main_process()) trackers_.log(values, step);
+  }
+  // [accelerate:accelerator.py Accelerator.end_training]
+  //! Closes the trackers' files, then waits for every process (so that all may read them afterwards).
+  void end_training() {
+    trackers_.finish();
+    trackers_started_ = false;
+    wait_for_everyone();
+  }
+
  private:
   using Ddps = std::vector<std::shared_ptr<DistributedModule>>;
 
@@ -523,6 +578,8 @@ class Accelerator {
   std::vector<OptimizerEntry> optimizers_;
   Ddps ddps_;  // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
+  tracking::Trackers trackers_;            // the run's writers (none but on the main process)
+  bool trackers_started_ = false;          // init_trackers was called (on every process)
 };
 
 }  // namespace accel

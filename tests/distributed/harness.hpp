@@ -69,5 +69,6 @@ void foreign_writer(const Args&);          // security.cpp
 void attacked_job(const Args&);            // security.cpp
 void job_sum(const Args&);                 // security.cpp
 void store_host(const Args&);              // security.cpp
+void files(const Args&);                   // files.cpp
 
 }  // namespace mp

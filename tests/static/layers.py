@@ -3,6 +3,7 @@
 
     base        error.hpp, detail/, policy/, config.hpp   tags, resolved configuration, errors
     core        core/                                     tensor structures, serialisation, generator state
+    tracking    tracking/                                 experiment trackers: JSONL, CSV, TensorBoard event files
     plan        plan/                                     sharding plans: pure index math
     comm        comm/, cuda/nccl.hpp, cuda/rng.hpp        communicator interface, engines' collectives, RNG sync
     state       state/                                    launch environment, engines, ProcessState, GradientState
@@ -19,12 +20,12 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "core", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
+LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
            "cuda/nccl.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
 FOLDER = {"detail": "base", "policy": "base"}
 # The namespace every header of a folder declares its public names in.
-NAMESPACE = {"core": "accel", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
+NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
              "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint"}
 
 

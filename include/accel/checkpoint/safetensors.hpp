@@ -1,0 +1,563 @@
+#pragma once
+//! \file
+//! Model interchange with the Hugging Face ecosystem: safetensors files, read and written in C++, and the
+//! sharded checkpoint directory that Accelerate's `Accelerator.save_model` writes.
+//!
+//! \code
+//! accel::checkpoint::write_safetensors("w.safetensors", {{"w", w}, {"b", b}});   // metadata {"format": "pt"}
+//! auto tensors = accel::checkpoint::read_safetensors("w.safetensors");           // name -> CPU tensor
+//! accel::checkpoint::save_model(*net, "out", {.max_shard_size = accel::checkpoint::parse_size("5GB")});
+//! accel::checkpoint::load_model(*net, "out");        // a directory (index or single file) or one file
+//! \endcode
+//! `Accelerator::save_model` is `save_model` on the main process of a job (the others wait).
+//!
+//! The file format (safetensors): an 8-byte little-endian header length N, N bytes of JSON
+//! `{"__metadata__": {string: string}, name: {"dtype", "shape", "data_offsets": [begin, end]}, ...}` padded with
+//! spaces to a multiple of 8, then the tensors' bytes, contiguous, in safetensors' order (dtypes of larger
+//! alignment first, then by name). `write_safetensors` writes the same bytes as Python's
+//! `safetensors.torch.save_file`. Every problem of a file read (truncated, a header length beyond the file, a
+//! header that is not JSON, an unknown dtype, a shape whose size is not its span, offsets out of range,
+//! overlapping or leaving bytes uncovered) is one `SafetensorsError` naming the file and the problem; sizes are
+//! checked against the file's size before anything is allocated.
+//!
+//! A model's names are PyTorch's `state_dict` names, in its order: each module's parameters, then its buffers,
+//! then its children's (LibTorch has no non-persistent buffers: every buffer is saved). Tensors sharing storage
+//! (tied weights) are saved once, under the first name, as Accelerate's `clean_state_dict_for_safetensors` does;
+//! loading fills the others through the shared storage.
+//!
+//! Sharding follows huggingface_hub's `split_torch_state_dict_into_shards`: tensors in state_dict order, a new
+//! shard when the next tensor would take the current one over `max_shard_size` (bytes of the tensor's storage),
+//! a tensor larger than `max_shard_size` alone in a shard of its own (placed at the time it is met, before the
+//! shard being filled); one shard is `model.safetensors`, several are `model-00001-of-0000N.safetensors` with
+//! `model.safetensors.index.json` = `{"metadata": {"total_size": bytes}, "weight_map": {name: file}}` (keys
+//! sorted, indent 2, as Accelerate writes it). Unlike Accelerate, `save_model` also removes what a previous save
+//! left in the directory that this one does not replace (old shards, an old index or single file), so that a
+//! loader never mixes two saves.
+//!
+//! `load_model` fills a module by name from files written by Python (`save_file`, Accelerate's `save_model`,
+//! sharded or not) or by `save_model`: every check (each file's header; every name of the module present, with
+//! its shape and dtype; with `strict`, no name in the files that the module lacks) runs before the first tensor
+//! is copied, so a failed load leaves the module as it was; then one shard at a time is read. A dtype mismatch is
+//! an error unless `allow_cast`.
+
+#include <accel/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+static_assert(std::endian::native == std::endian::little,
+              "accel's safetensors reader and writer copy tensor bytes as they are: a little-endian host is needed");
+
+//! A safetensors file that cannot be read or written, or that does not fit the module it is loaded into.
+struct SafetensorsError : Error {
+  using Error::Error;
+};
+
+using TensorMap = std::map<std::string, at::Tensor>;
+using Metadata = std::map<std::string, std::string>;
+
+//! Accelerate's default `max_shard_size`, "10GB".
+inline constexpr std::int64_t default_max_shard_size = 10'000'000'000;
+inline constexpr const char* safe_weights_name = "model.safetensors";
+inline constexpr const char* safe_weights_index_name = "model.safetensors.index.json";
+
+//! huggingface_hub's `parse_size_to_int`: "5GB", "500KB", "1.5MB" (decimal units: KB = 1000 bytes).
+inline std::int64_t parse_size(const std::string& text) {
+  const std::map<std::string, double> units{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}};
+  std::string s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  std::string unit = s.size() >= 2 ? s.substr(s.size() - 2) : s;
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+  const auto it = units.find(unit);
+  accel::detail::require(it != units.end(), "accel: size '" + text + "': the unit must be one of TB, GB, MB, KB");
+  try {
+    std::size_t used = 0;
+    std::string number = s.substr(0, s.size() - 2);
+    while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
+    const double v = std::stod(number, &used);
+    if (used == number.size() && v >= 0) return static_cast<std::int64_t>(v * it->second);
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument("accel: size '" + text + "': expected a non-negative number followed by a unit, e.g. \"5GB\"");
+}
+
+namespace safetensors_detail {
+
+struct Dtype {
+  const char* name;
+  c10::ScalarType type;
+  int rank;  // the position in safetensors' Dtype enum: larger first in a file
+  std::size_t size;
+};
+// The dtypes ATen and safetensors share, in safetensors' (Rust) enum order.
+inline constexpr Dtype dtypes[] = {
+    {"BOOL", c10::kBool, 0, 1},           {"U8", c10::kByte, 1, 1},          {"I8", c10::kChar, 2, 1},
+    {"F8_E5M2", c10::kFloat8_e5m2, 3, 1}, {"F8_E4M3", c10::kFloat8_e4m3fn, 4, 1}, {"I16", c10::kShort, 5, 2},
+    {"U16", c10::kUInt16, 6, 2},          {"F16", c10::kHalf, 7, 2},         {"BF16", c10::kBFloat16, 8, 2},
+    {"I32", c10::kInt, 9, 4},             {"U32", c10::kUInt32, 10, 4},      {"F32", c10::kFloat, 11, 4},
+    {"C64", c10::kComplexFloat, 12, 8},   {"F64", c10::kDouble, 13, 8},      {"I64", c10::kLong, 14, 8},
+    {"U64", c10::kUInt64, 15, 8}};
+
+inline const Dtype* dtype_named(const std::string& name) {
+  for (const auto& d : dtypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+inline const Dtype* dtype_of(c10::ScalarType t) {
+  for (const auto& d : dtypes)
+    if (t == d.type) return &d;
+  return nullptr;
+}
+
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+[[noreturn]] inline void fail(const std::filesystem::path& path, const std::string& what) {
+  throw SafetensorsError("accel: " + path.string() + ": " + what);
+}
+
+//! One tensor of a file's header.
+struct Entry {
+  std::string name;
+  const Dtype* dtype = nullptr;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // offsets in the data section
+};
+//! A file's header, checked against the file's size.
+struct Header {
+  std::vector<Entry> entries;  // in data order
+  Metadata metadata;
+  std::uint64_t data_start = 0;
+};
+
+// safetensors' own limit on the header (MAX_HEADER_SIZE): a larger length is a damaged file, not a big model.
+inline constexpr std::uint64_t max_header_size = 100'000'000;
+
+inline Header read_header(const std::filesystem::path& path, std::ifstream& in) {
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  if (ec) fail(path, "cannot be read (" + ec.message() + ")");
+  in.open(path, std::ios::binary);
+  if (!in) fail(path, "cannot be opened for reading");
+  if (file_size < 8)
+    fail(path, "truncated: " + std::to_string(file_size) + " bytes, fewer than the 8 bytes of the header length");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > file_size - 8)
+    fail(path, "the header length is " + std::to_string(n) + " bytes but only " + std::to_string(file_size - 8) +
+                   " bytes follow it (a truncated file, or not a safetensors file)");
+  if (n > max_header_size)
+    fail(path, "the header length is " + std::to_string(n) + " bytes, over safetensors' limit of " +
+                   std::to_string(max_header_size));
+  std::string text(n, '\0');
+  in.read(text.data(), std::streamsize(n));
+  if (std::uint64_t(in.gcount()) != n) fail(path, "truncated while reading the header");
+  if (text.empty() || text.front() != '{') fail(path, "the header does not start with '{' (not a safetensors file)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(path, std::string("the header is not JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail(path, "the header is not a JSON object");
+
+  Header h;
+  h.data_start = 8 + n;
+  const std::uint64_t data_size = file_size - 8 - n;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(path, "__metadata__ is not an object of strings");
+      for (const auto& [k, s] : v.items()) {
+        if (!s.is_string()) fail(path, "__metadata__[\"" + k + "\"] is not a string");
+        h.metadata[k] = s.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + name + "'";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      fail(path, where + ": expected an object with dtype, shape and data_offsets");
+    Entry e{name};
+    if (!v["dtype"].is_string()) fail(path, where + ": dtype is not a string");
+    e.dtype = dtype_named(v["dtype"].get<std::string>());
+    if (!e.dtype) fail(path, where + ": unknown dtype '" + v["dtype"].get<std::string>() + "'");
+    if (!v["shape"].is_array()) fail(path, where + ": shape is not an array");
+    // The tensor's byte count; a count past 64 bits is a damaged header, not a tensor.
+    std::uint64_t bytes = e.dtype->size;
+    bool too_big = false;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) fail(path, where + ": shape holds " + d.dump() + ", not a non-negative integer");
+      const std::uint64_t x = d.get<std::uint64_t>();
+      if (x > std::uint64_t(INT64_MAX)) fail(path, where + ": dimension " + d.dump() + " is out of range");
+      e.shape.push_back(std::int64_t(x));
+      if (x != 0 && bytes > UINT64_MAX / x) too_big = true;
+      else bytes *= x;
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(path, where + ": data_offsets is not a pair of non-negative integers");
+    e.begin = off[0].get<std::uint64_t>();
+    e.end = off[1].get<std::uint64_t>();
+    const std::string span = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+    if (e.begin > e.end) fail(path, where + ": data_offsets " + span + " end before they begin");
+    if (e.end > data_size)
+      fail(path, where + ": data_offsets " + span + " are out of range: the data section has " +
+                     std::to_string(data_size) + " bytes (a truncated file?)");
+    if (std::any_of(e.shape.begin(), e.shape.end(), [](std::int64_t x) { return x == 0; })) bytes = 0, too_big = false;
+    if (too_big || bytes != e.end - e.begin)
+      fail(path, where + ": shape " + shape_text(e.shape) + " of " + e.dtype->name + " needs " +
+                     (too_big ? std::string("more than 2^64 bytes") : std::to_string(bytes) + " bytes") +
+                     " but data_offsets " + span + " span " + std::to_string(e.end - e.begin));
+    h.entries.push_back(std::move(e));
+  }
+  std::sort(h.entries.begin(), h.entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  // The tensors tile the data section: each starts where the previous ended, the last ends at the file's end.
+  std::uint64_t at = 0;
+  const Entry* previous = nullptr;
+  for (const auto& e : h.entries) {
+    if (e.begin < at)
+      fail(path, "tensor '" + e.name + "' (bytes " + std::to_string(e.begin) + " to " + std::to_string(e.end) +
+                     ") overlaps tensor '" + previous->name + "' (which ends at " + std::to_string(at) + ")");
+    if (e.begin > at)
+      fail(path, "bytes " + std::to_string(at) + " to " + std::to_string(e.begin) +
+                     " of the data section belong to no tensor");
+    at = e.end;
+    previous = &e;
+  }
+  if (at != data_size)
+    fail(path, "the data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
+                   std::to_string(at) + " (bytes " + std::to_string(at) + " to " + std::to_string(data_size) +
+                   " belong to no tensor)");
+  return h;
+}
+
+inline at::Tensor read_entry(const std::filesystem::path& path, std::ifstream& in, const Header& h, const Entry& e) {
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype->type));
+  const auto n = std::streamsize(e.end - e.begin);
+  if (n == 0) return t;
+  in.seekg(std::streamoff(h.data_start + e.begin));
+  in.read(static_cast<char*>(t.data_ptr()), n);
+  if (in.gcount() != n) fail(path, "truncated while reading tensor '" + e.name + "' (the file changed?)");
+  return t;
+}
+
+}  // namespace safetensors_detail
+
+//! Every tensor of a safetensors file, by name, on the CPU.
+inline TensorMap read_safetensors(const std::filesystem::path& path) {
+  std::ifstream in;
+  const auto h = safetensors_detail::read_header(path, in);
+  TensorMap out;
+  for (const auto& e : h.entries) out.emplace(e.name, safetensors_detail::read_entry(path, in, h, e));
+  return out;
+}
+
+//! The `__metadata__` of a safetensors file (empty when it has none).
+inline Metadata read_safetensors_metadata(const std::filesystem::path& path) {
+  std::ifstream in;
+  return safetensors_detail::read_header(path, in).metadata;
+}
+
+//! Writes `tensors` (any device, any layout: they are copied to contiguous CPU memory) as one safetensors file,
+//! byte for byte what `safetensors.torch.save_file(tensors, path, metadata)` writes. An empty `metadata` writes
+//! no `__metadata__`.
+inline void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
+                              const Metadata& metadata = {{"format", "pt"}}) {
+  struct Item {
+    const std::string* name;
+    const safetensors_detail::Dtype* dtype;
+    at::Tensor data;
+  };
+  std::vector<Item> items;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) safetensors_detail::fail(path, "tensor '" + name + "' is undefined; safetensors stores only tensors with data");
+    const auto* d = safetensors_detail::dtype_of(t.scalar_type());
+    if (!d)
+      safetensors_detail::fail(path, "tensor '" + name + "' has dtype " + std::string(c10::toString(t.scalar_type())) +
+                             ", which safetensors cannot store");
+    items.push_back({&name, d, t.to(at::kCPU).contiguous()});
+  }
+  // safetensors' order: larger alignment first, then by name (bytes compared as unsigned, as Rust's String).
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return a.dtype->rank != b.dtype->rank ? a.dtype->rank > b.dtype->rank : *a.name < *b.name;
+  });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& it : items) {
+    const std::uint64_t n = it.data.nbytes();
+    header[*it.name] = {{"dtype", it.dtype->name}, {"shape", it.data.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) safetensors_detail::fail(path, "cannot be opened for writing");
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), std::streamsize(text.size()));
+  for (const auto& it : items) out.write(static_cast<const char*>(it.data.data_ptr()), std::streamsize(it.data.nbytes()));
+  out.close();
+  if (!out) safetensors_detail::fail(path, "could not be written completely (disk full?)");
+}
+
+// ---- models ---------------------------------------------------------------------------------------------------
+
+//! A module's tensors by PyTorch's `state_dict` names, in its order, tensors sharing storage kept once (under
+//! the first name), as Accelerate's `get_state_dict` + `clean_state_dict_for_safetensors` give them.
+inline std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::tuple<int, int, const void*, std::size_t>> storages;
+  auto keep = [&](const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    // The storage's identity, as huggingface's id_tensor_storage: device, data pointer, size. A storage of no
+    // bytes holds nothing to share, so empty tensors are always kept.
+    const auto& s = t.storage();
+    if (s.nbytes() > 0 &&
+        !storages.emplace(int(t.device().type()), int(t.device().index()), s.data(), s.nbytes()).second)
+      return;
+    out.emplace_back(name, t);
+  };
+  auto visit = [&](auto& self, const torch::nn::Module& m, const std::string& prefix) -> void {
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) keep(prefix + p.key(), p.value());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) keep(prefix + b.key(), b.value());
+    for (const auto& c : m.named_children()) self(self, *c.value(), prefix + c.key() + ".");
+  };
+  visit(visit, model, "");
+  return out;
+}
+
+//! How `save_model` splits a state into files (huggingface_hub's `StateDictSplit`).
+struct ShardPlan {
+  std::vector<std::pair<std::string, std::vector<std::string>>> files;  //!< file name -> tensor names, in order
+  std::int64_t total_size = 0;                                          //!< bytes of every tensor's storage
+  [[nodiscard]] bool sharded() const noexcept { return files.size() > 1; }
+};
+
+// [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
+//! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
+inline ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state, std::int64_t max_shard_size,
+                             const std::string& stem = "model", const std::string& extension = ".safetensors") {
+  std::vector<std::vector<std::string>> shards;
+  std::vector<std::string> current;
+  std::int64_t current_size = 0;
+  ShardPlan plan;
+  for (const auto& [name, t] : state) {
+    const auto size = std::int64_t(t.storage().nbytes());  // get_torch_storage_size: the storage, not the view
+    if (size > max_shard_size) {  // alone, in a shard of its own, placed now (before the shard being filled)
+      plan.total_size += size;
+      shards.push_back({name});
+      continue;
+    }
+    if (current_size + size > max_shard_size) {
+      shards.push_back(std::move(current));
+      current = {};
+      current_size = 0;
+    }
+    current.push_back(name);
+    current_size += size;
+    plan.total_size += size;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  if (shards.size() == 1) {
+    plan.files.emplace_back(stem + extension, std::move(shards.front()));
+    return plan;
+  }
+  auto five = [](std::size_t i) {
+    std::string s = std::to_string(i);
+    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
+  };
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    plan.files.emplace_back(stem + "-" + five(i + 1) + "-of-" + five(shards.size()) + extension, std::move(shards[i]));
+  return plan;
+}
+
+//! `save_model`'s settings (Accelerate's `max_shard_size`; `safe_serialization` is always true here).
+struct SaveModelOptions {
+  std::int64_t max_shard_size = default_max_shard_size;  //!< bytes per file (see `parse_size`)
+  Metadata metadata{{"format", "pt"}};                   //!< each file's `__metadata__`, as Accelerate writes it
+};
+
+namespace safetensors_detail {
+//! `model-00001-of-00003.safetensors`: a shard name of huggingface's pattern.
+inline bool is_shard_name(const std::string& f) {
+  auto digits = [&](std::size_t pos) {
+    return std::all_of(f.begin() + std::ptrdiff_t(pos), f.begin() + std::ptrdiff_t(pos + 5),
+                       [](unsigned char c) { return std::isdigit(c) != 0; });
+  };
+  return f.size() == 32 && f.starts_with("model-") && digits(6) && f.compare(11, 4, "-of-") == 0 && digits(15) &&
+         f.ends_with(".safetensors");
+}
+}  // namespace safetensors_detail
+
+// [accelerate:accelerator.py Accelerator.save_model]
+//! Writes `model`'s parameters and buffers into `dir` (created if needed): `model.safetensors`, or shards and
+//! their index above `max_shard_size`. Returns the plan it wrote.
+inline ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
+                            const SaveModelOptions& options = {}) {
+  const std::string where = "accel::save_model: " + dir.string() + ": ";
+  accel::detail::require(options.max_shard_size > 0, where + "max_shard_size must be positive");
+  if (std::filesystem::is_regular_file(dir)) throw InvalidArgument(where + "is a file; save_model writes a directory");
+  const auto state = model_state(model);
+  accel::detail::require(!state.empty(), where + "the model has no parameters and no buffers: nothing to save");
+  const auto plan = plan_shards(state, options.max_shard_size);
+  std::filesystem::create_directories(dir);
+  std::set<std::string> written;
+  for (const auto& f : plan.files) written.insert(f.first);
+  if (plan.sharded()) written.insert(safe_weights_index_name);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const auto f = entry.path().filename().string();
+    const bool ours = safetensors_detail::is_shard_name(f) || f == safe_weights_name || f == safe_weights_index_name;
+    if (ours && entry.is_regular_file() && !written.count(f)) std::filesystem::remove(entry.path());
+  }
+  std::unordered_map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : state) by_name.emplace(name, &t);
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [file, names] : plan.files) {
+    TensorMap shard;
+    for (const auto& n : names) {
+      shard.emplace(n, *by_name.at(n));
+      weight_map[n] = file;
+    }
+    write_safetensors(dir / file, shard, options.metadata);
+  }
+  if (plan.sharded()) {
+    // json.dumps(index, indent=2, sort_keys=True) + "\n", as Accelerate writes it.
+    const nlohmann::json index{{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", weight_map}};
+    std::ofstream out(dir / safe_weights_index_name, std::ios::trunc);
+    out << index.dump(2, ' ', /*ensure_ascii=*/true) << "\n";
+    out.close();
+    if (!out) safetensors_detail::fail(dir / safe_weights_index_name, "could not be written completely (disk full?)");
+  }
+  return plan;
+}
+
+//! `load_model`'s settings.
+struct LoadModelOptions {
+  bool strict = true;       //!< a tensor in the files that the module lacks is an error (else it is ignored)
+  bool allow_cast = false;  //!< a tensor of another dtype than the module's is converted (else an error)
+};
+
+// [accelerate:utils/modeling.py load_checkpoint_in_model]
+//! Fills `model`'s parameters and buffers by name from `path`: a directory holding `model.safetensors.index.json`
+//! (a sharded checkpoint) or `model.safetensors`, an index file, or one safetensors file.
+inline void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {}) {
+  namespace fs = std::filesystem;
+  const std::string who = "accel::load_model: ";
+  // name -> file, from the index, or every name of the one file.
+  std::vector<fs::path> files;
+  std::map<std::string, fs::path> indexed;
+  fs::path index;
+  if (fs::is_directory(path)) {
+    if (fs::exists(path / safe_weights_index_name)) index = path / safe_weights_index_name;
+    else if (fs::exists(path / safe_weights_name)) files.push_back(path / safe_weights_name);
+    else
+      throw SafetensorsError(who + path.string() + " holds neither " + safe_weights_name + " nor " +
+                             safe_weights_index_name);
+  } else if (!fs::exists(path)) {
+    throw SafetensorsError(who + path.string() + " does not exist");
+  } else if (path.string().ends_with(".index.json")) {
+    index = path;
+  } else {
+    files.push_back(path);
+  }
+  if (!index.empty()) {
+    std::ifstream in(index);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      safetensors_detail::fail(index, std::string("the index is not JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      safetensors_detail::fail(index, "the index has no \"weight_map\" object");
+    std::set<std::string> seen;
+    for (const auto& [name, f] : j["weight_map"].items()) {
+      if (!f.is_string()) safetensors_detail::fail(index, "weight_map[\"" + name + "\"] is not a file name");
+      const auto file = index.parent_path() / f.get<std::string>();
+      indexed.emplace(name, file);
+      if (seen.insert(file.string()).second) files.push_back(file);
+    }
+  }
+
+  // Every header, checked, before anything is copied.
+  struct Found {
+    std::size_t file;
+    const safetensors_detail::Entry* entry;
+  };
+  std::vector<safetensors_detail::Header> headers(files.size());
+  std::map<std::string, Found> found;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!fs::exists(files[i])) safetensors_detail::fail(files[i], "is missing (named by " + index.string() + ")");
+    std::ifstream in;
+    headers[i] = safetensors_detail::read_header(files[i], in);
+    for (const auto& e : headers[i].entries)
+      if (!found.emplace(e.name, Found{i, &e}).second)
+        safetensors_detail::fail(files[i], "tensor '" + e.name + "' is also in " + files[found.at(e.name).file].string());
+  }
+  for (const auto& [name, file] : indexed) {
+    const auto it = found.find(name);
+    if (it == found.end() || files[it->second.file] != file)
+      safetensors_detail::fail(file, "the index names tensor '" + name + "' in this file, which does not hold it");
+  }
+  const auto state = model_state(model);
+  std::set<std::string> used;
+  std::vector<std::vector<std::pair<at::Tensor, const safetensors_detail::Entry*>>> per_file(files.size());
+  for (const auto& [name, target] : state) {
+    const auto it = found.find(name);
+    if (it == found.end())
+      throw SafetensorsError(who + path.string() + ": no tensor '" + name + "' for the module's " +
+                             std::string(c10::toString(target.scalar_type())) + " " + safetensors_detail::shape_text(target.sizes().vec()));
+    const auto& [file, e] = it->second;
+    if (e->shape != target.sizes().vec())
+      safetensors_detail::fail(files[file], "tensor '" + name + "' has shape " + safetensors_detail::shape_text(e->shape) +
+                                    "; the module's is " + safetensors_detail::shape_text(target.sizes().vec()));
+    if (e->dtype->type != target.scalar_type() && !options.allow_cast)
+      safetensors_detail::fail(files[file], "tensor '" + name + "' is " + e->dtype->name + "; the module's is " +
+                                    std::string(c10::toString(target.scalar_type())) +
+                                    " (LoadModelOptions::allow_cast converts it)");
+    used.insert(name);
+    per_file[file].emplace_back(target, e);
+  }
+  if (options.strict)
+    for (const auto& [name, f] : found)
+      if (!used.count(name))
+        safetensors_detail::fail(files[f.file], "tensor '" + name + "' matches no parameter or buffer of the module "
+                                    "(LoadModelOptions::strict = false ignores it)");
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (per_file[i].empty()) continue;
+    std::ifstream in(files[i], std::ios::binary);
+    for (auto& [target, e] : per_file[i]) target.copy_(safetensors_detail::read_entry(files[i], in, headers[i], *e));
+  }
+}
+
+}  // namespace accel::checkpoint

@@ -1,0 +1,236 @@
+#pragma once
+//! \file
+//! `TensorBoardWriter`: a TensorBoard event file written without TensorFlow or protobuf, readable by TensorBoard
+//! (and its `EventAccumulator`).
+//!
+//! The file `events.out.tfevents.<unix time>.<host name>` is a sequence of TFRecords: the length (u64, little
+//! endian), the masked CRC32C of those 8 bytes (u32), the data, the masked CRC32C of the data (u32). Each record
+//! is a serialized `tensorflow.Event`: `wall_time` (field 1, double), `step` (2, int64), then either
+//! `file_version` (3, "brain.Event:2", the first record) or `summary` (5). A `log` call is one Event whose Summary
+//! holds one `Summary.Value` per name: `tag` (1) and `simple_value` (2, float) for numbers; for strings a text
+//! summary, the tensor (8: `TensorProto{dtype: DT_STRING, string_val}`) with `metadata` (9:
+//! `SummaryMetadata{plugin_data{plugin_name: "text"}}`), as `SummaryWriter.add_text` writes it. The run's
+//! configuration is written at step 0 twice: as a text summary, tag "config" (a Markdown table), and as the
+//! hparams plugin's data (`_hparams_/experiment`: each name with its type, `_hparams_/session_start_info`: the
+//! values; `HParamsPluginData` of tensorboard/plugins/hparams), so that TensorBoard's HPARAMS tab lists the run.
+//! The protobuf subset is encoded by hand (varints, fixed 32/64-bit, length-delimited fields); CRC32C
+//! (Castagnoli) is table-driven. Every record is flushed when written.
+//!
+//! `read_records(path)` reads such a file back, checking the framing and both CRCs of every record.
+
+#include <accel/error.hpp>
+#include <accel/tracking/tracker.hpp>
+
+#include <unistd.h>  // gethostname
+
+#include <array>
+#include <bit>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace accel::tracking {
+
+namespace detail {
+
+inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
+  std::array<std::uint32_t, 256> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // reflected Castagnoli polynomial
+    t[i] = c;
+  }
+  return t;
+}();
+
+}  // namespace detail
+
+//! CRC-32C (Castagnoli) of `data`.
+inline std::uint32_t crc32c(std::string_view data) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : data) c = detail::crc32c_table[(c ^ b) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+//! TFRecord's masked CRC: rotated right by 15 bits plus a constant, so that a CRC of CRCs is not trivially zero.
+inline std::uint32_t masked_crc32c(std::string_view data) {
+  const std::uint32_t c = crc32c(data);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+namespace detail {
+
+//! A protobuf message under construction (the wire format only: no schema).
+class Proto {
+ public:
+  Proto& varint(int field, std::uint64_t v) { return key(field, 0), raw_varint(v), *this; }
+  Proto& fixed64(int field, double v) { return key(field, 1), little(std::bit_cast<std::uint64_t>(v), 8), *this; }
+  Proto& fixed32(int field, float v) { return key(field, 5), little(std::bit_cast<std::uint32_t>(v), 4), *this; }
+  Proto& bytes(int field, std::string_view s) {
+    key(field, 2);
+    raw_varint(s.size());
+    buf_.append(s);
+    return *this;
+  }
+  Proto& message(int field, const Proto& m) { return bytes(field, m.buf_); }
+  [[nodiscard]] const std::string& str() const noexcept { return buf_; }
+
+ private:
+  void key(int field, int wire) { raw_varint((std::uint64_t(field) << 3) | std::uint64_t(wire)); }
+  void raw_varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      buf_ += char((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    buf_ += char(v);
+  }
+  void little(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_ += char((v >> (8 * i)) & 0xFF);
+  }
+  std::string buf_;
+};
+
+inline std::string le_bytes(std::uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += char((v >> (8 * i)) & 0xFF);
+  return s;
+}
+
+//! A `Summary.Value` for a plugin: a string tensor (`TensorProto{dtype: DT_STRING, string_val}`) and
+//! `SummaryMetadata{plugin_data{plugin_name, content}}`.
+inline Proto plugin_value(const std::string& tag, const std::string& plugin_name, const std::string& content,
+                          const std::string& text = "") {
+  constexpr int dt_string = 7;  // tensorflow.DataType.DT_STRING
+  Proto plugin, metadata, tensor, value;
+  plugin.bytes(1, plugin_name);
+  if (!content.empty()) plugin.bytes(2, content);
+  metadata.message(1, plugin);
+  tensor.varint(1, dt_string).message(2, Proto{}).bytes(8, text);
+  value.bytes(1, tag).message(8, tensor).message(9, metadata);
+  return value;
+}
+//! A text summary (what `SummaryWriter.add_text` writes).
+inline Proto text_value(const std::string& tag, const std::string& text) { return plugin_value(tag, "text", "", text); }
+
+}  // namespace detail
+
+class TensorBoardWriter final : public Writer {
+ public:
+  //! Creates the event file in `run_dir` and writes its first record (the file version).
+  explicit TensorBoardWriter(const std::filesystem::path& run_dir) {
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "localhost");
+    const std::string stem = "events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + host;
+    // Two runs started within one second in one directory: the second gets a suffix rather than sharing a file.
+    path_ = run_dir / stem;
+    for (int i = 1; std::filesystem::exists(path_); ++i) path_ = run_dir / (stem + "." + std::to_string(i));
+    out_.open(path_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw Error("accel: tracking: could not create " + path_.string());
+    detail::Proto event;
+    event.fixed64(1, now()).varint(2, 0).bytes(3, "brain.Event:2");
+    write(event.str());
+  }
+  void store_config(const Values& config) override {
+    if (config.empty()) return;
+    std::string table = "| name | value |\n|---|---|\n";
+    for (const auto& [k, v] : config)
+      table += "| " + k + " | " + std::visit([](const auto& x) { return text(x); }, v) + " |\n";
+    detail::Proto summary;
+    summary.message(1, detail::text_value("config", table));
+    // The hparams plugin's view of the same: the experiment (each name and its type) and this session's values.
+    detail::Proto experiment, session;
+    for (const auto& [k, v] : config) {
+      const bool is_text = std::holds_alternative<std::string>(v);
+      detail::Proto info, entry, value;
+      info.bytes(1, k).varint(4, is_text ? 1 : 3);  // HParamInfo{name, type: DATA_TYPE_STRING | DATA_TYPE_FLOAT64}
+      experiment.message(4, info);
+      if (is_text) value.bytes(3, std::get<std::string>(v));  // google.protobuf.Value{string_value}
+      else value.fixed64(2, std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v)));
+      entry.bytes(1, k).message(2, value);  // map<string, Value> entry
+      session.message(1, entry);
+    }
+    session.fixed64(5, now());  // SessionStartInfo.start_time_secs
+    detail::Proto experiment_data, session_data;
+    experiment_data.message(2, experiment);  // HParamsPluginData{experiment}
+    session_data.message(3, session);        // HParamsPluginData{session_start_info}
+    summary.message(1, detail::plugin_value("_hparams_/experiment", "hparams", experiment_data.str()));
+    summary.message(1, detail::plugin_value("_hparams_/session_start_info", "hparams", session_data.str()));
+    write_summary(summary, 0);
+  }
+  void log(const Values& values, std::int64_t step) override {
+    detail::Proto summary;
+    for (const auto& [k, v] : values) {
+      if (const auto* s = std::get_if<std::string>(&v)) {
+        summary.message(1, detail::text_value(k, *s));
+        continue;
+      }
+      const double x = std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v));
+      detail::Proto value;
+      value.bytes(1, k).fixed32(2, float(x));
+      summary.message(1, value);
+    }
+    write_summary(summary, step);
+  }
+  void finish() override { out_.close(); }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  static std::string text(const std::string& s) { return s; }
+  static std::string text(std::int64_t x) { return std::to_string(x); }
+  static std::string text(double x) {  // the shortest form that reads back as x
+    char buf[64];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
+  }
+  void write_summary(const detail::Proto& summary, std::int64_t step) {
+    detail::Proto event;
+    event.fixed64(1, now()).varint(2, std::uint64_t(step)).message(5, summary);
+    write(event.str());
+  }
+  void write(const std::string& data) {
+    const std::string length = detail::le_bytes(data.size(), 8);
+    out_ << length << detail::le_bytes(masked_crc32c(length), 4) << data << detail::le_bytes(masked_crc32c(data), 4);
+    out_.flush();
+    if (!out_) throw Error("accel: tracking: could not write " + path_.string());
+  }
+
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+//! The records of a TFRecord file (an event file), each checked: the framing, the length's CRC and the data's.
+inline std::vector<std::string> read_records(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("accel: " + path.string() + ": cannot be opened for reading");
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto u = [&](std::size_t at, int n) {
+    std::uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(all[at + std::size_t(i)]);
+    return v;
+  };
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at < all.size();) {
+    const std::string where = "accel: " + path.string() + ": record " + std::to_string(out.size()) + " at byte " + std::to_string(at);
+    if (all.size() - at < 12) throw Error(where + ": truncated (fewer than 12 bytes of framing)");
+    const std::uint64_t n = u(at, 8);
+    if (u(at + 8, 4) != masked_crc32c(std::string_view(all).substr(at, 8))) throw Error(where + ": the length's CRC does not match");
+    if (n > all.size() - at - 12 || all.size() - at - 12 - n < 4) throw Error(where + ": truncated (the data runs past the file's end)");
+    const std::string data = all.substr(at + 12, n);
+    if (u(at + 12 + n, 4) != masked_crc32c(data)) throw Error(where + ": the data's CRC does not match");
+    out.push_back(data);
+    at += 16 + n;
+  }
+  return out;
+}
+
+}  // namespace accel::tracking

@@ -1,0 +1,41 @@
+#pragma once
+//! \file
+//! What the experiment trackers share: the kinds (`Tracker`, Accelerate's `log_with`), the values a training
+//! loop logs, and `Writer`, the interface each kind implements (Accelerate's `GeneralTracker`).
+//!
+//! A value is a `double`, an integer or a string: `{{"loss", 0.25}, {"epoch", 3}, {"phase", "warmup"}}`.
+//! Numbers are scalars in every tracker; strings are text (a TensorBoard text summary, a JSON string, a CSV cell).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+
+namespace accel::tracking {
+
+//! The trackers `Options::log_with` can name; each writes into `<logging_dir>/<project_name>/`.
+enum class Tracker {
+  jsonl,        //!< metrics.jsonl: one JSON object per `log` call, {"step": s, name: value, ...}
+  csv,          //!< metrics.csv: a "step" column, then one column per name
+  tensorboard,  //!< events.out.tfevents.<time>.<host>: TensorBoard's event file (scalars, text)
+};
+
+//! A logged value (an `int` literal is an integer, a `double` a double, a string literal a string).
+using Value = std::variant<double, std::int64_t, std::string>;
+//! One `log` call's values (or a run's configuration), by name.
+using Values = std::map<std::string, Value>;
+
+//! One tracker of a run (Accelerate's `GeneralTracker`): it writes only on the main process, which alone
+//! creates it.
+class Writer {
+ public:
+  virtual ~Writer() = default;
+  //! The run's hyperparameters (`init_trackers`' config), once, before any `log`.
+  virtual void store_config(const Values& config) = 0;
+  //! One step's values; written through (flushed) before it returns, so that a crash loses no logged step.
+  virtual void log(const Values& values, std::int64_t step) = 0;
+  //! Closes the files (`end_training`); nothing is written after it.
+  virtual void finish() = 0;
+};
+
+}  // namespace accel::tracking

@@ -1,0 +1,86 @@
+#pragma once
+//! \file
+//! `Trackers`: the trackers of one run, what `Accelerator::init_trackers`, `log` and `end_training` act on.
+//!
+//! \code
+//! Acc acc{accel::Options{.log_with = {accel::tracking::Tracker::jsonl, accel::tracking::Tracker::tensorboard},
+//!                        .logging_dir = "logs"}};
+//! acc.init_trackers("mnist", {{"lr", 1e-3}, {"batch_size", 64}, {"optimizer", "adamw"}});
+//! acc.log({{"loss", loss.item<double>()}, {"lr", sched.get_last_lr()}}, step);
+//! acc.end_training();
+//! \endcode
+//!
+//! Everything is written by the main process alone, into `<logging_dir>/<project_name>/`: the configuration in
+//! `config.json` (every tracker; TensorBoard also gets it as a text summary), then each tracker's file
+//! (tracking/jsonl.hpp, tracking/csv.hpp, tracking/tensorboard.hpp). `init_trackers` starts a run's files anew
+//! (the event file is a new one, as TensorBoard's writers make). A step left out is the number of `log` calls
+//! before this one.
+
+#include <accel/error.hpp>
+#include <accel/tracking/csv.hpp>
+#include <accel/tracking/jsonl.hpp>
+#include <accel/tracking/tensorboard.hpp>
+#include <accel/tracking/tracker.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::tracking {
+
+class Trackers {
+ public:
+  static constexpr const char* config_file = "config.json";
+
+  Trackers() = default;
+  //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`.
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config) : dir_(dir) {
+    for (std::size_t i = 0; i < kinds.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (kinds[i] == kinds[j]) throw InvalidArgument("accel: Options::log_with names a tracker twice");
+    if (kinds.empty()) return;
+    std::filesystem::create_directories(dir);
+    for (const auto k : kinds) {
+      if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir));
+      else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir));
+      else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
+    }
+    check_names(config, "init_trackers");
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : config) j[k] = detail::to_json(v);
+    detail::write_file(dir / config_file, j.dump(2) + "\n");
+    for (auto& w : writers_) w->store_config(config);
+  }
+  Trackers(Trackers&&) = default;
+  Trackers& operator=(Trackers&&) = default;
+  ~Trackers() { finish(); }
+
+  void log(const Values& values, std::optional<std::int64_t> step) {
+    check_names(values, "log");
+    const std::int64_t s = step.value_or(calls_);
+    ++calls_;
+    for (auto& w : writers_) w->log(values, s);
+  }
+  void finish() {
+    for (auto& w : writers_) w->finish();
+    writers_.clear();
+  }
+  [[nodiscard]] const std::filesystem::path& dir() const noexcept { return dir_; }
+
+  //! A name is non-empty and not "step" (the JSONL and CSV files' step column).
+  static void check_names(const Values& values, const char* call) {
+    for (const auto& [k, v] : values)
+      accel::detail::require(!k.empty() && k != "step", std::string("accel::Accelerator::") + call + ": a value named '" + k +
+                                                            "': names must be non-empty and not \"step\" (the step is "
+                                                            "log's second argument)");
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<Writer>> writers_;
+  std::int64_t calls_ = 0;
+};
+
+}  // namespace accel::tracking

@@ -1,0 +1,87 @@
+// The C++ side of the interchange tests: files that Python's packages (safetensors, Accelerate, TensorBoard) read
+// or wrote. The Python scripts beside this file run it and check what it produced:
+//   write FILE                    tensors of every dtype the tests cover, made here (check_safetensors.py makes the same)
+//   copy SRC DST                  read_safetensors(SRC), then write_safetensors(DST) with SRC's metadata
+//   load-save SRC DST MAX_SHARD   load_model(net, SRC) then save_model(net, DST, MAX_SHARD) for the network of
+//                                 check_safetensors.py (its Accelerate save_model output is SRC)
+//   track DIR                     a run of every tracker: init_trackers, 10 log calls, end_training
+#include <accel/accelerator.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cmath>
+#include <iostream>
+#include <string>
+
+namespace ck = accel::checkpoint;
+
+namespace {
+
+// (arange(12) - 5) / 4 as a 3x4 tensor: exact in every floating dtype, so Python can make the same values.
+ck::TensorMap made_tensors() {
+  const auto base = at::arange(12, at::kFloat).sub(5).div(4).reshape({3, 4});
+  return {{"f32", base},
+          {"f16", base.to(at::kHalf)},
+          {"bf16", base.to(at::kBFloat16)},
+          {"f64", base.to(at::kDouble).t()},
+          {"i64", at::arange(-3, 3, at::kLong).reshape({2, 3})},
+          {"i32", at::arange(5, at::kInt).mul(1000)},
+          {"u8", at::arange(250, 256).to(at::kByte)},
+          {"bool", base.gt(0)},
+          {"scalar", at::scalar_tensor(3.5, at::kFloat)},
+          {"scalar_i64", at::scalar_tensor(-7, at::kLong)},
+          {"empty", at::empty({0, 3})},
+          {"empty_bf16", at::empty({2, 0}, at::kBFloat16)}};
+}
+
+torch::nn::Sequential net() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 64), torch::nn::Linear(64, 4));
+}
+
+struct Solo : accel::Accelerator<accel::dist::none> {};
+
+void track(const std::string& dir) {
+  namespace tr = accel::tracking;
+  Solo acc{accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard}, .logging_dir = dir}};
+  acc.init_trackers("run", {{"lr", 0.1}, {"batch_size", 32}, {"optimizer", "adamw"}});
+  for (int s = 0; s < 10; ++s) {
+    tr::Values v{{"loss", 1.0 / (s + 1)}, {"lr", 0.1 * std::pow(0.5, s)}};
+    if (s % 3 == 0) v["epoch"] = std::int64_t(s / 3);
+    if (s == 4) v["phase"] = "warm, \"done\"";
+    acc.log(v, 100 + s);
+  }
+  acc.end_training();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "write" && argc == 3) {
+      ck::write_safetensors(argv[2], made_tensors());
+    } else if (mode == "copy" && argc == 4) {
+      ck::write_safetensors(argv[3], ck::read_safetensors(argv[2]), ck::read_safetensors_metadata(argv[2]));
+    } else if (mode == "load-save" && argc == 5) {
+      auto n = net();
+      ck::load_model(*n, argv[2]);
+      ck::save_model(*n, argv[3], {.max_shard_size = ck::parse_size(argv[4])});
+    } else if (mode == "track" && argc == 3) {
+      track(argv[2]);
+    } else {
+      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
