@@ -15,10 +15,7 @@ Prints "N passed, M failed"; exits 1 on any failure.
 """
 import json
 import os
-import pathlib
-import shutil
 import subprocess
-import sys
 
 import torch
 from accelerate import Accelerator
@@ -26,19 +23,9 @@ from accelerate.utils import load_checkpoint_in_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-tool, work = sys.argv[1], pathlib.Path(sys.argv[2])
-shutil.rmtree(work, ignore_errors=True)
-work.mkdir(parents=True)
-passed = failed = 0
+from tally import arguments, check, finish
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAILED: {what}", flush=True)
+tool, work = arguments()
 
 
 def run(*args):
@@ -131,5 +118,4 @@ for name, t in model.state_dict().items():
 index = json.loads((work / "accel_sharded" / "model.safetensors.index.json").read_text())
 check(sorted(index["weight_map"]) == sorted(model.state_dict()), "the index names every tensor")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish()

@@ -13,30 +13,16 @@ Prints "N passed, M failed"; exits 1 on any failure.
 import csv
 import json
 import os
-import pathlib
-import shutil
 import subprocess
-import sys
 
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
-tool, work = sys.argv[1], pathlib.Path(sys.argv[2])
-shutil.rmtree(work, ignore_errors=True)
-work.mkdir(parents=True)
-passed = failed = 0
+from tally import arguments, check, finish
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAILED: {what}", flush=True)
-
+tool, work = arguments()
 
 subprocess.run([tool, "track", str(work)], check=True)
 run = work / "run"
@@ -96,5 +82,4 @@ check([r["epoch"] for r in rows] == [str(epoch[s]) if s in epoch else "" for s i
 check([r["phase"] for r in rows] == ['warm, "done"' if s == 104 else "" for s in steps], "CSV text cells")
 check(json.loads((run / "config.json").read_text()) == {"batch_size": 32, "lr": 0.1, "optimizer": "adamw"}, "config.json")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish()
