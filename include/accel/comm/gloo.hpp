@@ -254,6 +254,16 @@ inline std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec
     throw CommunicationError("accel: rank " + std::to_string(rank) + ": connecting " + std::to_string(size) +
                              " processes with Gloo failed: " + msg + ". " + rdzv->census(nullptr).text + ".");
   }
+  // Every rank has read every address once all have connected: a barrier says so, and the one-shot keys need
+  // no more repair (a rank may finish connecting before a peer has read its address).
+  try {
+    backend->barrier()->wait(opt.timeout);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);
+    throw CommunicationError("accel: rank " + std::to_string(rank) + ": the first barrier of " + std::to_string(size) +
+                             " processes connected with Gloo failed: " + msg + ". " + rdzv->census(nullptr).text + ".");
+  }
   rdzv->settled();
   Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);
