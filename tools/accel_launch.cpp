@@ -224,16 +224,13 @@ class Launcher {
   bool join() {
     const auto t0 = Clock::now();
     const auto timeout = std::chrono::milliseconds(int64_t(s_.join_timeout * 1000));
-    c10::intrusive_ptr<c10d::TCPStore> tcp;
     try {
       if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout)) throw std::runtime_error("nothing listens there");
-      tcp = s_.node_rank == 0 ? accel::comm::host_store(s_.master_addr, s_.port, timeout)
-                              : accel::comm::connect_store(s_.master_addr, s_.port, timeout);
+      auto tcp = s_.node_rank == 0 ? accel::comm::host_store(s_.master_addr, s_.port, timeout)
+                                   : accel::comm::connect_store(s_.master_addr, s_.port, timeout);
       s_.port = tcp->getPort();  // the port chosen when --master-port was left out
-      store_ = tcp;
-      if (!s_.secret.empty())
-        store_ = c10::make_intrusive<accel::comm::AuthenticatedStore>(
-            tcp, s_.secret, "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
+      store_ = c10::make_intrusive<accel::comm::JobStore>(
+          tcp, s_.secret, "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
     } catch (const std::exception& e) {
       store_.reset();
       if (s_.node_rank == 0)
@@ -570,7 +567,7 @@ class Launcher {
   }
 
   Settings s_;
-  c10::intrusive_ptr<c10d::Store> store_;  // the TCPStore, sealing values when the job has a secret
+  c10::intrusive_ptr<accel::comm::JobStore> store_;  // the TCPStore, sealing values when the job has a secret
   bool mismatch_ = false;
 };
 

@@ -65,7 +65,7 @@ class Rendezvous final : public Monitor {
     int port = 0, rank = 0, size = 1;
     std::string prefix;
     CommOptions opt;
-    c10::intrusive_ptr<AuthenticatedStore> auth;  // the main connection's, when the job has a secret
+    c10::intrusive_ptr<JobStore> kv;  // the main connection's (the heartbeat shares its secret, report and ledger)
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false, exited = false;
@@ -108,15 +108,14 @@ class Rendezvous final : public Monitor {
                                " within " + seconds(opt.rendezvous_timeout) + " (" + host() + " hosts it: is it running, "
                                "and are MASTER_ADDR/MASTER_PORT the same on every process?): " + e.what());
     }
-    kv_ = raw_;
-    if (!spec.job.secret.empty()) kv_ = auth_ = c10::make_intrusive<AuthenticatedStore>(raw_, spec.job.secret, "rank " + std::to_string(rank));
+    kv_ = c10::make_intrusive<JobStore>(raw_, spec.job.secret, "rank " + std::to_string(rank));
     store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "job", kv_);
     kv_->set(arrived_key(rank), std::vector<uint8_t>{1});
     // The heartbeat starts now: it repairs this rank's one-shot keys while the others arrive and connect.
     beat_ = std::make_shared<Beat>();
     beat_->addr = addr_, beat_->port = port_, beat_->rank = rank_, beat_->size = size_, beat_->prefix = prefix_;
     beat_->opt = opt_;
-    beat_->auth = auth_;
+    beat_->kv = kv_;
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { run(b); });
@@ -145,11 +144,7 @@ class Rendezvous final : public Monitor {
   [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
   [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
   //! The engine is connected: the one-shot keys are read no more (Note [Authenticated keys]).
-  void settled() {
-    if (auth_) auth_->settled();
-  }
-  //! Store values that failed authentication in this process so far.
-  [[nodiscard]] std::uint64_t forged_values() const noexcept { return auth_ ? auth_->forged() : 0; }
+  void settled() { kv_->settled(); }
 
  private:
   void stop_heartbeat() {
@@ -190,41 +185,39 @@ class Rendezvous final : public Monitor {
                                ". Start all " + std::to_string(size_) + " processes (accel-launch --nproc-per-node), or "
                                "check WORLD_SIZE");
     }
-    if (!auth_) return;
+    if (!kv_->authenticated()) return;
     // A rank has arrived once one authentic arrival value of it was seen. A value replaced by a foreign client
     // is rewritten by its writer (here, and by the heartbeat); a rank with another secret writes values that
     // fail for good: wait this long before calling it so.
     const auto grace = std::max<Clock::duration>(std::chrono::seconds(3), opt_.heartbeat_interval * 6);
-    std::vector<bool> seen(std::size_t(size_), false);
     const auto since = Clock::now();
-    std::vector<bool> forged(std::size_t(size_), false);  // a value of it failed, none passed yet
-    std::string failing;
+    std::vector<bool> seen(std::size_t(size_), false), forged(std::size_t(size_), false);  // forged: failed, none passed yet
+    const auto failing = [&] {
+      std::string out;
+      for (int r = 0; r < size_; ++r)
+        if (forged[std::size_t(r)]) out += (out.empty() ? "" : ", ") + std::to_string(r);
+      return out;
+    };
     for (;;) {
       try {
         for (int r = 0; r < size_; ++r) {
           if (seen[std::size_t(r)]) continue;
-          if (auth_->try_get(arrived_key(r))) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
+          if (kv_->try_get(arrived_key(r))) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
           else if (r == rank_) kv_->set(arrived_key(r), std::vector<uint8_t>{1});  // ours, replaced: again
           else forged[std::size_t(r)] = true;
         }
       } catch (const std::exception& e) {
-        failing.clear();
-        for (int r = 0; r < size_; ++r)
-          if (forged[std::size_t(r)]) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
-        if (failing.empty()) throw CommunicationError("accel: rank " + std::to_string(rank_) + ": lost the rendezvous store at " +
-                                                      where() + " while the processes arrived: " + e.what());
+        if (failing().empty()) throw CommunicationError("accel: rank " + std::to_string(rank_) + ": lost the rendezvous store at " +
+                                                        where() + " while the processes arrived: " + e.what());
         break;  // the others gave up on us first
       }
       if (std::all_of(seen.begin(), seen.end(), [](bool b) { return b; })) return;
-      failing.clear();
-      for (int r = 0; r < size_; ++r)
-        if (forged[std::size_t(r)]) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
       const auto now = Clock::now();
-      if (!failing.empty() && (now - since > grace || now - t0 > opt_.rendezvous_timeout)) break;
+      if (!failing().empty() && (now - since > grace || now - t0 > opt_.rendezvous_timeout)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     throw CommunicationError(
-        "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " + failing +
+        "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " + failing() +
         " fails authentication with this process's job secret (for " + seconds(Clock::now() - since) +
         "): the processes do not share one secret. Give every process the same ACCEL_JOB_SECRET or "
         "ACCEL_JOB_SECRET_FILE (accel-launch passes its own to the processes it starts; on several nodes, export "
@@ -413,43 +406,12 @@ class Rendezvous final : public Monitor {
   // while someone watches, and repairs this rank's one-shot keys until the engine is connected. Only `b` is
   // touched: the thread may outlive the Rendezvous.
   static void run(std::shared_ptr<Beat> b) {
-    c10::intrusive_ptr<c10d::Store> own;
-    c10::intrusive_ptr<AuthenticatedStore> auth;
+    c10::intrusive_ptr<JobStore> own;
     try {
-      own = connect_store(b->addr, b->port, b->opt.rendezvous_timeout);
-      if (b->auth) own = auth = b->auth->sharing(own);
+      own = b->kv->sharing(connect_store(b->addr, b->port, b->opt.rendezvous_timeout));
     } catch (const std::exception&) {
     }
-    // One value per beat: "<beats> <failed>\n<collectives>".
-    auto write = [&](const std::string& key, const std::string& v) {
-      std::vector<uint8_t> bytes(v.begin(), v.end());
-      if (auth) auth->set_volatile(key, bytes);
-      else own->set(key, bytes);
-    };
-    auto read = [&](const std::string& key) -> std::optional<std::string> {
-      if (auth) {
-        auto v = auth->try_get(key);
-        if (!v) return std::nullopt;
-        return std::string(v->begin(), v->end());
-      }
-      if (!own->check({key})) return std::nullopt;
-      const auto v = own->get(key);
-      return std::string(v.begin(), v.end());
-    };
-    // Whether this rank's beat key still holds what it last wrote: a foreign writer is reported, even when
-    // nobody reads the key before it is written again.
-    bool replaced_reported = false;
-    auto still_mine = [&](const std::string& key, const std::string& v) {
-      std::vector<uint8_t> bytes(v.begin(), v.end());
-      if (auth) return auth->holds(key, bytes);
-      if (own->check({key}) && own->get(key) == bytes) return true;
-      if (!replaced_reported)
-        std::fprintf(stderr, "accel: rank %d: the rendezvous store's key '%s' was replaced by a value this process did "
-                             "not write (a client outside the job; set ACCEL_JOB_SECRET to authenticate values)\n",
-                     b->rank, key.c_str());
-      replaced_reported = true;
-      return false;
-    };
+    auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
     std::string last;       // the beat value last written
@@ -463,17 +425,19 @@ class Rendezvous final : public Monitor {
       lock.unlock();
       std::vector<Beat::Peer> seen;
       try {
-        if (!last.empty()) still_mine(b->key("beat", b->rank), last);
+        // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
+        // nobody reads the key before it is written again.
+        if (!last.empty()) own->holds(b->key("beat", b->rank), bytes(last));
         last = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
-        write(b->key("beat", b->rank), last);
-        if (auth) auth->repair();
+        own->set_volatile(b->key("beat", b->rank), bytes(last));
+        own->repair();
         if (watch) {
           seen.resize(std::size_t(b->size));
           for (int r = 0; r < b->size; ++r) {
             if (r == b->rank) continue;
             auto& p = seen[std::size_t(r)];
-            if (const auto v = read(b->key("beat", r))) {
-              std::istringstream in(*v);
+            if (const auto v = own->try_get(b->key("beat", r))) {
+              std::istringstream in(std::string(v->begin(), v->end()));
               int failed = 0;
               if (in >> p.beats >> failed) {
                 p.failed = failed != 0;
@@ -524,10 +488,9 @@ class Rendezvous final : public Monitor {
   bool host_;           // whether rank 0 hosts the store (else the launcher does)
   std::string prefix_;  // "accel/<job id>/<generation>/"
   CommOptions opt_;
-  c10::intrusive_ptr<c10d::TCPStore> raw_;            // the connection
-  c10::intrusive_ptr<AuthenticatedStore> auth_;       // raw_ sealing values with the job's secret (null: none)
-  c10::intrusive_ptr<c10d::Store> kv_;                // auth_, or raw_ without a secret
-  c10::intrusive_ptr<c10d::Store> store_;             // kv_ under prefix_ + "job"
+  c10::intrusive_ptr<c10d::TCPStore> raw_;  // the connection
+  c10::intrusive_ptr<JobStore> kv_;         // raw_, sealing values with the job's secret when there is one
+  c10::intrusive_ptr<c10d::Store> store_;   // kv_ under prefix_ + "job"
   std::shared_ptr<Beat> beat_;
   std::thread heartbeat_;
 };

@@ -25,7 +25,7 @@
 //! (OpenSSL), and every value read is checked: a value that fails is reported once by the name of its key and
 //! ignored, never trusted. The store cannot stop a foreign client from overwriting a key, so what the job
 //! needs survives it: a waiting reader keeps waiting for an authentic value, the writer of a one-shot key
-//! (arrival, engine addresses) rewrites it when it finds it replaced (`AuthenticatedStore::repair`, run by the
+//! (arrival, engine addresses) rewrites it when it finds it replaced (`JobStore::repair`, run by the
 //! heartbeat until the engine is connected), and the heartbeat rewrites its key every beat. Counters (`add`)
 //! cannot carry a tag: accel decides nothing on a counter. A process whose secret differs from the others'
 //! sees every other rank's values fail, and the others see its: the rendezvous names it and stops.
@@ -47,7 +47,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -55,7 +54,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -192,12 +190,10 @@ inline std::vector<std::string> resolve(const std::string& host) {
 }  // namespace net
 
 //! Whether `addr` (a name or a numeric address) stays on this host: 127.0.0.0/8, ::1, or a name that resolves
-//! only to those.
-inline bool is_loopback(const std::string& addr) {
+//! (to `resolved`) only to those.
+inline bool is_loopback(const std::string& addr, const std::vector<std::string>& resolved) {
   auto numeric_loopback = [](const std::string& a) { return a.rfind("127.", 0) == 0 || a == "::1" || a == "::ffff:127.0.0.1"; };
-  if (numeric_loopback(addr)) return true;
-  const auto all = net::resolve(addr);
-  return !all.empty() && std::all_of(all.begin(), all.end(), numeric_loopback);
+  return numeric_loopback(addr) || (!resolved.empty() && std::all_of(resolved.begin(), resolved.end(), numeric_loopback));
 }
 
 //! The numeric addresses of this host's interfaces.
@@ -216,7 +212,7 @@ inline std::vector<std::string> local_addresses() {
 //! one local address `addr` resolves to (never the wildcard). An address that is not this host's is an error.
 inline std::string listen_address(const std::string& addr) {
   const auto resolved = net::resolve(addr);
-  if (is_loopback(addr)) {
+  if (is_loopback(addr, resolved)) {
     if (addr.rfind("127.", 0) == 0) return addr;
     return std::find(resolved.begin(), resolved.end(), "127.0.0.1") != resolved.end() || resolved.empty() ? "127.0.0.1" : resolved.front();
   }
@@ -333,40 +329,41 @@ class Seal {
   std::string secret_;
 };
 
-//! A c10d store whose values are sealed with the job secret (Note [Authenticated keys]). Copies made by
-//! `clone` (and instances made with `sharing`) share the report and the ledger of one-shot keys to repair.
-class AuthenticatedStore final : public c10d::Store {
+//! The job's keys on its store: with a job secret, every value sealed on write and checked on read (Note
+//! [Authenticated keys]); without one, the values pass as they are. Either way, a key this process keeps
+//! rewriting (the heartbeat's) can be checked for a foreign writer (`holds`). Instances made with `sharing`
+//! (another connection of the same process) share the report and the ledger of one-shot keys to repair.
+class JobStore final : public c10d::Store {
  public:
-  //! What instances of one process share: which keys were reported, and the one-shot keys this process wrote.
+  //! What the instances of one process share: which keys were reported, and the one-shot keys it wrote.
   struct Shared {
     std::string who;  // "rank 1", "accel-launch (node 0)"
     std::mutex mu;
     std::set<std::string> reported;
     std::map<std::string, std::vector<std::uint8_t>> ledger;  // key -> sealed value, while repairing
-    bool repairing = true;
-    std::atomic<std::uint64_t> forged{0};
-    std::function<void(const std::string&)> print = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+    bool repairing = false;                                    // from the first write with a secret to `settled`
   };
 
-  AuthenticatedStore(c10::intrusive_ptr<c10d::Store> inner, std::string secret, std::string who)
-      : AuthenticatedStore(std::move(inner), std::make_shared<Seal>(std::move(secret)), std::make_shared<Shared>()) {
+  //! `secret` empty: values are not sealed.
+  JobStore(c10::intrusive_ptr<c10d::Store> inner, const std::string& secret, std::string who)
+      : JobStore(std::move(inner), secret.empty() ? nullptr : std::make_shared<const Seal>(secret), std::make_shared<Shared>()) {
     shared_->who = std::move(who);
+    shared_->repairing = bool(seal_);
   }
-  AuthenticatedStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<const Seal> seal, std::shared_ptr<Shared> shared)
+  JobStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<const Seal> seal, std::shared_ptr<Shared> shared)
       : c10d::Store(inner->getTimeout()), inner_(std::move(inner)), seal_(std::move(seal)), shared_(std::move(shared)) {}
 
   //! Another connection of the same process: the same secret, report and ledger.
-  [[nodiscard]] c10::intrusive_ptr<AuthenticatedStore> sharing(c10::intrusive_ptr<c10d::Store> inner) const {
-    return c10::make_intrusive<AuthenticatedStore>(std::move(inner), seal_, shared_);
+  [[nodiscard]] c10::intrusive_ptr<JobStore> sharing(c10::intrusive_ptr<c10d::Store> inner) const {
+    return c10::make_intrusive<JobStore>(std::move(inner), seal_, shared_);
   }
-  [[nodiscard]] const std::shared_ptr<Shared>& shared() const noexcept { return shared_; }
-  //! Values that failed authentication so far (in this process).
-  [[nodiscard]] std::uint64_t forged() const noexcept { return shared_->forged.load(); }
+  //! Whether values are sealed with a job secret.
+  [[nodiscard]] bool authenticated() const noexcept { return bool(seal_); }
 
   c10::intrusive_ptr<c10d::Store> clone() override { return sharing(inner_->clone()); }
 
   void set(const std::string& key, const std::vector<std::uint8_t>& value) override {
-    auto sealed = seal_->seal(key, value);
+    auto sealed = seal(key, value);
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
       if (shared_->repairing) shared_->ledger[key] = sealed;
@@ -374,24 +371,13 @@ class AuthenticatedStore final : public c10d::Store {
     inner_->set(key, sealed);
   }
   //! Like `set`, but never repaired: keys rewritten anyway (the heartbeat's).
-  void set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) { inner_->set(key, seal_->seal(key, value)); }
+  void set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) { inner_->set(key, seal(key, value)); }
   //! Whether `key` still holds `value` as this process wrote it; reports it once when another writer replaced it.
-  bool holds(const std::string& key, const std::vector<std::uint8_t>& value) {
-    if (inner_->check({key}) && inner_->get(key) == seal_->seal(key, value)) return true;
-    shared_->forged.fetch_add(1);
-    report(key, "was replaced by a value this process did not write (a client outside the job); written again");
-    return false;
-  }
+  bool holds(const std::string& key, const std::vector<std::uint8_t>& value) { return !replaced(key, seal(key, value)); }
 
   std::vector<std::uint8_t> get(const std::string& key) override {
-    const auto deadline = Clock::now() + timeout_;
-    auto v = inner_->get(key);
-    for (;;) {
-      if (auto o = open_or_report(key, v)) return std::move(*o);
-      if (Clock::now() >= deadline) throw forged_for(key);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      v = inner_->get(key);
-    }
+    inner_->get(key);  // waits for the key to exist
+    return authentic(key, Clock::now() + timeout_);
   }
   //! The authentic value of `key`, or nothing when it is absent or fails (reported); never blocks on absence.
   std::optional<std::vector<std::uint8_t>> try_get(const std::string& key) {
@@ -401,8 +387,8 @@ class AuthenticatedStore final : public c10d::Store {
 
   std::vector<std::uint8_t> compareSet(const std::string& key, const std::vector<std::uint8_t>& expected,
                                        const std::vector<std::uint8_t>& desired) override {
-    const auto sealed = seal_->seal(key, desired);
-    auto held = inner_->compareSet(key, expected.empty() ? expected : seal_->seal(key, expected), sealed);
+    const auto sealed = seal(key, desired);
+    auto held = inner_->compareSet(key, expected.empty() ? expected : seal(key, expected), sealed);
     if (auto o = open_or_report(key, held)) return std::move(*o);
     // A forged value holds the key: it is not trusted, and the authentic write takes its place.
     inner_->set(key, sealed);
@@ -411,6 +397,7 @@ class AuthenticatedStore final : public c10d::Store {
 
   bool check(const std::vector<std::string>& keys) override {
     if (!inner_->check(keys)) return false;
+    if (!seal_) return true;
     for (const auto& k : keys)
       if (!open_or_report(k, inner_->get(k))) return false;
     return true;
@@ -419,12 +406,8 @@ class AuthenticatedStore final : public c10d::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     const auto deadline = Clock::now() + timeout;
     inner_->wait(keys, timeout);
-    for (const auto& k : keys)
-      for (;;) {
-        if (open_or_report(k, inner_->get(k))) break;
-        if (Clock::now() >= deadline) throw forged_for(k);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+    if (!seal_) return;
+    for (const auto& k : keys) authentic(k, deadline);
   }
 
   int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
@@ -435,23 +418,16 @@ class AuthenticatedStore final : public c10d::Store {
     inner_->setTimeout(timeout);
   }
 
-  //! Rewrites the one-shot keys this process wrote that no longer hold its value (a foreign client replaced
-  //! them); returns how many.
-  int repair() {
+  //! Rewrites the one-shot keys this process wrote that no longer hold its value (a foreign client replaced them).
+  void repair() {
     std::map<std::string, std::vector<std::uint8_t>> ledger;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
-      if (!shared_->repairing) return 0;
+      if (!shared_->repairing) return;
       ledger = shared_->ledger;
     }
-    int fixed = 0;
     for (const auto& [k, sealed] : ledger)
-      if (!inner_->check({k}) || inner_->get(k) != sealed) {
-        report(k, "replaced by a value this process did not write; written again");
-        inner_->set(k, sealed);
-        ++fixed;
-      }
-    return fixed;
+      if (replaced(k, sealed)) inner_->set(k, sealed);
   }
   //! The engine is connected: one-shot keys are read no more, and need no repair.
   void settled() {
@@ -462,17 +438,36 @@ class AuthenticatedStore final : public c10d::Store {
 
  private:
   using Clock = std::chrono::steady_clock;
+  [[nodiscard]] std::vector<std::uint8_t> seal(const std::string& key, const std::vector<std::uint8_t>& v) const {
+    return seal_ ? seal_->seal(key, v) : v;
+  }
   std::optional<std::vector<std::uint8_t>> open_or_report(const std::string& key, const std::vector<std::uint8_t>& v) {
+    if (!seal_) return v;
     if (auto o = seal_->open(key, v)) return o;
-    shared_->forged.fetch_add(1);
     report(key, "fails authentication (not written by a process of this job: a foreign client, or a process with "
                 "another ACCEL_JOB_SECRET); ignored");
     return std::nullopt;
   }
+  // The first authentic value of an existing `key` before `deadline` (a waiting reader outlasts a foreign writer).
+  std::vector<std::uint8_t> authentic(const std::string& key, Clock::time_point deadline) {
+    for (;;) {
+      if (auto o = open_or_report(key, inner_->get(key))) return std::move(*o);
+      if (Clock::now() >= deadline) throw forged_for(key);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  // Whether `key` no longer holds `sealed`, as this process wrote it (reported once).
+  bool replaced(const std::string& key, const std::vector<std::uint8_t>& sealed) {
+    if (inner_->check({key}) && inner_->get(key) == sealed) return false;
+    report(key, seal_ ? "was replaced by a value this process did not write (a client outside the job); written again"
+                      : "was replaced by a value this process did not write (a client outside the job; set "
+                        "ACCEL_JOB_SECRET to authenticate values)");
+    return true;
+  }
   void report(const std::string& key, const std::string& what) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     if (!shared_->reported.insert(key + what).second) return;
-    shared_->print("accel: " + shared_->who + ": the rendezvous store's key '" + key + "' " + what);
+    std::fprintf(stderr, "accel: %s: the rendezvous store's key '%s' %s\n", shared_->who.c_str(), key.c_str(), what.c_str());
   }
   [[nodiscard]] CommunicationError forged_for(const std::string& key) const {
     return CommunicationError("accel: " + shared_->who + ": the rendezvous store's key '" + key + "' held no authentic "
@@ -483,7 +478,7 @@ class AuthenticatedStore final : public c10d::Store {
   }
 
   c10::intrusive_ptr<c10d::Store> inner_;
-  std::shared_ptr<const Seal> seal_;
+  std::shared_ptr<const Seal> seal_;  // null: no secret
   std::shared_ptr<Shared> shared_;
 };
 
