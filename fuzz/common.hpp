@@ -1,22 +1,16 @@
 #pragma once
-// Shared by the libFuzzer targets and the seed generator: the model whose archive fuzz/model_archive.cpp reads,
-// and the one outcome a reader may have besides success (accel::FileError). Any other exception escapes
-// LLVMFuzzerTestOneInput, which libFuzzer reports as a crash with the input that caused it.
-#include <accel/error.hpp>
+// Shared by the libFuzzer targets and the seed generator: the readers (tests/support/readers.hpp, the same the
+// ctest campaign runs), and the one outcome a reader may have besides success (accel::FileError). Any other
+// exception escapes LLVMFuzzerTestOneInput, which libFuzzer reports as a crash with the input that caused it.
+#include "support/readers.hpp"
 
-#include <torch/nn/modules/batchnorm.h>
-#include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/linear.h>
+#include <accel/error.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 namespace accel_fuzz {
-
-inline torch::nn::Sequential small_model() {
-  return torch::nn::Sequential(torch::nn::Linear(6, 5), torch::nn::BatchNorm1d(5), torch::nn::Linear(5, 3));
-}
 
 template <class Read>
 int run(const std::uint8_t* data, std::size_t size, Read&& read) {

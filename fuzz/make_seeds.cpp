@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   }
   const fs::path out = argv[1], golden = argv[2];
   const auto ckpt = out / "checkpoint";
-  auto model = accel_fuzz::small_model();
+  auto model = readers::small_model();
   accel::checkpoint::Checkpointer ck;
   ck.add_model(model.ptr());
   accel::data::LoaderState loader{1, 3, accel::generator_bytes(at::detail::getDefaultCPUGenerator())};

@@ -387,8 +387,9 @@ class Accelerator {
   //! on the main process only (the others write nothing), into `<Options::logging_dir>/<project_name>/`.
   void init_trackers(const std::string& project_name, const tracking::Values& config = {}) {
     detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
-    tracking::Trackers::check_names(config, "init_trackers");
+    // Every process checks the names (the main process's Trackers does), so that each raises the same error.
     if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, opt_.logging_dir / project_name, config);
+    else tracking::Trackers::check_names(config, "init_trackers");
     trackers_started_ = true;
   }
   // [accelerate:accelerator.py Accelerator.log]
@@ -396,8 +397,8 @@ class Accelerator {
   //! is the number of `log` calls before this one.
   void log(const tracking::Values& values, std::optional<std::int64_t> step = std::nullopt) {
     detail::require(trackers_started_, "accel::Accelerator::log: no run is being tracked; call init_trackers first");
-    tracking::Trackers::check_names(values, "log");
     if (is_main_process()) trackers_.log(values, step);
+    else tracking::Trackers::check_names(values, "log");
   }
   // [accelerate:accelerator.py Accelerator.end_training]
   //! Closes the trackers' files, then waits for every process (so that all may read them afterwards).

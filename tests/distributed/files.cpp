@@ -2,6 +2,7 @@
 // save_model act on the main process alone. Every rank logs and saves; afterwards every rank finds exactly rank 0's
 // files, complete: no line, row, record or file of another rank.
 #include "harness.hpp"
+#include "../support/files.hpp"
 
 #include <accel/accelerator.hpp>
 
@@ -21,12 +22,7 @@ namespace mp {
 namespace {
 struct Job : accel::Accelerator<accel::dist::from_env> {};
 
-std::vector<std::string> lines_in(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
+using test_files::lines_of;
 }  // namespace
 
 void files(const Args& a) {
@@ -50,7 +46,7 @@ void files(const Args& a) {
   for (const auto& e : fs::directory_iterator(run)) names.insert(e.path().filename().string());
   check(names.size() == 4 && names.count("metrics.jsonl") && names.count("metrics.csv") && names.count("config.json"),
         "the run holds config.json, metrics.jsonl, metrics.csv and one event file, no more");
-  const auto jsonl = lines_in(run / "metrics.jsonl");
+  const auto jsonl = lines_of(run / "metrics.jsonl");
   check(int(jsonl.size()) == steps, "metrics.jsonl has one line per step: " + std::to_string(jsonl.size()));
   bool only_rank0 = true, in_order = true;
   for (std::size_t i = 0; i < jsonl.size(); ++i) {
@@ -60,7 +56,7 @@ void files(const Args& a) {
   }
   check(only_rank0, "every JSONL line is rank 0's");
   check(in_order, "the JSONL lines are the steps in order with their values");
-  const auto csv = lines_in(run / "metrics.csv");
+  const auto csv = lines_of(run / "metrics.csv");
   check(int(csv.size()) == steps + 1 && csv[0] == "step,loss,rank", "metrics.csv: a header and one row per step");
   bool csv_rank0 = true;
   for (std::size_t i = 1; i < csv.size(); ++i) csv_rank0 = csv_rank0 && csv[i].ends_with(",0");

@@ -187,25 +187,16 @@ inline bool check_case(const json& ref, const json& ours, std::string& why) {
 //! reference file's (n, batch_size, num_batches up to 10000, up to 64 processes), so that a damaged or hostile
 //! file is one `accel::FileError` instead of a parser's exception, a float cast out of range, or hours of plans.
 inline json read_golden(std::string_view text, const std::string& path) {
-  // Nesting first: dumping or walking a deeply nested value recurses.
-  int depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (ch == '\\') ++i;
-      else if (ch == '"') in_string = false;
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      if (++depth > 16) throw accel::FileError(path, "JSON nested deeper than 16 levels");
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
+  // Nesting bounded while parsing (the parser keeps its own stack; dumping or walking a deep value recurses).
+  // The callback's depth counts the containers around the one starting: 0 for the outermost.
+  const json::parser_callback_t bounded_depth = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth >= 16)
+      throw accel::FileError(path, "JSON nested deeper than 16 levels");
+    return true;
+  };
   json ref;
   try {
-    ref = json::parse(text);
+    ref = json::parse(text, bounded_depth);
   } catch (const json::exception& e) {
     throw accel::FileError(path, std::string("not valid JSON: ") + e.what());
   }
@@ -244,9 +235,6 @@ inline json read_golden(std::string_view text, const std::string& path) {
   return ref;
 }
 
-//! Recomputes and checks every case of a golden file read by `read_golden`: the number that pass and the
-//! first failures (up to `report`, with their reasons). A case whose fields do not fit the schema, or whose
-//! parameters the library rejects outside the reference's error fields, is a `FileError` naming the file.
 //! Runs `f` on case `i` of the golden file `path`, turning a schema mismatch (nlohmann's exceptions) or a library
 //! error outside the reference's error fields into one `FileError` naming the file and the case.
 template <class F>
@@ -266,6 +254,9 @@ struct GoldenResult {
   std::size_t passed = 0, failed = 0;
   std::vector<std::string> failures;
 };
+//! Recomputes and checks every case of a golden file read by `read_golden`: the number that pass and the
+//! first failures (up to `report`, with their reasons). A case whose fields do not fit the schema, or whose
+//! parameters the library rejects outside the reference's error fields, is a `FileError` naming the file.
 inline GoldenResult check_golden(const json& ref, const std::string& path, std::size_t report = 10) {
   GoldenResult out;
   const auto& cases = ref.at("cases");

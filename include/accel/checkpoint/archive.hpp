@@ -24,6 +24,7 @@
 #include <accel/error.hpp>
 
 #include <c10/util/Exception.h>
+#include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
@@ -218,6 +219,35 @@ inline void load_archive(torch::serialize::InputArchive& a, std::span<const std:
                          std::optional<c10::Device> device = std::nullopt) {
   check_zip(bytes, path);
   reading(path, [&] { a.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(), device); });
+}
+
+//! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's").
+inline void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
+                         const at::Tensor& want) {
+  if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) return;
+  throw FileError(path, "holds " + what + " of shape " + c10::str(got.sizes()) + " and dtype " +
+                            std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " + c10::str(want.sizes()) +
+                            " " + std::string(c10::toString(want.scalar_type())));
+}
+
+//! LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
+//! dtype: a damaged archive would load into a model of another shape. This checks every parameter and buffer of
+//! `m` that the archive `a` (read from `path`) holds, submodules included (each a nested archive, as Module::save
+//! writes them), before `m.load(a)`.
+inline void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
+                         const std::string& prefix = "") {
+  auto check = [&](const std::string& key, const at::Tensor& want) {
+    at::Tensor got;
+    if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
+    check_layout(path, prefix + key, got, "the model's", want);
+  };
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) check(p.key(), p.value());
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) check(b.key(), b.value());
+  for (const auto& child : m.named_children()) {
+    torch::serialize::InputArchive sub;
+    if (!reading(path, [&] { return a.try_read(child.key(), sub); })) continue;
+    check_module(*child.value(), sub, path, prefix + child.key() + ".");
+  }
 }
 
 }  // namespace accel::checkpoint

@@ -75,15 +75,10 @@ class Checkpointer {
     }
     p.barrier();
     if (main) {
-      torch::serialize::OutputArchive meta;
-      write(meta, "format_version", format_version);
-      write(meta, "num_processes", p.count);
-      write(meta, "models", std::int64_t(models_.size()));
-      write(meta, "optimizers", std::int64_t(optimizers_.size()));
-      write(meta, "schedulers", std::int64_t(schedulers_.size()));
-      write(meta, "loaders", std::int64_t(loaders_.size()));
-      write(meta, "scaler", scaler_ ? 1 : 0);
-      meta.save_to((tmp / meta_file).string());
+      save_one([&](auto& a) {
+        write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
+                       std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0});
+      }, tmp / meta_file);
       for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
       for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
       for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / indexed("scheduler", i));
@@ -137,25 +132,38 @@ class Checkpointer {
       std::string path;
       torch::serialize::InputArchive archive;
     };
-    auto open = [&](const std::string& name) {
+    // Models, optimizers, schedulers and the scaler are mapped to this process's device; its own record stays on
+    // the CPU (its bytes and generator states are read there; gradients move to their parameters' devices).
+    auto open = [&](const std::string& name, std::optional<c10::Device> device) {
       Opened o{(dir / name).string(), {}};
-      load_archive(o.archive, manifest.read(dir, name), o.path, p.device);
+      load_archive(o.archive, manifest.read(dir, name), o.path, device);
       return o;
     };
     std::vector<Opened> models, optimizers, schedulers;
     for (std::size_t i = 0; i < models_.size(); ++i) {
-      models.push_back(open(indexed("model", i)));
+      models.push_back(open(indexed("model", i), p.device));
       check_module(*models_[i], models.back().archive, models.back().path, "");
     }
-    for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i)));
-    for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i)));
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i), p.device));
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i), p.device));
     std::optional<Opened> scaler;
-    if (scaler_) scaler = open(scaler_file);
-    Opened proc = open(process_file(p.index));
+    if (scaler_) scaler = open(scaler_file, p.device);
+    Opened proc = open(process_file(p.index), std::nullopt);
     const auto record = read_process_record(proc.archive, proc.path, generator_bytes(at::detail::getDefaultCPUGenerator()).size());
     if (record.loaders.size() != loaders_.size())
       throw FileError(proc.path, "holds " + std::to_string(record.loaders.size()) + " loader states, the checkpoint describes " +
                                      std::to_string(loaders_.size()));
+    // This process's gradients of an accumulation window (none: the parameter's gradient is cleared), checked too.
+    std::vector<std::vector<at::Tensor>> grads(models_.size());
+    reading(proc.path, [&] {
+      for (std::size_t m = 0; m < models_.size(); ++m)
+        for (const auto& param : models_[m]->named_parameters()) {
+          at::Tensor g;
+          if (proc.archive.try_read(grad_key(m, param.key()), g))
+            check_layout(proc.path, "the gradient of " + param.key(), g, "the parameter's", param.value());
+          grads[m].push_back(g);
+        }
+    });
     // Restoring: an archive of other keys or shapes than the object it is loaded into still names its file.
     for (std::size_t i = 0; i < models_.size(); ++i) reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
     for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
@@ -165,17 +173,13 @@ class Checkpointer {
       set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
       if (p.device.is_cuda() && !record.rng_device.empty())
         set_generator_bytes(at::globalContext().defaultGenerator(p.device), record.rng_device);
-      for (std::size_t m = 0; m < models_.size(); ++m)
+      for (std::size_t m = 0; m < models_.size(); ++m) {
+        std::size_t i = 0;
         for (auto& param : models_[m]->named_parameters()) {
-          at::Tensor g;
-          if (proc.archive.try_read(grad_key(m, param.key()), g)) {
-            if (!g.sizes().equals(param.value().sizes()) || g.scalar_type() != param.value().scalar_type())
-              throw FileError(proc.path, "the saved gradient of " + param.key() + " has another shape or dtype than the parameter");
-            param.value().mutable_grad() = g.to(param.value().device());
-          } else {
-            param.value().mutable_grad() = at::Tensor();
-          }
+          const at::Tensor& g = grads[m][i++];
+          param.value().mutable_grad() = g.defined() ? g.to(param.value().device()) : at::Tensor();
         }
+      }
       for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
     });
     p.barrier();
@@ -209,25 +213,6 @@ class Checkpointer {
     torch::serialize::OutputArchive a;
     save(a);
     a.save_to(path.string());
-  }
-  // LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
-  // dtype: a damaged archive would load into a model of another shape. Every parameter and buffer is checked
-  // first, submodules included (each is a nested archive, as Module::save writes them).
-  static void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path, const std::string& prefix) {
-    auto check = [&](const std::string& key, const at::Tensor& want) {
-      at::Tensor got;
-      if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
-      if (!got.sizes().equals(want.sizes()) || got.scalar_type() != want.scalar_type())
-        throw FileError(path, "holds " + prefix + key + " of shape " + c10::str(got.sizes()) + " and dtype " + std::string(c10::toString(got.scalar_type())) +
-                                  ", the model's is " + c10::str(want.sizes()) + " " + std::string(c10::toString(want.scalar_type())));
-    };
-    for (const auto& p : m.named_parameters(/*recurse=*/false)) check(p.key(), p.value());
-    for (const auto& b : m.named_buffers(/*recurse=*/false)) check(b.key(), b.value());
-    for (const auto& child : m.named_children()) {
-      torch::serialize::InputArchive sub;
-      if (!reading(path, [&] { return a.try_read(child.key(), sub); })) continue;
-      check_module(*child.value(), sub, path, prefix + child.key() + ".");
-    }
   }
   static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have) {
     accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +

@@ -34,11 +34,13 @@
 
 #include <torch/serialize/archive.h>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace accel::checkpoint {
@@ -79,6 +81,19 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 struct Meta {
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0;
 };
+//! Meta's fields under their archive keys: the one list that writing and reading follow.
+template <class M>  // Meta or const Meta
+auto meta_fields(M& m) {
+  using Field = std::pair<const char*, decltype(&m.format_version)>;
+  return std::array<Field, 7>{Field{"format_version", &m.format_version}, {"num_processes", &m.num_processes},
+                              {"models", &m.models}, {"optimizers", &m.optimizers}, {"schedulers", &m.schedulers},
+                              {"loaders", &m.loaders}, {"scaler", &m.scaler}};
+}
+
+//! Writes `accel_checkpoint.pt`'s archive.
+inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
+  for (const auto& [key, field] : meta_fields(m)) write(a, key, *field);
+}
 
 //! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
 inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
@@ -86,13 +101,7 @@ inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& pa
   load_archive(a, bytes, path);
   Meta m;
   reading(path, [&] {
-    m.format_version = read_int(a, "format_version");
-    m.num_processes = read_int(a, "num_processes");
-    m.models = read_int(a, "models");
-    m.optimizers = read_int(a, "optimizers");
-    m.schedulers = read_int(a, "schedulers");
-    m.loaders = read_int(a, "loaders");
-    m.scaler = read_int(a, "scaler");
+    for (const auto& [key, field] : meta_fields(m)) *field = read_int(a, key);
   });
   if (m.format_version != format_version)
     throw FileError(path, "checkpoint format " + std::to_string(m.format_version) + ", this accel reads format " + std::to_string(format_version));

@@ -54,8 +54,7 @@ constexpr std::size_t min_bytes() {
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (std::size_t{0} + ... + min_bytes<std::tuple_element_t<I, T>>());
     }(std::make_index_sequence<std::tuple_size_v<T>>{});
-  else if constexpr (is_optional<T>::value) return 1;
-  else return 1;  // described structs: at least one byte (a field's own check catches the rest)
+  else return 1;  // optionals (their flag) and described structs: at least one byte (a field's own check catches the rest)
 }
 inline std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes) {
   const auto n = get_size(in);

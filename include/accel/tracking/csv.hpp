@@ -6,10 +6,10 @@
 //! written), earlier rows getting an empty cell in it. A name a call leaves out is an empty cell too. Fields with
 //! a comma, a quote or a line break are quoted (RFC 4180); numbers are written in their shortest exact form.
 
+#include <accel/core/files.hpp>
 #include <accel/error.hpp>
 #include <accel/tracking/tracker.hpp>
 
-#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -53,30 +53,18 @@ class CsvWriter final : public Writer {
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   }
-  static std::string cell(const Value& v) {
-    if (const auto* s = std::get_if<std::string>(&v)) return quoted(*s);
-    if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
-    char buf[64];
-    const auto r = std::to_chars(buf, buf + sizeof buf, std::get<double>(v));
-    return std::string(buf, r.ptr);
-  }
+  static std::string cell(const Value& v) { return std::holds_alternative<std::string>(v) ? quoted(text(v)) : text(v); }
   std::string line(const std::vector<std::string>& row) const {
     std::string s;
     for (std::size_t i = 0; i <= columns_.size(); ++i) s += (i ? "," : "") + (i < row.size() ? row[i] : std::string());
     return s + "\n";
   }
   void rewrite() {
-    const auto tmp = std::filesystem::path(path_.string() + ".tmp");
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      std::vector<std::string> header{"step"};
-      for (const auto& c : columns_) header.push_back(quoted(c));
-      out << line(header);
-      for (const auto& r : rows_) out << line(r);
-      out.close();
-      if (!out) throw Error("accel: tracking: could not write " + tmp.string());
-    }
-    std::filesystem::rename(tmp, path_);
+    std::vector<std::string> header{"step"};
+    for (const auto& c : columns_) header.push_back(quoted(c));
+    std::string all = line(header);
+    for (const auto& r : rows_) all += line(r);
+    write_file_atomically(path_, all);
   }
 
   std::filesystem::path path_;

@@ -20,21 +20,14 @@ namespace detail {
 inline nlohmann::ordered_json to_json(const Value& v) {
   return std::visit([](const auto& x) { return nlohmann::ordered_json(x); }, v);
 }
-//! Writes `text` to `path` whole, or says which file could not be written.
-inline void write_file(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw Error("accel: tracking: could not write " + path.string());
-}
 }  // namespace detail
 
 class JsonlWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.jsonl";
 
-  explicit JsonlWriter(const std::filesystem::path& run_dir) : dir_(run_dir), out_(run_dir / file_name, std::ios::trunc) {
-    if (!out_) throw Error("accel: tracking: could not create " + (run_dir / file_name).string());
+  explicit JsonlWriter(const std::filesystem::path& run_dir) : path_(run_dir / file_name), out_(path_, std::ios::trunc) {
+    if (!out_) throw Error("accel: tracking: could not create " + path_.string());
   }
   //! The configuration is not a step: `Trackers` writes it to config.json.
   void store_config(const Values&) override {}
@@ -42,12 +35,12 @@ class JsonlWriter final : public Writer {
     nlohmann::ordered_json j{{"step", step}};
     for (const auto& [k, v] : values) j[k] = detail::to_json(v);
     out_ << j.dump() << '\n' << std::flush;
-    if (!out_) throw Error("accel: tracking: could not write " + (dir_ / file_name).string());
+    if (!out_) throw Error("accel: tracking: could not write " + path_.string());
   }
   void finish() override { out_.close(); }
 
  private:
-  std::filesystem::path dir_;
+  std::filesystem::path path_;
   std::ofstream out_;
 };
 

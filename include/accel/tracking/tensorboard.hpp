@@ -13,26 +13,25 @@
 //! configuration is written at step 0 twice: as a text summary, tag "config" (a Markdown table), and as the
 //! hparams plugin's data (`_hparams_/experiment`: each name with its type, `_hparams_/session_start_info`: the
 //! values; `HParamsPluginData` of tensorboard/plugins/hparams), so that TensorBoard's HPARAMS tab lists the run.
-//! The protobuf subset is encoded by hand (varints, fixed 32/64-bit, length-delimited fields); CRC32C
-//! (Castagnoli) is table-driven. Every record is flushed when written.
+//! The protobuf subset is encoded by hand (varints, fixed 32/64-bit, length-delimited fields); CRC32C is
+//! core/crc32c.hpp's. Every record is flushed when written.
 //!
 //! `read_records(path)` reads such a file back, checking the framing and both CRCs of every record.
 
+#include <accel/core/crc32c.hpp>
+#include <accel/core/files.hpp>
 #include <accel/error.hpp>
 #include <accel/tracking/tracker.hpp>
 
 #include <unistd.h>  // gethostname
 
-#include <array>
 #include <bit>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -40,26 +39,8 @@
 
 namespace accel::tracking {
 
-namespace detail {
+using accel::crc32c;
 
-inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
-  std::array<std::uint32_t, 256> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // reflected Castagnoli polynomial
-    t[i] = c;
-  }
-  return t;
-}();
-
-}  // namespace detail
-
-//! CRC-32C (Castagnoli) of `data`.
-inline std::uint32_t crc32c(std::string_view data) {
-  std::uint32_t c = 0xFFFFFFFFu;
-  for (unsigned char b : data) c = detail::crc32c_table[(c ^ b) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
 //! TFRecord's masked CRC: rotated right by 15 bits plus a constant, so that a CRC of CRCs is not trivially zero.
 inline std::uint32_t masked_crc32c(std::string_view data) {
   const std::uint32_t c = crc32c(data);
@@ -68,12 +49,19 @@ inline std::uint32_t masked_crc32c(std::string_view data) {
 
 namespace detail {
 
+//! `v`'s low `n` bytes, little endian.
+inline std::string le_bytes(std::uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += char((v >> (8 * i)) & 0xFF);
+  return s;
+}
+
 //! A protobuf message under construction (the wire format only: no schema).
 class Proto {
  public:
   Proto& varint(int field, std::uint64_t v) { return key(field, 0), raw_varint(v), *this; }
-  Proto& fixed64(int field, double v) { return key(field, 1), little(std::bit_cast<std::uint64_t>(v), 8), *this; }
-  Proto& fixed32(int field, float v) { return key(field, 5), little(std::bit_cast<std::uint32_t>(v), 4), *this; }
+  Proto& fixed64(int field, double v) { return key(field, 1), buf_ += le_bytes(std::bit_cast<std::uint64_t>(v), 8), *this; }
+  Proto& fixed32(int field, float v) { return key(field, 5), buf_ += le_bytes(std::bit_cast<std::uint32_t>(v), 4), *this; }
   Proto& bytes(int field, std::string_view s) {
     key(field, 2);
     raw_varint(s.size());
@@ -92,17 +80,8 @@ class Proto {
     }
     buf_ += char(v);
   }
-  void little(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) buf_ += char((v >> (8 * i)) & 0xFF);
-  }
   std::string buf_;
 };
-
-inline std::string le_bytes(std::uint64_t v, int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) s += char((v >> (8 * i)) & 0xFF);
-  return s;
-}
 
 //! A `Summary.Value` for a plugin: a string tensor (`TensorProto{dtype: DT_STRING, string_val}`) and
 //! `SummaryMetadata{plugin_data{plugin_name, content}}`.
@@ -142,7 +121,7 @@ class TensorBoardWriter final : public Writer {
     if (config.empty()) return;
     std::string table = "| name | value |\n|---|---|\n";
     for (const auto& [k, v] : config)
-      table += "| " + k + " | " + std::visit([](const auto& x) { return text(x); }, v) + " |\n";
+      table += "| " + k + " | " + text(v) + " |\n";
     detail::Proto summary;
     summary.message(1, detail::text_value("config", table));
     // The hparams plugin's view of the same: the experiment (each name and its type) and this session's values.
@@ -153,7 +132,7 @@ class TensorBoardWriter final : public Writer {
       info.bytes(1, k).varint(4, is_text ? 1 : 3);  // HParamInfo{name, type: DATA_TYPE_STRING | DATA_TYPE_FLOAT64}
       experiment.message(4, info);
       if (is_text) value.bytes(3, std::get<std::string>(v));  // google.protobuf.Value{string_value}
-      else value.fixed64(2, std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v)));
+      else value.fixed64(2, as_double(v));
       entry.bytes(1, k).message(2, value);  // map<string, Value> entry
       session.message(1, entry);
     }
@@ -172,9 +151,8 @@ class TensorBoardWriter final : public Writer {
         summary.message(1, detail::text_value(k, *s));
         continue;
       }
-      const double x = std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v));
       detail::Proto value;
-      value.bytes(1, k).fixed32(2, float(x));
+      value.bytes(1, k).fixed32(2, float(as_double(v)));
       summary.message(1, value);
     }
     write_summary(summary, step);
@@ -185,12 +163,6 @@ class TensorBoardWriter final : public Writer {
  private:
   static double now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  }
-  static std::string text(const std::string& s) { return s; }
-  static std::string text(std::int64_t x) { return std::to_string(x); }
-  static std::string text(double x) {  // the shortest form that reads back as x
-    char buf[64];
-    return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
   }
   void write_summary(const detail::Proto& summary, std::int64_t step) {
     detail::Proto event;
@@ -210,9 +182,8 @@ class TensorBoardWriter final : public Writer {
 
 //! The records of a TFRecord file (an event file), each checked: the framing, the length's CRC and the data's.
 inline std::vector<std::string> read_records(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("accel: " + path.string() + ": cannot be opened for reading");
-  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto bytes = read_file(path, std::filesystem::file_size(path));
+  const std::string all(bytes.begin(), bytes.end());
   auto u = [&](std::size_t at, int n) {
     std::uint64_t v = 0;
     for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(all[at + std::size_t(i)]);
@@ -220,14 +191,16 @@ inline std::vector<std::string> read_records(const std::filesystem::path& path) 
   };
   std::vector<std::string> out;
   for (std::size_t at = 0; at < all.size();) {
-    const std::string where = "accel: " + path.string() + ": record " + std::to_string(out.size()) + " at byte " + std::to_string(at);
-    if (all.size() - at < 12) throw Error(where + ": truncated (fewer than 12 bytes of framing)");
+    auto fail = [&](const std::string& what) {
+      throw FileError(path.string(), "record " + std::to_string(out.size()) + " at byte " + std::to_string(at) + ": " + what);
+    };
+    if (all.size() - at < 12) fail("truncated (fewer than 12 bytes of framing)");
     const std::uint64_t n = u(at, 8);
-    if (u(at + 8, 4) != masked_crc32c(std::string_view(all).substr(at, 8))) throw Error(where + ": the length's CRC does not match");
-    if (n > all.size() - at - 12 || all.size() - at - 12 - n < 4) throw Error(where + ": truncated (the data runs past the file's end)");
-    const std::string data = all.substr(at + 12, n);
-    if (u(at + 12 + n, 4) != masked_crc32c(data)) throw Error(where + ": the data's CRC does not match");
-    out.push_back(data);
+    if (u(at + 8, 4) != masked_crc32c(std::string_view(all).substr(at, 8))) fail("the length's CRC does not match");
+    if (n > all.size() - at - 12 || all.size() - at - 12 - n < 4) fail("truncated (the data runs past the file's end)");
+    std::string data = all.substr(at + 12, n);
+    if (u(at + 12 + n, 4) != masked_crc32c(data)) fail("the data's CRC does not match");
+    out.push_back(std::move(data));
     at += 16 + n;
   }
   return out;

@@ -6,6 +6,7 @@
 //! A value is a `double`, an integer or a string: `{{"loss", 0.25}, {"epoch", 3}, {"phase", "warmup"}}`.
 //! Numbers are scalars in every tracker; strings are text (a TensorBoard text summary, a JSON string, a CSV cell).
 
+#include <charconv>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -24,6 +25,18 @@ enum class Tracker {
 using Value = std::variant<double, std::int64_t, std::string>;
 //! One `log` call's values (or a run's configuration), by name.
 using Values = std::map<std::string, Value>;
+
+//! A number as a double (an integer converted).
+[[nodiscard]] inline double as_double(const Value& v) {
+  return std::holds_alternative<double>(v) ? std::get<double>(v) : double(std::get<std::int64_t>(v));
+}
+//! A value as text: a string as it is, a number in its shortest form that reads back exactly.
+[[nodiscard]] inline std::string text(const Value& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
+  char buf[64];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, std::get<double>(v)).ptr);
+}
 
 //! One tracker of a run (Accelerate's `GeneralTracker`): it writes only on the main process, which alone
 //! creates it.

@@ -16,6 +16,7 @@
 //! (the event file is a new one, as TensorBoard's writers make). A step left out is the number of `log` calls
 //! before this one.
 
+#include <accel/core/files.hpp>
 #include <accel/error.hpp>
 #include <accel/tracking/csv.hpp>
 #include <accel/tracking/jsonl.hpp>
@@ -36,7 +37,8 @@ class Trackers {
 
   Trackers() = default;
   //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`.
-  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config) : dir_(dir) {
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config) {
+    check_names(config, "init_trackers");
     for (std::size_t i = 0; i < kinds.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         if (kinds[i] == kinds[j]) throw InvalidArgument("accel: Options::log_with names a tracker twice");
@@ -47,10 +49,9 @@ class Trackers {
       else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir));
       else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
     }
-    check_names(config, "init_trackers");
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
     for (const auto& [k, v] : config) j[k] = detail::to_json(v);
-    detail::write_file(dir / config_file, j.dump(2) + "\n");
+    write_file_atomically(dir / config_file, j.dump(2) + "\n");
     for (auto& w : writers_) w->store_config(config);
   }
   Trackers(Trackers&&) = default;
@@ -67,18 +68,16 @@ class Trackers {
     for (auto& w : writers_) w->finish();
     writers_.clear();
   }
-  [[nodiscard]] const std::filesystem::path& dir() const noexcept { return dir_; }
 
   //! A name is non-empty and not "step" (the JSONL and CSV files' step column).
   static void check_names(const Values& values, const char* call) {
     for (const auto& [k, v] : values)
-      accel::detail::require(!k.empty() && k != "step", std::string("accel::Accelerator::") + call + ": a value named '" + k +
-                                                            "': names must be non-empty and not \"step\" (the step is "
-                                                            "log's second argument)");
+      if (k.empty() || k == "step")  // no message built for a good name: this runs on every log call
+        throw InvalidArgument(std::string("accel::Accelerator::") + call + ": a value named '" + k +
+                              "': names must be non-empty and not \"step\" (the step is log's second argument)");
   }
 
  private:
-  std::filesystem::path dir_;
   std::vector<std::unique_ptr<Writer>> writers_;
   std::int64_t calls_ = 0;
 };

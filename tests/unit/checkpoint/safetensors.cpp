@@ -1,6 +1,8 @@
 // Safetensors (checkpoint/safetensors.hpp): files written and read back byte for byte in safetensors' layout, every
 // dtype; Accelerate's sharding rule; save_model/load_model by name; and every kind of bad file refused with one
 // error naming the file and the problem. (Files against Python's safetensors and Accelerate: tests/interop.)
+#include "../../support/files.hpp"
+
 #include <accel/checkpoint/safetensors.hpp>
 
 #include <ATen/ops/arange.h>
@@ -23,21 +25,12 @@ namespace ck = accel::checkpoint;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("accel_safetensors_" + std::to_string(::getpid())) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& name) { return test_files::scratch("safetensors", name); }
+using test_files::bytes_of;
 
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.nbytes() == b.nbytes() &&
          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
-}
-
-std::string bytes_of(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 //! A file of `header` (its length written as `length`, the true one by default) followed by `data`.

@@ -1,6 +1,8 @@
 // Experiment trackers (tracking/): the JSONL and CSV files, a CSV table widened by a new name, TensorBoard's
 // record framing and CRC32C, and the Accelerator's init_trackers / log / end_training. (The event files read by
 // TensorBoard itself: tests/interop/tensorboard_check.py.)
+#include "../../support/files.hpp"
+
 #include <accel/accelerator.hpp>
 #include <accel/tracking/trackers.hpp>
 
@@ -18,18 +20,8 @@ namespace tr = accel::tracking;
 
 namespace {
 
-fs::path tracking_scratch(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("accel_tracking_" + std::to_string(::getpid())) / name;
-  fs::remove_all(dir);
-  return dir;
-}
-
-std::vector<std::string> lines_of(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
+fs::path tracking_scratch(const std::string& name) { return test_files::scratch("tracking", name); }
+using test_files::lines_of;
 
 fs::path event_file(const fs::path& dir) {
   fs::path found;
@@ -86,11 +78,7 @@ TEST_CASE("tracking: TensorBoard records are framed and checksummed, the file ve
   CHECK(records[1].find("config") != std::string::npos);
   CHECK(records[1].find("text") != std::string::npos);
   // A flipped byte or a cut file is found.
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::string bytes = test_files::bytes_of(path);
   auto damaged = bytes;
   damaged[bytes.size() - 6] ^= 0x10;
   std::ofstream(dir / "damaged", std::ios::binary) << damaged;
