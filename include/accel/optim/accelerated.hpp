@@ -166,25 +166,22 @@ class AcceleratedScheduler {
     auto& s = *s_;
     auto& gs = GradientState::instance();
     if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, args...]() mutable { return self.step_with(args...), std::shared_ptr<void>(); });  // Note [Joined steps]
-    if (!s.opt.step_with_optimizer) {
+    auto once = [&] {
       s.sched->step(args...);
       ++s.count;
-      return;
-    }
+    };
+    if (!s.opt.step_with_optimizer) return once();
     if (!gs.sync_gradients()) return;
     for (const auto& o : s.optimizers)
       if (o->skipped) return;
-    if (s.opt.split_batches || s.opt.always_once) {
-      s.sched->step(args...), ++s.count;
-      return;
-    }
-    for (int i = 0; i < s.opt.num_processes; ++i) {
+    const bool per_process = !s.opt.split_batches && !s.opt.always_once;
+    for (int i = 0, n = per_process ? s.opt.num_processes : 1; i < n; ++i) {
       // Accelerate's special case for OneCycleLR when the loader's length was not a multiple of the processes:
       // the N steps stop at total_steps instead of raising.
       if constexpr (requires { s.sched->total_steps(); s.sched->step_count(); }) {
-        if (s.sched->step_count() > s.sched->total_steps()) continue;
+        if (per_process && s.sched->step_count() > s.sched->total_steps()) continue;
       }
-      s.sched->step(args...), ++s.count;
+      once();
     }
   }
 

@@ -56,6 +56,7 @@
 #include <numbers>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -104,16 +105,12 @@ class InitialLrs {
   std::map<const torch::optim::Optimizer*, std::weak_ptr<std::vector<double>>> map_;
 };
 
-inline std::vector<double> group_lrs(const torch::optim::Optimizer& opt) {
-  std::vector<double> out;
-  for (const auto& g : opt.param_groups()) out.push_back(g.options().get_lr());
-  return out;
-}
 inline void set_group_lrs(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
   auto& groups = opt.param_groups();
-  detail::require(lrs.size() == groups.size(), "accel: a scheduler computed " + std::to_string(lrs.size()) +
-                                           " learning rates for an optimizer of " + std::to_string(groups.size()) +
-                                           " parameter groups (was a group added after the scheduler was built?)");
+  if (lrs.size() != groups.size())
+    throw InvalidArgument("accel: a scheduler computed " + std::to_string(lrs.size()) +
+                          " learning rates for an optimizer of " + std::to_string(groups.size()) +
+                          " parameter groups (was a group added after the scheduler was built?)");
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
 }
 
@@ -126,43 +123,78 @@ inline std::vector<double> per_group(const std::vector<double>& v, std::size_t g
   return v;
 }
 
-//! The momentum OneCycleLR cycles: SGD's and RMSprop's `momentum`, Adam's and AdamW's first beta (PyTorch
-//! cycles `momentum` or `betas[0]`, whichever the optimizer's defaults have).
-enum class MomentumKind { momentum, beta1, none };
-inline MomentumKind momentum_kind(const torch::optim::OptimizerOptions& o) {
-  if (dynamic_cast<const torch::optim::SGDOptions*>(&o) || dynamic_cast<const torch::optim::RMSpropOptions*>(&o))
-    return MomentumKind::momentum;
-  if (dynamic_cast<const torch::optim::AdamOptions*>(&o) || dynamic_cast<const torch::optim::AdamWOptions*>(&o))
-    return MomentumKind::beta1;
-  return MomentumKind::none;
-}
-inline double momentum_of(torch::optim::OptimizerOptions& o) {
-  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) return s->momentum();
-  if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return r->momentum();
-  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return std::get<0>(a->betas());
-  if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return std::get<0>(w->betas());
-  throw InvalidArgument("accel: this optimizer has no momentum or beta1");
-}
-inline void set_momentum(torch::optim::OptimizerOptions& o, double m) {
-  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) s->momentum(m);
-  else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) r->momentum(m);
-  else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) std::get<0>(a->betas()) = m;
-  else if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) std::get<0>(w->betas()) = m;
-  else throw InvalidArgument("accel: this optimizer has no momentum or beta1");
+//! Every rate times one factor (`rate * factor`, element by element).
+inline std::vector<double> scaled(std::vector<double> rates, double factor) {
+  for (auto& r : rates) r *= factor;
+  return rates;
 }
 
-inline void put(torch::serialize::OutputArchive& a, const std::string& k, c10::IValue v) { a.write(k, v); }
-inline c10::IValue get(torch::serialize::InputArchive& a, const std::string& k) {
-  c10::IValue v;
-  a.read(k, v);
-  return v;
+//! The momentum OneCycleLR cycles: SGD's and RMSprop's `momentum`, Adam's and AdamW's first beta (PyTorch
+//! cycles `momentum` or `betas[0]`, whichever the optimizer's defaults have); nullptr for other optimizers.
+inline double* momentum_slot(torch::optim::OptimizerOptions& o) {
+  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &s->momentum();
+  if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &r->momentum();
+  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(a->betas());
+  if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(w->betas());
+  return nullptr;
 }
+
+//! A scheduler's state fields, listed once (`fields(StateIO&)`) for both directions: each call writes the field
+//! into the archive when saving, or reads it back when loading.
+class StateIO {
+ public:
+  explicit StateIO(torch::serialize::OutputArchive& a) : out_(&a) {}
+  explicit StateIO(torch::serialize::InputArchive& a) : in_(&a) {}
+  [[nodiscard]] bool reading() const noexcept { return in_ != nullptr; }
+
+  void operator()(const std::string& key, std::int64_t& v) { io(key, v, &c10::IValue::toInt); }
+  void operator()(const std::string& key, double& v) { io(key, v, &c10::IValue::toDouble); }
+  void operator()(const std::string& key, bool& v) { io(key, v, &c10::IValue::toBool); }
+  void operator()(const std::string& key, std::vector<double>& v) { io(key, v, &c10::IValue::toDoubleVector); }
+  void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
+  //! A two-valued enum, kept as the bool `v == when_true`.
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(const std::string& key, E& v, E when_true, E when_false) {
+    bool b = v == when_true;
+    (*this)(key, b);
+    if (reading()) v = b ? when_true : when_false;
+  }
+  //! An object with its own `save`/`load`, in an archive of its own under `key`.
+  template <class T>
+  void nested(const std::string& key, T& v) {
+    if (out_) {
+      torch::serialize::OutputArchive sub(out_->compilation_unit());
+      v.save(sub);
+      out_->write(key, sub);
+    } else {
+      torch::serialize::InputArchive sub;
+      in_->read(key, sub);
+      v.load(sub);
+    }
+  }
+
+ private:
+  template <class T, class Read>
+  void io(const std::string& key, T& v, Read read) {
+    if (out_) {
+      out_->write(key, c10::IValue(v));
+    } else {
+      c10::IValue x;
+      in_->read(key, x);
+      v = (x.*read)();
+    }
+  }
+  torch::serialize::OutputArchive* out_ = nullptr;
+  torch::serialize::InputArchive* in_ = nullptr;
+};
 }  // namespace detail
 
 // [torch:optim/lr_scheduler.py LRScheduler]
 //! PyTorch's `LRScheduler`: the base of every scheduler here but ReduceLROnPlateau. Derived classes supply
 //! `get_lr()` (the chainable form, read at the already advanced `last_epoch`) and, where PyTorch has one,
-//! `closed_form_lr()`; their constructors end with `initial_step()`, as PyTorch's `__init__` does.
+//! `closed_form_lr()`, and add their state to `fields()`; their constructors end with `initial_step()`, as
+//! PyTorch's `__init__` does.
 class ExactScheduler : public torch::optim::LRScheduler {
  public:
   //! The rates of the last step (PyTorch's `get_last_lr()`).
@@ -177,19 +209,13 @@ class ExactScheduler : public torch::optim::LRScheduler {
 
   //! Everything PyTorch's `state_dict()` holds for this scheduler (the hyperparameters too: PyTorch's
   //! `load_state_dict` restores them, so a loaded scheduler goes on with the saved ones).
-  virtual void save(torch::serialize::OutputArchive& a) const {
-    detail::put(a, "last_epoch", last_epoch_);
-    detail::put(a, "step_count", step_count_py_);
-    detail::put(a, "base_lrs", base_lrs_);
-    detail::put(a, "last_lr", last_lr_);
-    save_extra(a);
+  void save(torch::serialize::OutputArchive& a) const {
+    detail::StateIO io(a);
+    const_cast<ExactScheduler*>(this)->fields(io);  // saving only reads the fields
   }
-  virtual void load(torch::serialize::InputArchive& a) {
-    last_epoch_ = detail::get(a, "last_epoch").toInt();
-    step_count_py_ = detail::get(a, "step_count").toInt();
-    base_lrs_ = detail::get(a, "base_lrs").toDoubleVector();
-    last_lr_ = detail::get(a, "last_lr").toDoubleVector();
-    load_extra(a);
+  void load(torch::serialize::InputArchive& a) {
+    detail::StateIO io(a);
+    fields(io);
   }
 
  protected:
@@ -219,8 +245,13 @@ class ExactScheduler : public torch::optim::LRScheduler {
   virtual std::vector<double> get_lr() = 0;
   //! PyTorch's `_get_closed_form_lr()`, for the schedulers that have one (used when SequentialLR restarts one).
   [[nodiscard]] virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
-  virtual void save_extra(torch::serialize::OutputArchive&) const {}
-  virtual void load_extra(torch::serialize::InputArchive&) {}
+  //! The state `save` writes and `load` reads, each field listed once; derived classes add theirs.
+  virtual void fields(detail::StateIO& io) {
+    io("last_epoch", last_epoch_);
+    io("step_count", step_count_py_);
+    io("base_lrs", base_lrs_);
+    io("last_lr", last_lr_);
+  }
 
   // [torch:optim/lr_scheduler.py LRScheduler._initial_step]
   void initial_step() {
@@ -249,11 +280,10 @@ class ExactScheduler : public torch::optim::LRScheduler {
       values = closed ? std::move(*closed) : get_lr();
     }
     detail::set_group_lrs(opt_, values);
-    last_lr_ = detail::group_lrs(opt_);
+    last_lr_ = std::move(values);  // what the groups now hold: set_lr keeps the double as given
   }
   //! SequentialLR's `recursive_undo`: the initial step of construction taken back.
   virtual void undo_initial_step() { --last_epoch_; }
-  [[nodiscard]] std::vector<double> current_lrs() const { return detail::group_lrs(opt_); }
 
   torch::optim::Optimizer& opt_;
   std::shared_ptr<std::vector<double>> initial_;
@@ -269,7 +299,7 @@ class ExactScheduler : public torch::optim::LRScheduler {
   // `torch::optim::LRScheduler&` too.
   std::vector<double> get_lrs() final {
     advance();
-    return current_lrs();
+    return last_lr_;
   }
 };
 
@@ -284,23 +314,16 @@ class StepLR : public ExactScheduler {
 
  protected:
   std::vector<double> get_lr() override {
-    auto lrs = current_lrs();
-    if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return lrs;
-    for (auto& lr : lrs) lr *= gamma_;
-    return lrs;
+    if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return get_current_lrs();
+    return detail::scaled(get_current_lrs(), gamma_);
   }
   [[nodiscard]] std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, double(last_epoch_ / step_size_)));
-    return out;
+    return detail::scaled(base_lrs_, std::pow(gamma_, double(last_epoch_ / step_size_)));
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "step_size", step_size_);
-    detail::put(a, "gamma", gamma_);
-  }
-  void load_extra(torch::serialize::InputArchive& a) override {
-    step_size_ = detail::get(a, "step_size").toInt();
-    gamma_ = detail::get(a, "gamma").toDouble();
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("step_size", step_size_);
+    io("gamma", gamma_);
   }
 
  private:
@@ -320,25 +343,18 @@ class MultiStepLR : public ExactScheduler {
 
  protected:
   std::vector<double> get_lr() override {
-    auto lrs = current_lrs();
     const auto n = std::ranges::count(milestones_, last_epoch_);
-    if (n == 0) return lrs;
-    for (auto& lr : lrs) lr *= std::pow(gamma_, double(n));
-    return lrs;
+    if (n == 0) return get_current_lrs();
+    return detail::scaled(get_current_lrs(), std::pow(gamma_, double(n)));
   }
   [[nodiscard]] std::optional<std::vector<double>> closed_form_lr() const override {
     const auto passed = std::ranges::upper_bound(milestones_, last_epoch_) - milestones_.begin();  // bisect_right
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, double(passed)));
-    return out;
+    return detail::scaled(base_lrs_, std::pow(gamma_, double(passed)));
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "milestones", milestones_);
-    detail::put(a, "gamma", gamma_);
-  }
-  void load_extra(torch::serialize::InputArchive& a) override {
-    milestones_ = detail::get(a, "milestones").toIntVector();
-    gamma_ = detail::get(a, "gamma").toDouble();
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("milestones", milestones_);
+    io("gamma", gamma_);
   }
 
  private:
@@ -356,18 +372,16 @@ class ExponentialLR : public ExactScheduler {
 
  protected:
   std::vector<double> get_lr() override {
-    auto lrs = current_lrs();
-    if (is_initial_) return lrs;
-    for (auto& lr : lrs) lr *= gamma_;
-    return lrs;
+    if (is_initial_) return get_current_lrs();
+    return detail::scaled(get_current_lrs(), gamma_);
   }
   [[nodiscard]] std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, double(last_epoch_)));
-    return out;
+    return detail::scaled(base_lrs_, std::pow(gamma_, double(last_epoch_)));
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override { detail::put(a, "gamma", gamma_); }
-  void load_extra(torch::serialize::InputArchive& a) override { gamma_ = detail::get(a, "gamma").toDouble(); }
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("gamma", gamma_);
+  }
 
  private:
   double gamma_;
@@ -386,33 +400,22 @@ class LinearLR : public ExactScheduler {
 
  protected:
   std::vector<double> get_lr() override {
-    auto lrs = current_lrs();
-    if (last_epoch_ == 0) {
-      for (auto& lr : lrs) lr *= start_;
-      return lrs;
-    }
-    if (is_initial_ || last_epoch_ > total_) return lrs;
+    if (last_epoch_ == 0) return detail::scaled(get_current_lrs(), start_);
+    if (is_initial_ || last_epoch_ > total_) return get_current_lrs();
     // The same parenthesisation as PyTorch's: the factor first, then the product.
     const double f =
         1.0 + (end_ - start_) / (double(total_) * start_ + double(last_epoch_ - 1) * (end_ - start_));
-    for (auto& lr : lrs) lr *= f;
-    return lrs;
+    return detail::scaled(get_current_lrs(), f);
   }
   [[nodiscard]] std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    for (double b : base_lrs_)
-      out.push_back(b * (start_ + (end_ - start_) * double(std::min(total_, last_epoch_)) / double(total_)));
-    return out;
+    return detail::scaled(base_lrs_,
+                          start_ + (end_ - start_) * double(std::min(total_, last_epoch_)) / double(total_));
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "start_factor", start_);
-    detail::put(a, "end_factor", end_);
-    detail::put(a, "total_iters", total_);
-  }
-  void load_extra(torch::serialize::InputArchive& a) override {
-    start_ = detail::get(a, "start_factor").toDouble();
-    end_ = detail::get(a, "end_factor").toDouble();
-    total_ = detail::get(a, "total_iters").toInt();
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("start_factor", start_);
+    io("end_factor", end_);
+    io("total_iters", total_);
   }
 
  private:
@@ -433,7 +436,7 @@ class CosineAnnealingLR : public ExactScheduler {
  protected:
   std::vector<double> get_lr() override {
     constexpr double pi = std::numbers::pi;  // == math.pi
-    auto lrs = current_lrs();
+    auto lrs = get_current_lrs();
     const double e = double(last_epoch_), t = double(t_max_);
     if (is_initial_) return lrs;
     if (step_count_py_ == 1 && last_epoch_ > 0) {
@@ -455,13 +458,10 @@ class CosineAnnealingLR : public ExactScheduler {
       out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(pi * double(last_epoch_) / double(t_max_))) / 2);
     return out;
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "T_max", t_max_);
-    detail::put(a, "eta_min", eta_min_);
-  }
-  void load_extra(torch::serialize::InputArchive& a) override {
-    t_max_ = detail::get(a, "T_max").toInt();
-    eta_min_ = detail::get(a, "eta_min").toDouble();
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("T_max", t_max_);
+    io("eta_min", eta_min_);
   }
 
  private:
@@ -520,93 +520,64 @@ class OneCycleLR : public ExactScheduler {
  public:
   OneCycleLR(torch::optim::Optimizer& opt, const std::vector<double>& max_lr, OneCycleOptions o = {})
       : ExactScheduler(opt, -1, initial_of(opt, max_lr, o)), o_(std::move(o)) {
-    total_steps_ = o_.total_steps > 0 ? o_.total_steps : o_.epochs * o_.steps_per_epoch;
     detail::require(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
             "accel::OneCycleLR: set total_steps, or epochs and steps_per_epoch (all positive)");
+    if (o_.total_steps <= 0) o_.total_steps = o_.epochs * o_.steps_per_epoch;
     detail::require(o_.pct_start >= 0 && o_.pct_start <= 1, "accel::OneCycleLR: pct_start must be in [0, 1]");
     const auto n = opt.param_groups().size();
     max_lrs_ = detail::per_group(max_lr, n, "max_lr");
     for (std::size_t i = 0; i < n; ++i) min_lrs_.push_back(base_lrs_[i] / o_.final_div_factor);
-    const double t = double(total_steps_);
-    if (o_.three_phase)
-      phases_ = {{o_.pct_start * t - 1, Ref::initial, Ref::max, Ref::max_m, Ref::base_m},
-                 {2 * o_.pct_start * t - 2, Ref::max, Ref::initial, Ref::base_m, Ref::max_m},
-                 {t - 1, Ref::initial, Ref::min, Ref::max_m, Ref::max_m}};
-    else
-      phases_ = {{o_.pct_start * t - 1, Ref::initial, Ref::max, Ref::max_m, Ref::base_m},
-                 {t - 1, Ref::max, Ref::min, Ref::base_m, Ref::max_m}};
+    phases_ = make_phases();
     if (o_.cycle_momentum) {
-      detail::require(detail::momentum_kind(opt.defaults()) != detail::MomentumKind::none,
+      detail::require(detail::momentum_slot(opt.defaults()) != nullptr,
               "accel::OneCycleLR: cycle_momentum needs an optimizer with momentum or betas (SGD, RMSprop, Adam, "
               "AdamW); pass cycle_momentum = false");
       max_m_ = detail::per_group(o_.max_momentum, n, "max_momentum");
       base_m_ = detail::per_group(o_.base_momentum, n, "base_momentum");
-      for (std::size_t i = 0; i < n; ++i) detail::set_momentum(opt.param_groups()[i].options(), max_m_[i]);
+      for (std::size_t i = 0; i < n; ++i) momentum(opt.param_groups()[i].options()) = max_m_[i];
     }
     initial_step();
   }
-  [[nodiscard]] std::int64_t total_steps() const noexcept { return total_steps_; }
+  [[nodiscard]] std::int64_t total_steps() const noexcept { return o_.total_steps; }
 
  protected:
   std::vector<double> get_lr() override {
     const auto step = last_epoch_;
-    detail::require(step <= total_steps_, "accel::OneCycleLR: tried to step " + std::to_string(step) +
-                                      " times; the specified number of total steps is " + std::to_string(total_steps_));
+    if (step > o_.total_steps)
+      throw InvalidArgument("accel::OneCycleLR: tried to step " + std::to_string(step) +
+                            " times; the specified number of total steps is " + std::to_string(o_.total_steps));
+    // The phase of this step (the last one past its end) and how far into it the step is: the same for every group.
+    double start = 0.0;
+    auto p = phases_.begin();
+    for (; double(step) > p->end_step && p + 1 != phases_.end(); ++p) start = p->end_step;
+    const double pct = (double(step) - start) / (p->end_step - start);
     auto& groups = opt_.param_groups();
     std::vector<double> lrs;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      double start = 0.0, lr = 0.0, m = 0.0;
-      for (std::size_t i = 0; i < phases_.size(); ++i) {
-        const auto& p = phases_[i];
-        if (double(step) <= p.end_step || i + 1 == phases_.size()) {
-          const double pct = (double(step) - start) / (p.end_step - start);
-          lr = anneal(value(p.start_lr, g), value(p.end_lr, g), pct);
-          if (o_.cycle_momentum) m = anneal(value(p.start_m, g), value(p.end_m, g), pct);
-          break;
-        }
-        start = p.end_step;
-      }
-      lrs.push_back(lr);
-      if (o_.cycle_momentum) detail::set_momentum(groups[g].options(), m);
+      lrs.push_back(anneal((this->*p->start_lr)[g], (this->*p->end_lr)[g], pct));
+      if (o_.cycle_momentum)
+        momentum(groups[g].options()) = anneal((this->*p->start_m)[g], (this->*p->end_m)[g], pct);
     }
     return lrs;
   }
-  void save_extra(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "total_steps", total_steps_);
-    detail::put(a, "anneal_cos", o_.anneal_strategy == Anneal::cos);
-    detail::put(a, "cycle_momentum", o_.cycle_momentum);
-    std::vector<double> ends;
-    std::vector<std::int64_t> refs;
-    for (const auto& p : phases_) {
-      ends.push_back(p.end_step);
-      for (Ref r : {p.start_lr, p.end_lr, p.start_m, p.end_m}) refs.push_back(std::int64_t(r));
-    }
-    detail::put(a, "phase_end_steps", ends);
-    detail::put(a, "phase_refs", refs);
+  void fields(detail::StateIO& io) override {
+    ExactScheduler::fields(io);
+    io("total_steps", o_.total_steps);
+    io("pct_start", o_.pct_start);
+    io("three_phase", o_.three_phase);
+    io("anneal_cos", o_.anneal_strategy, Anneal::cos, Anneal::linear);
+    io("cycle_momentum", o_.cycle_momentum);
     // What PyTorch keeps in the optimizer's groups (initial_lr is base_lrs).
-    detail::put(a, "max_lr", max_lrs_);
-    detail::put(a, "min_lr", min_lrs_);
-    detail::put(a, "max_momentum", max_m_);
-    detail::put(a, "base_momentum", base_m_);
-  }
-  void load_extra(torch::serialize::InputArchive& a) override {
-    total_steps_ = detail::get(a, "total_steps").toInt();
-    o_.anneal_strategy = detail::get(a, "anneal_cos").toBool() ? Anneal::cos : Anneal::linear;
-    o_.cycle_momentum = detail::get(a, "cycle_momentum").toBool();
-    const auto ends = detail::get(a, "phase_end_steps").toDoubleVector();
-    const auto refs = detail::get(a, "phase_refs").toIntVector();
-    detail::require(refs.size() == 4 * ends.size(), "accel::OneCycleLR: a saved state with malformed phases");
-    phases_.clear();
-    for (std::size_t i = 0; i < ends.size(); ++i)
-      phases_.push_back({ends[i], Ref(refs[4 * i]), Ref(refs[4 * i + 1]), Ref(refs[4 * i + 2]), Ref(refs[4 * i + 3])});
-    max_lrs_ = detail::get(a, "max_lr").toDoubleVector();
-    min_lrs_ = detail::get(a, "min_lr").toDoubleVector();
-    max_m_ = detail::get(a, "max_momentum").toDoubleVector();
-    base_m_ = detail::get(a, "base_momentum").toDoubleVector();
+    io("max_lr", max_lrs_);
+    io("min_lr", min_lrs_);
+    io("max_momentum", max_m_);
+    io("base_momentum", base_m_);
+    if (io.reading()) phases_ = make_phases();
   }
 
  private:
-  enum class Ref : std::int64_t { initial, max, min, max_m, base_m };
+  //! One of the per-group vectors a phase starts or ends at.
+  using Ref = std::vector<double> OneCycleLR::*;
   struct Phase {
     double end_step;
     Ref start_lr, end_lr, start_m, end_m;
@@ -617,15 +588,22 @@ class OneCycleLR : public ExactScheduler {
     for (auto& x : v) x /= o.div_factor;
     return v;
   }
-  [[nodiscard]] double value(Ref r, std::size_t g) const {
-    switch (r) {
-      case Ref::initial: return base_lrs_[g];
-      case Ref::max: return max_lrs_[g];
-      case Ref::min: return min_lrs_[g];
-      case Ref::max_m: return max_m_[g];
-      case Ref::base_m: return base_m_[g];
-    }
-    return 0.0;
+  //! PyTorch's `_schedule_phases`, from total_steps, pct_start and three_phase.
+  [[nodiscard]] std::vector<Phase> make_phases() const {
+    constexpr Ref initial = &OneCycleLR::base_lrs_, max = &OneCycleLR::max_lrs_, min = &OneCycleLR::min_lrs_,
+                  max_m = &OneCycleLR::max_m_, base_m = &OneCycleLR::base_m_;
+    const double t = double(o_.total_steps);
+    if (o_.three_phase)
+      return {{o_.pct_start * t - 1, initial, max, max_m, base_m},
+              {2 * o_.pct_start * t - 2, max, initial, base_m, max_m},
+              {t - 1, initial, min, max_m, max_m}};
+    return {{o_.pct_start * t - 1, initial, max, max_m, base_m}, {t - 1, max, min, base_m, max_m}};
+  }
+  //! A group's cycled momentum or beta1.
+  static double& momentum(torch::optim::OptimizerOptions& o) {
+    double* m = detail::momentum_slot(o);
+    if (!m) throw InvalidArgument("accel: this optimizer has no momentum or beta1");
+    return *m;
   }
   [[nodiscard]] double anneal(double start, double end, double pct) const {
     if (o_.anneal_strategy == Anneal::cos) {
@@ -635,12 +613,10 @@ class OneCycleLR : public ExactScheduler {
     return (end - start) * pct + start;
   }
 
-  OneCycleOptions o_;
-  std::int64_t total_steps_ = 0;
+  OneCycleOptions o_;  //!< total_steps: as given, or epochs * steps_per_epoch
   std::vector<Phase> phases_;
   std::vector<double> max_lrs_, min_lrs_, max_m_, base_m_;
 };
-
 // [torch:optim/lr_scheduler.py SequentialLR]
 //! The schedulers run one after the other, switching at `milestones` (one fewer than schedulers). At its
 //! milestone a scheduler restarts from epoch 0 through its closed form where PyTorch has one (StepLR, MultiStepLR,
@@ -669,29 +645,15 @@ class SequentialLR : public ExactScheduler {
   }
   [[nodiscard]] const std::vector<std::shared_ptr<ExactScheduler>>& schedulers() const noexcept { return subs_; }
 
-  //! Its own epoch, milestones and last rates, and each scheduler's state (PyTorch's `_schedulers`).
-  void save(torch::serialize::OutputArchive& a) const override {
-    detail::put(a, "last_epoch", last_epoch_);
-    detail::put(a, "last_lr", last_lr_);
-    detail::put(a, "milestones", milestones_);
-    for (std::size_t i = 0; i < subs_.size(); ++i) {
-      torch::serialize::OutputArchive sub(a.compilation_unit());
-      subs_[i]->save(sub);
-      a.write("scheduler_" + std::to_string(i), sub);
-    }
-  }
-  void load(torch::serialize::InputArchive& a) override {
-    last_epoch_ = detail::get(a, "last_epoch").toInt();
-    last_lr_ = detail::get(a, "last_lr").toDoubleVector();
-    milestones_ = detail::get(a, "milestones").toIntVector();
-    for (std::size_t i = 0; i < subs_.size(); ++i) {
-      torch::serialize::InputArchive sub;
-      a.read("scheduler_" + std::to_string(i), sub);
-      subs_[i]->load(sub);
-    }
-  }
 
  protected:
+  //! Its own epoch, milestones and last rates, and each scheduler's state (PyTorch's `_schedulers`).
+  void fields(detail::StateIO& io) override {
+    io("last_epoch", last_epoch_);
+    io("last_lr", last_lr_);
+    io("milestones", milestones_);
+    for (std::size_t i = 0; i < subs_.size(); ++i) io.nested("scheduler_" + std::to_string(i), *subs_[i]);
+  }
   void advance() override {
     ++last_epoch_;
     const auto i = index(last_epoch_);
@@ -741,7 +703,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler {
     const auto n = opt.param_groups().size();
     if (o_.min_lr.size() == 1) default_min_lr_ = o_.min_lr[0];  // PyTorch's min_lr given as a number
     min_lrs_ = detail::per_group(o_.min_lr, n, "min_lr");
-    last_lr_ = detail::group_lrs(opt);
+    last_lr_ = get_current_lrs();
     reset();
   }
 
@@ -766,7 +728,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler {
       cooldown_counter_ = o_.cooldown;
       num_bad_epochs_ = 0;
     }
-    last_lr_ = detail::group_lrs(opt_);
+    last_lr_ = get_current_lrs();
   }
 
   [[nodiscard]] const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
@@ -777,39 +739,32 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler {
   [[nodiscard]] bool in_cooldown() const noexcept { return cooldown_counter_ > 0; }
 
   void save(torch::serialize::OutputArchive& a) const {
-    detail::put(a, "mode_max", o_.mode == PlateauMode::max);
-    detail::put(a, "factor", o_.factor);
-    detail::put(a, "patience", o_.patience);
-    detail::put(a, "threshold", o_.threshold);
-    detail::put(a, "threshold_abs", o_.threshold_mode == ThresholdMode::abs);
-    detail::put(a, "cooldown", o_.cooldown);
-    detail::put(a, "min_lrs", min_lrs_);
-    detail::put(a, "eps", o_.eps);
-    detail::put(a, "last_epoch", last_epoch_);
-    detail::put(a, "last_lr", last_lr_);
-    detail::put(a, "best", best_);
-    detail::put(a, "num_bad_epochs", num_bad_epochs_);
-    detail::put(a, "cooldown_counter", cooldown_counter_);
+    detail::StateIO io(a);
+    const_cast<ReduceLROnPlateau*>(this)->fields(io);  // saving only reads the fields
   }
   void load(torch::serialize::InputArchive& a) {
-    o_.mode = detail::get(a, "mode_max").toBool() ? PlateauMode::max : PlateauMode::min;
-    o_.factor = detail::get(a, "factor").toDouble();
-    o_.patience = detail::get(a, "patience").toInt();
-    o_.threshold = detail::get(a, "threshold").toDouble();
-    o_.threshold_mode = detail::get(a, "threshold_abs").toBool() ? ThresholdMode::abs : ThresholdMode::rel;
-    o_.cooldown = detail::get(a, "cooldown").toInt();
-    min_lrs_ = detail::get(a, "min_lrs").toDoubleVector();
-    o_.eps = detail::get(a, "eps").toDouble();
-    last_epoch_ = detail::get(a, "last_epoch").toInt();
-    last_lr_ = detail::get(a, "last_lr").toDoubleVector();
-    best_ = detail::get(a, "best").toDouble();
-    num_bad_epochs_ = detail::get(a, "num_bad_epochs").toInt();
-    cooldown_counter_ = detail::get(a, "cooldown_counter").toInt();
+    detail::StateIO io(a);
+    fields(io);
   }
 
  private:
   std::vector<double> get_lrs() override {
     throw InvalidArgument("accel::ReduceLROnPlateau steps with a metric: call step(metric)");
+  }
+  void fields(detail::StateIO& io) {
+    io("mode_max", o_.mode, PlateauMode::max, PlateauMode::min);
+    io("factor", o_.factor);
+    io("patience", o_.patience);
+    io("threshold", o_.threshold);
+    io("threshold_abs", o_.threshold_mode, ThresholdMode::abs, ThresholdMode::rel);
+    io("cooldown", o_.cooldown);
+    io("min_lrs", min_lrs_);
+    io("eps", o_.eps);
+    io("last_epoch", last_epoch_);
+    io("last_lr", last_lr_);
+    io("best", best_);
+    io("num_bad_epochs", num_bad_epochs_);
+    io("cooldown_counter", cooldown_counter_);
   }
   void reset() {
     best_ = mode_worse();

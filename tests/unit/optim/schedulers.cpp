@@ -53,10 +53,14 @@ struct Fixture {
       FAIL("unknown optimizer " << kind);
     for (std::size_t i = 0; i < lrs.size(); ++i) opt->param_groups()[i].options().set_lr(lrs[i]);
   }
-  [[nodiscard]] std::vector<double> lrs() const { return accel::detail::group_lrs(*opt); }
+  [[nodiscard]] std::vector<double> lrs() const {
+    std::vector<double> out;
+    for (const auto& g : opt->param_groups()) out.push_back(g.options().get_lr());
+    return out;
+  }
   [[nodiscard]] std::vector<double> momenta() const {
     std::vector<double> out;
-    for (auto& g : opt->param_groups()) out.push_back(accel::detail::momentum_of(g.options()));
+    for (auto& g : opt->param_groups()) out.push_back(*accel::detail::momentum_slot(g.options()));
     return out;
   }
 };
@@ -133,6 +137,15 @@ std::shared_ptr<accel::ReduceLROnPlateau> make_plateau(const nlohmann::json& p, 
                .eps = p["eps"]});
 }
 
+//! A golden case's scheduler on a fresh Fixture, after its "prior" (kept alive, as in the generator) if it has one.
+struct Built {
+  Fixture f;
+  std::shared_ptr<accel::ExactScheduler> prior, s;
+  explicit Built(const nlohmann::json& c)
+      : f(c.value("optimizer", "sgd")), prior(c.contains("prior") ? make(c["prior"], *f.opt) : nullptr),
+        s(make(c, *f.opt)) {}
+};
+
 std::vector<nlohmann::json> cases_of(bool plateau) {
   std::vector<nlohmann::json> out;
   for (const auto& c : schedule_golden()["cases"])
@@ -140,21 +153,29 @@ std::vector<nlohmann::json> cases_of(bool plateau) {
   return out;
 }
 
-//! A state through bytes, as a checkpoint file carries it.
-template <class Saver>
-std::string saved(Saver&& save) {
-  torch::serialize::OutputArchive a;
-  save(a);
-  std::ostringstream out;
-  a.save_to(out);
-  return out.str();
+//! `body(case)` for every golden case of ReduceLROnPlateau (`plateau`) or of the others, named in failures;
+//! `at_least` > 0: the file must hold that many.
+template <class Body>
+void for_each_case(bool plateau, std::size_t at_least, Body&& body) {
+  const auto cases = cases_of(plateau);
+  if (at_least > 0) REQUIRE(cases.size() >= at_least);
+  for (const auto& c : cases) {
+    INFO(c["name"].get<std::string>());
+    body(c);
+  }
 }
-template <class Loader>
-void restore(const std::string& bytes, Loader&& load) {
-  torch::serialize::InputArchive a;
-  std::istringstream in(bytes);
-  a.load_from(in);
-  load(a);
+
+//! `from`'s state loaded into `to` through bytes, as a checkpoint file carries it.
+template <class From, class To>
+void copy_state(const From& from, To& to) {
+  torch::serialize::OutputArchive out;
+  from.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  to.load(in);
 }
 
 //! Rows of the case from `from` on, as stepped by `step(k)` (k: the step's index), compared exactly.
@@ -183,53 +204,36 @@ const nlohmann::json* step_lr_3_half() {
 
 TEST_CASE("schedulers: every golden sequence of PyTorch's schedulers, bit for bit, and get_last_lr",
           "[schedulers][golden]") {
-  const auto cases = cases_of(false);
-  REQUIRE(cases.size() >= 60);
-  for (const auto& c : cases) {
-    INFO(c["name"].get<std::string>());
-    Fixture f(c.value("optimizer", "sgd"));
-    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;  // kept alive, as in the generator
-    auto s = make(c, *f.opt);
-    CHECK(s->last_epoch() == c["params"].value("last_epoch", std::int64_t(-1)) + 1);
-    CHECK(s->get_last_lr() == f.lrs());
-    check_rows(c, f, 0, [&](std::size_t) {
-      s->step();
-      REQUIRE(s->get_last_lr() == f.lrs());
+  for_each_case(false, 60, [](const nlohmann::json& c) {
+    Built b(c);
+    CHECK(b.s->last_epoch() == c["params"].value("last_epoch", std::int64_t(-1)) + 1);
+    CHECK(b.s->get_last_lr() == b.f.lrs());
+    check_rows(c, b.f, 0, [&](std::size_t) {
+      b.s->step();
+      REQUIRE(b.s->get_last_lr() == b.f.lrs());
     });
-    CHECK(s->last_epoch() == c["last_epoch"].get<std::int64_t>());
-  }
+    CHECK(b.s->last_epoch() == c["last_epoch"].get<std::int64_t>());
+  });
 }
 
 TEST_CASE("schedulers: a state saved mid-sequence, loaded into a fresh scheduler, goes on identically",
           "[schedulers][golden]") {
-  for (const auto& c : cases_of(false)) {
-    INFO(c["name"].get<std::string>());
+  for_each_case(false, 0, [](const nlohmann::json& c) {
     const std::size_t steps = c["steps"], cut = steps / 2 + 1;  // odd cuts land inside phases and between milestones
-    Fixture f(c.value("optimizer", "sgd"));
-    const auto prior = c.contains("prior") ? make(c["prior"], *f.opt) : nullptr;
-    auto s = make(c, *f.opt);
-    for (std::size_t k = 0; k < cut; ++k) s->step();
-    const auto opt_bytes = saved([&](auto& a) { f.opt->save(a); });
-    const auto sched_bytes = saved([&](auto& a) { s->save(a); });
-
-    Fixture g(c.value("optimizer", "sgd"));
-    const auto prior_g = c.contains("prior") ? make(c["prior"], *g.opt) : nullptr;
-    auto t =
-        make(c, *g.opt);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
-    restore(opt_bytes, [&](auto& a) { g.opt->load(a); });
-    restore(sched_bytes, [&](auto& a) { t->load(a); });
-    CHECK(t->last_epoch() == s->last_epoch());
-    CHECK(t->get_last_lr() == s->get_last_lr());
-    check_rows(c, g, cut, [&](std::size_t) { t->step(); });
-  }
+    Built a(c);
+    for (std::size_t k = 0; k < cut; ++k) a.s->step();
+    Built b(c);  // built first, then the states loaded (PyTorch's advice, and Accelerator::load_state's order)
+    copy_state(*a.f.opt, *b.f.opt);
+    copy_state(*a.s, *b.s);
+    CHECK(b.s->last_epoch() == a.s->last_epoch());
+    CHECK(b.s->get_last_lr() == a.s->get_last_lr());
+    check_rows(c, b.f, cut, [&](std::size_t) { b.s->step(); });
+  });
 }
 
 TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, cooldown, min_lr, eps) and its state",
           "[schedulers][golden]") {
-  const auto cases = cases_of(true);
-  REQUIRE(cases.size() >= 12);
-  for (const auto& c : cases) {
-    INFO(c["name"].get<std::string>());
+  for_each_case(true, 12, [](const nlohmann::json& c) {
     const auto metrics = c["metrics"].get<std::vector<double>>();
     Fixture f("sgd");
     auto s = make_plateau(c["params"], *f.opt);
@@ -245,13 +249,13 @@ TEST_CASE("ReduceLROnPlateau: PyTorch's decisions (modes, thresholds, patience, 
     auto u = make_plateau(c["params"], *g.opt);
     for (std::size_t k = 0; k < cut; ++k) u->step(metrics[k]);
     auto v = make_plateau(c["params"], *h.opt);
-    restore(saved([&](auto& a) { g.opt->save(a); }), [&](auto& a) { h.opt->load(a); });
-    restore(saved([&](auto& a) { u->save(a); }), [&](auto& a) { v->load(a); });
+    copy_state(*g.opt, *h.opt);
+    copy_state(*u, *v);
     CHECK(v->best() == u->best());
     CHECK(v->num_bad_epochs() == u->num_bad_epochs());
     CHECK(v->cooldown_counter() == u->cooldown_counter());
     check_rows(c, h, cut, [&](std::size_t k) { v->step(metrics[k]); });
-  }
+  });
 }
 
 TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarded, N times per step as in Accelerate",
@@ -269,7 +273,7 @@ TEST_CASE("ReduceLROnPlateau through AcceleratedScheduler: step(metric) forwarde
     Fixture g("sgd");
     accel::AcceleratedScheduler<accel::ReduceLROnPlateau> t(make_plateau(c["params"], *g.opt), {},
                                                             {.num_processes = 1});
-    restore(saved([&](auto& a) { s.save(a); }), [&](auto& a) { t.load(a); });
+    copy_state(s, t);
     CHECK(t->best() == s->best());
     CHECK(t->last_epoch() == s->last_epoch());
     CHECK(t.steps() == s.steps());
