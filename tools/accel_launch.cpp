@@ -1,6 +1,7 @@
 // accel-launch: starts N processes of any program on this node with the variables of torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT), prefixes every
-// output line with its rank, forwards SIGINT/SIGTERM, and fails fast: when one process exits non-zero, the others are
+// output line with its rank, forwards SIGINT/SIGTERM (then stops the processes after --stop-grace) and SIGUSR1/SIGUSR2
+// (nothing more: a job with Options::preemption saves and exits by itself), and fails fast: when one process exits non-zero, the others are
 // stopped and that exit code is returned (128 + signal for a process killed by a signal).
 //
 // The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
@@ -60,6 +61,10 @@ using namespace std::chrono_literals;
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
+// SIGUSR1 / SIGUSR2 (SLURM's --signal=USR1@<seconds> before a requeue) are forwarded to every process and end
+// nothing by themselves: a job with Options::preemption saves a checkpoint and exits on its own.
+volatile sig_atomic_t g_forward = 0;
+void on_forward(int sig) { g_forward = sig; }
 
 struct Child {
   int rank = 0;
@@ -163,6 +168,7 @@ struct Settings {
   std::string job_id;  // empty: ACCEL_JOB_ID, the scheduler's, or generated
   std::string secret;  // empty: none (several nodes without ACCEL_JOB_SECRET)
   double grace = 0, join_timeout = 300;
+  double stop_grace = 30;  // after a forwarded SIGINT/SIGTERM, before SIGTERM again and SIGKILL 5 s later
   bool prefix = true;
   std::vector<std::string> command;
 };
@@ -183,6 +189,10 @@ class Launcher {
     sa.sa_handler = on_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    struct sigaction fwd{};
+    fwd.sa_handler = on_forward;
+    ::sigaction(SIGUSR1, &fwd, nullptr);
+    ::sigaction(SIGUSR2, &fwd, nullptr);
     if (mismatch_) return finish(2);
     for (int generation = 0;; ++generation) {
       if (g_signal) return finish(128 + g_signal);
@@ -455,6 +465,11 @@ class Launcher {
           (is_err ? c->err : c->out) = -1;
         }
       }
+      if (const int sig = g_forward) {
+        g_forward = 0;
+        say("received signal " + std::to_string(sig) + " (" + ::strsignal(sig) + "); forwarding it to every process");
+        signal_all(sig);
+      }
       if (g_signal && !terminated) {
         say("received signal " + std::to_string(int(g_signal)) + "; forwarding it to every process" +
             (s_.nnodes > 1 ? " and stopping every node" : ""));
@@ -465,7 +480,7 @@ class Launcher {
           } catch (const std::exception&) {
           }
         terminated = true;
-        stop_deadline = Clock::now() + 10s;
+        stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.stop_grace * 1000));
       }
       int running = 0;
       for (auto& c : children) {
@@ -591,6 +606,8 @@ int main(int argc, char** argv) {
   app.add_option("--join-timeout", s.join_timeout, "seconds the launchers of a multi-node job wait for each other (default 300)")
       ->check(CLI::PositiveNumber);
   app.add_option("--grace", s.grace, "after a failure, seconds the others get to end by themselves before being stopped");
+  app.add_option("--stop-grace", s.stop_grace, "after forwarding SIGINT/SIGTERM, seconds the processes get to save and exit "
+                 "(Options::preemption) before they are stopped (default 30, SLURM's KillWait)")->check(CLI::NonNegativeNumber);
   app.add_option("--job-id", s.job_id, "the job's id, under which every rendezvous key lives (default: ACCEL_JOB_ID, the "
                  "scheduler's job id, or generated; give every node the same)");
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");

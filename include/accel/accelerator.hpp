@@ -23,6 +23,8 @@
 //! wrong argument to `prepare` with one message too. Run-time knobs that never change a type are in `Options`.
 
 #include <accel/checkpoint/checkpointer.hpp>
+#include <accel/checkpoint/custom.hpp>
+#include <accel/checkpoint/project.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/core/generator_state.hpp>
 #include <accel/comm/collectives.hpp>
@@ -35,6 +37,7 @@
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
+#include <accel/state/preemption.hpp>
 #include <accel/state/process_state.hpp>
 #include <accel/tracking/trackers.hpp>
 
@@ -43,12 +46,15 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -63,6 +69,8 @@
 #include <vector>
 
 namespace accel {
+
+using checkpoint::ProjectConfiguration;
 
 //! Accelerate's `mixed_precision`.
 enum class Precision {
@@ -89,7 +97,10 @@ struct Options {
   comm::CommOptions comm{};                    //!< collective and rendezvous timeouts
   LaunchOverrides launch{};                    //!< explicit rank / world size / address, winning over the environment
   std::vector<tracking::Tracker> log_with{};   //!< Accelerate's log_with: the trackers `init_trackers` starts
-  std::filesystem::path logging_dir = ".";     //!< trackers write into <logging_dir>/<project_name>/
+  std::filesystem::path logging_dir{};         //!< trackers write into <logging_dir>/<project_name>/ (empty: the
+                                               //!< project's logging_dir, else its project_dir)
+  ProjectConfiguration project_config{};       //!< checkpoint folder, automatic naming, total_limit (checkpoint/project.hpp)
+  PreemptionOptions preemption{};              //!< save and stop on SIGTERM / SIGUSR1 (state/preemption.hpp)
 };
 
 namespace detail {
@@ -135,6 +146,14 @@ class Accelerator {
       : opt_(o), state_(ProcessOptions{.launch = o.launch, .comm = o.comm}, engine{}),
         accumulation_({.steps = o.gradient_accumulation_steps, .sync_with_dataloader = o.sync_with_dataloader,
                        .sync_each_batch = o.sync_each_batch}) {
+    checkpoint::check_project(o.project_config);
+    if (o.preemption.enabled) {
+      detail::require(o.project_config.automatic_checkpoint_naming,
+                      "accel: Options::preemption saves with save_state() under automatic checkpoint naming; set "
+                      "Options::project_config.automatic_checkpoint_naming = true (and its project_dir)");
+      signals_ = detail::SignalWatch(o.preemption.signals);
+      bind_boundary_hook();
+    }
     if (o.seed) set_seed(*o.seed, state_.process_index(), o.device_specific_seed);
     if (o.mixed_precision == Precision::fp16) {
       detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
@@ -143,8 +162,9 @@ class Accelerator {
       checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); }});
     }
   }
-  Accelerator(Accelerator&&) = default;
+  Accelerator(Accelerator&&) = default;  // the step boundary hook follows it (bind_boundary_hook)
   Accelerator& operator=(Accelerator&&) = delete;
+  ~Accelerator() { GradientState::instance().clear_step_boundary_hook(this); }
 
   // ---- prepare ---------------------------------------------------------------------------------------------
 
@@ -171,6 +191,7 @@ class Accelerator {
     static_assert(((detail::classify<Ts>() != detail::Prepares::optimizer_lvalue) && ...),
                   "accel::Accelerator::prepare: an optimizer cannot be copied; pass it as std::shared_ptr (to keep a "
                   "handle, e.g. for a scheduler) or by std::move");
+    bind_boundary_hook();
     const std::size_t first_new_optimizer = optimizers_.size();
     // Pass 1 (braced initialisation runs left to right): models, optimizers, loaders. Pass 2: schedulers, linked
     // to the optimizers prepared so far.
@@ -196,6 +217,7 @@ class Accelerator {
   //! loader); on the others the models' gradients stay local.
   template <class... Models>
   [[nodiscard]] SyncScope accumulate(const Models&... models) {
+    bind_boundary_hook();
     accumulation_.begin_step();
     SyncScope scope;
     if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models).get()), ...);
@@ -352,10 +374,60 @@ class Accelerator {
     checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients());
   }
 
+  //! `save_state` under `ProjectConfiguration::automatic_checkpoint_naming`: into
+  //! `<project_dir>/checkpoints/checkpoint_<iteration>` (an existing one is an error: nothing is overwritten);
+  //! once it is complete, the oldest complete checkpoints beyond `total_limit` are removed and `iteration`
+  //! grows by one. Returns the checkpoint's directory. Every process calls it.
+  std::filesystem::path save_state() {
+    auto& project = opt_.project_config;
+    agree_on_main("save_state", [&] { (void)checkpoint::next_checkpoint_dir(project); });
+    const auto dir = checkpoint::numbered_dir(project, project.iteration);
+    save_state(dir);
+    if (is_main_process())
+      for (const auto& problem : checkpoint::prune_checkpoints(project, project.iteration))
+        std::fprintf(stderr, "accel: warning: total_limit: %s\n", problem.c_str());
+    ++project.iteration;
+    return dir;
+  }
+
   // [accelerate:accelerator.py Accelerator.load_state]
   //! Restores what `save_state` wrote into the objects prepared (in the same order) by this job. Every
-  //! process calls it; the next batch of each loader is the one after the checkpoint.
-  void load_state(const std::filesystem::path& dir) { accumulation_.set_step(checkpointer_.load(dir, checkpoint_process())); }
+  //! process calls it; the next batch of each loader is the one after the checkpoint. Under automatic naming,
+  //! the next `save_state()` numbers after the project's latest checkpoint.
+  void load_state(const std::filesystem::path& dir) {
+    accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
+    if (opt_.project_config.automatic_checkpoint_naming)
+      if (const auto latest = latest_checkpoint_number())
+        opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
+  }
+  //! `load_state` of the project's latest complete checkpoint (automatic naming; a checkpoint being written is
+  //! never chosen). Returns its directory. Every process calls it.
+  std::filesystem::path load_state() {
+    agree_on_main("load_state", [&] { (void)checkpoint::checkpoint_to_resume(opt_.project_config); });
+    const auto dir = checkpoint::numbered_dir(opt_.project_config, *latest_checkpoint_number());
+    load_state(dir);
+    return dir;
+  }
+  //! The project's latest complete checkpoint, if any, as the main process sees it (every process calls it,
+  //! so that all take the same decision, e.g. whether to `load_state()`).
+  [[nodiscard]] std::optional<std::filesystem::path> latest_checkpoint() const {
+    const auto n = latest_checkpoint_number();
+    if (!n) return std::nullopt;
+    return checkpoint::numbered_dir(opt_.project_config, *n);
+  }
+
+  // [accelerate:accelerator.py Accelerator.register_for_checkpointing]
+  //! Adds objects to what `save_state` saves and `load_state` restores, after the prepared ones, in the order
+  //! of registration: anything with `save(OutputArchive&) const` / `load(InputArchive&)` (a module, an
+  //! optimizer), with `state_dict()` / `load_state_dict(s)` of a serialisable state, or itself serialisable (a
+  //! counter, a struct with `accel_fields`); see checkpoint/custom.hpp. Pass a `std::shared_ptr` (kept alive)
+  //! or an lvalue that outlives every `save_state` / `load_state`. The main process writes them; every process
+  //! restores them. Loading with other objects registered (count or types) is an error naming them.
+  template <class... Objects>
+  void register_for_checkpointing(Objects&&... objects) {
+    static_assert(sizeof...(Objects) > 0, "accel::Accelerator::register_for_checkpointing: pass at least one object");
+    (register_one(std::forward<Objects>(objects)), ...);
+  }
 
   // [accelerate:accelerator.py Accelerator.save_model]
   //! Writes the (unwrapped) model's parameters and buffers as safetensors into `dir`: `model.safetensors`, or
@@ -388,7 +460,7 @@ class Accelerator {
   void init_trackers(const std::string& project_name, const tracking::Values& config = {}) {
     detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
     // Every process checks the names (the main process's Trackers does), so that each raises the same error.
-    if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, opt_.logging_dir / project_name, config);
+    if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, logging_dir() / project_name, config);
     else tracking::Trackers::check_names(config, "init_trackers");
     trackers_started_ = true;
   }
@@ -406,6 +478,12 @@ class Accelerator {
     trackers_.finish();
     trackers_started_ = false;
     wait_for_everyone();
+  }
+  //! Where trackers write: `Options::logging_dir`, else the project's `logging_dir`, else its `project_dir`.
+  [[nodiscard]] std::filesystem::path logging_dir() const {
+    if (!opt_.logging_dir.empty()) return opt_.logging_dir;
+    const auto& p = opt_.project_config;
+    return p.logging_dir.empty() ? p.project_dir : p.logging_dir;
   }
 
  private:
@@ -486,6 +564,86 @@ class Accelerator {
   };
   [[nodiscard]] checkpoint::Checkpointer::Process checkpoint_process() const {
     return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); }};
+  }
+  //! Runs `check` on the main process (the project folder as it sees it) and raises its error on every process.
+  template <class Check>
+  void agree_on_main(const char* what, Check&& check) const {
+    std::string problem;
+    if (is_main_process()) try {
+        check();
+      } catch (const std::exception& e) {
+        problem = e.what();
+        if (problem.empty()) problem = std::string("accel::Accelerator::") + what + " failed";
+      }
+    problem = broadcast_object(comm(), problem);
+    if (!problem.empty()) throw InvalidArgument(problem);
+  }
+  //! The number of the project's latest complete checkpoint, as the main process sees it (a collective).
+  [[nodiscard]] std::optional<std::int64_t> latest_checkpoint_number() const {
+    std::int64_t n = -1;
+    if (is_main_process())
+      if (const auto latest = checkpoint::latest_checkpoint(opt_.project_config)) n = latest->number;
+    n = broadcast_object(comm(), n);
+    return n < 0 ? std::nullopt : std::optional<std::int64_t>(n);
+  }
+  template <class T>
+  void register_one(T&& object) {
+    using U = std::remove_cvref_t<T>;
+    if constexpr (ModuleHandle<U>) {
+      auto m = module_of(object);
+      auto c = checkpoint::Custom::of(*m, m);
+      c.type = m->name();
+      checkpointer_.add_custom(std::move(c));
+    } else if constexpr (!std::is_void_v<detail::shared_t<U>>) {
+      using V = detail::shared_t<U>;
+      static_assert(checkpoint::Checkpointable<V>, "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
+                                                   "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
+                                                   "nor is it serialisable itself (give a struct an accel_fields overload)");
+      if constexpr (checkpoint::Checkpointable<V>) {
+        detail::require(object != nullptr, "accel::Accelerator::register_for_checkpointing: a null std::shared_ptr");
+        checkpointer_.add_custom(checkpoint::Custom::of(*object, object));
+      }
+    } else {
+      static_assert(std::is_lvalue_reference_v<T> && !std::is_const_v<std::remove_reference_t<T>>,
+                    "accel::Accelerator::register_for_checkpointing: pass a non-const lvalue (it is restored in place and "
+                    "must outlive the job's save_state / load_state) or a std::shared_ptr");
+      static_assert(checkpoint::Checkpointable<U>, "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
+                                                   "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
+                                                   "nor is it serialisable itself (give a struct an accel_fields overload)");
+      if constexpr (checkpoint::Checkpointable<U> && std::is_lvalue_reference_v<T>) checkpointer_.add_custom(checkpoint::Custom::of(object));
+    }
+  }
+  //! Points GradientState's step boundary hook at this accelerator (under `Options::preemption`): at
+  //! construction, and again wherever the loop passes after the accelerator was moved (a moved-from one clears
+  //! its own hook when it goes).
+  void bind_boundary_hook() {
+    if (signals_.active() && GradientState::instance().step_boundary_owner() != this)
+      GradientState::instance().set_step_boundary_hook(this, [this] { at_step_boundary(); });
+  }
+  //! `Options::preemption` at a step boundary (GradientState's hook): after an optimizer step, every process
+  //! learns whether any was signalled; if so all save and stop together.
+  void at_step_boundary() {
+    std::uint64_t steps = 0;
+    for (const auto& o : optimizers_) steps += o.record->steps;
+    if (steps == boundary_steps_) return;  // no optimizer step since the last boundary: not a step boundary
+    boundary_steps_ = steps;
+    int sig = detail::SignalWatch::received();
+    if (num_processes() > 1) {
+      const auto any = accel::reduce(state_.comm(), at::full({1}, sig, at::TensorOptions().dtype(at::kInt).device(device())), Reduction::max);
+      sig = any.cpu().template item<int>();
+    }
+    if (sig == 0) return;
+    print("accel: signal ", sig, " received; saving a checkpoint at this step boundary, then stopping");
+    const auto dir = save_state();
+    trackers_.finish();
+    trackers_started_ = false;
+    detail::SignalWatch::clear();
+    print("accel: checkpoint saved to ", dir.string(), "; resume with load_state()");
+    if (opt_.preemption.exit) {
+      std::fflush(nullptr);
+      std::_Exit(opt_.preemption.exit_code);  // no destructors: the loader's workers and the engine's threads still run
+    }
+    throw Preempted(sig, dir);
   }
 
   template <class T>
@@ -581,6 +739,8 @@ class Accelerator {
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
   tracking::Trackers trackers_;            // the run's writers (none but on the main process)
   bool trackers_started_ = false;          // init_trackers was called (on every process)
+  detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
+  std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
 };
 
 }  // namespace accel

@@ -4,13 +4,14 @@
 //! (the directory layout is format.hpp). `Accelerator::save_state` and `load_state` are this class.
 //!
 //! Saving: every process calls `save`; the main process writes the shared files (models, optimizers, schedulers,
-//! scaler), every process its own record, all into `<dir>.partial`, which the main process swaps in whole once
+//! scaler, custom objects), every process its own record, all into `<dir>.partial`, which the main process swaps in whole once
 //! every process has written its part and the main process has listed every file in the manifest (manifest.hpp).
 //! Loading verifies the manifest, reads every file this process needs through it (size and checksum), checks
 //! what the checkpoint holds against what this job prepared (format, processes, counts, mixed precision) and opens
 //! every archive before anything is restored; a damaged file is one `FileError` naming it.
 
 #include <accel/checkpoint/archive.hpp>
+#include <accel/checkpoint/custom.hpp>
 #include <accel/checkpoint/format.hpp>
 #include <accel/checkpoint/manifest.hpp>
 #include <accel/comm/collectives.hpp>
@@ -62,6 +63,8 @@ class Checkpointer {
   void add_scheduler(Saveable s) { schedulers_.push_back(std::move(s)); }
   void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
   void set_scaler(Saveable s) { scaler_ = std::move(s); }
+  void add_custom(Custom c) { custom_.push_back(std::move(c)); }
+  [[nodiscard]] std::size_t custom_count() const noexcept { return custom_.size(); }
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
@@ -77,12 +80,14 @@ class Checkpointer {
     if (main) {
       save_one([&](auto& a) {
         write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
-                       std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0});
+                       std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
+                       std::int64_t(custom_.size())});
       }, tmp / meta_file);
       for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
       for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
       for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / indexed("scheduler", i));
       if (scaler_) save_one(scaler_->save, tmp / scaler_file);
+      for (std::size_t i = 0; i < custom_.size(); ++i) save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
     }
     {
       ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
@@ -125,6 +130,7 @@ class Checkpointer {
     expect_count(meta.optimizers, dir, "optimizers", optimizers_.size());
     expect_count(meta.schedulers, dir, "schedulers", schedulers_.size());
     expect_count(meta.loaders, dir, "loaders", loaders_.size());
+    expect_count(meta.custom, dir, "custom objects", custom_.size(), "registered", "register_for_checkpointing the same objects");
     accel::detail::require((meta.scaler != 0) == bool(scaler_),
                            "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present "
                            "in one only); use the same Options::mixed_precision");
@@ -148,6 +154,12 @@ class Checkpointer {
     for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i), p.device));
     std::optional<Opened> scaler;
     if (scaler_) scaler = open(scaler_file, p.device);
+    std::vector<Opened> customs;
+    std::vector<std::function<void()>> restore_custom;  // parsed and checked: restoring cannot fail on the data
+    for (std::size_t i = 0; i < custom_.size(); ++i) {
+      customs.push_back(open(custom_file(i), custom_[i].on_device ? std::optional(p.device) : std::nullopt));
+      restore_custom.push_back(read_custom(custom_[i], i, customs.back().archive, customs.back().path));
+    }
     Opened proc = open(process_file(p.index), std::nullopt);
     const auto record = read_process_record(proc.archive, proc.path, generator_bytes(at::detail::getDefaultCPUGenerator()).size());
     if (record.loaders.size() != loaders_.size())
@@ -169,6 +181,7 @@ class Checkpointer {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
     for (std::size_t i = 0; i < schedulers_.size(); ++i) reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
     if (scaler) reading(scaler->path, [&] { scaler_->load(scaler->archive); });
+    for (auto& restore : restore_custom) restore();
     reading(proc.path, [&] {
       set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
       if (p.device.is_cuda() && !record.rng_device.empty())
@@ -214,16 +227,18 @@ class Checkpointer {
     save(a);
     a.save_to(path.string());
   }
-  static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have) {
+  static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have,
+                           const char* done = "prepared", const char* fix = "prepare the same objects") {
     accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +
-                                                            what + ", this job prepared " + std::to_string(have) +
-                                                            "; prepare the same objects, in the same order, as the job that saved it");
+                                                            what + ", this job " + done + " " + std::to_string(have) + "; " + fix +
+                                                            ", in the same order, as the job that saved it");
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<Saveable> optimizers_, schedulers_;
   std::vector<Loader> loaders_;
   std::optional<Saveable> scaler_;
+  std::vector<Custom> custom_;
 };
 
 }  // namespace accel::checkpoint

@@ -10,6 +10,8 @@
 //!   optimizer.pt, ...         each optimizer's parameter groups (learning rates included) and buffers (main)
 //!   scheduler.pt, ...         each scheduler's step counter (main)
 //!   scaler.pt                 the GradScaler's scale and growth counter (main; fp16 only)
+//!   custom_checkpoint_<i>.pt  each object given to `register_for_checkpointing`: its type and state (main;
+//!                             custom.hpp)
 //!   process_<r>.pt            per process r: the accumulation step counter, the CPU generator's state, the
 //!                             GPU generator's state (on a GPU), every prepared loader's state (epoch,
 //!                             batches already handed out, the sampler generator's state at the epoch start),
@@ -45,8 +47,9 @@
 
 namespace accel::checkpoint {
 
-// 2: the manifest (format 1 had none).
-inline constexpr std::int64_t format_version = 2;
+// 2: the manifest (format 1 had none). 3: custom objects (format 2 is read as a checkpoint without any).
+inline constexpr std::int64_t format_version = 3;
+inline constexpr std::int64_t oldest_format_read = 2;
 
 //! `model.pt`, `model_1.pt`, ...: Accelerate's suffix rule.
 inline std::string indexed(const std::string& stem, std::size_t i) {
@@ -79,15 +82,16 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 
 //! What `accel_checkpoint.pt` holds.
 struct Meta {
-  std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0;
+  std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0,
+               custom = 0;
 };
 //! Meta's fields under their archive keys: the one list that writing and reading follow.
 template <class M>  // Meta or const Meta
 auto meta_fields(M& m) {
   using Field = std::pair<const char*, decltype(&m.format_version)>;
-  return std::array<Field, 7>{Field{"format_version", &m.format_version}, {"num_processes", &m.num_processes},
+  return std::array<Field, 8>{Field{"format_version", &m.format_version}, {"num_processes", &m.num_processes},
                               {"models", &m.models}, {"optimizers", &m.optimizers}, {"schedulers", &m.schedulers},
-                              {"loaders", &m.loaders}, {"scaler", &m.scaler}};
+                              {"loaders", &m.loaders}, {"scaler", &m.scaler}, {"custom", &m.custom}};
 }
 
 //! Writes `accel_checkpoint.pt`'s archive.
@@ -101,11 +105,16 @@ inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& pa
   load_archive(a, bytes, path);
   Meta m;
   reading(path, [&] {
-    for (const auto& [key, field] : meta_fields(m)) *field = read_int(a, key);
+    m.format_version = read_int(a, "format_version");
+    if (m.format_version < oldest_format_read || m.format_version > format_version) return;
+    for (const auto& [key, field] : meta_fields(m))
+      if (field != &m.format_version && (m.format_version > 2 || field != &m.custom)) *field = read_int(a, key);
   });
-  if (m.format_version != format_version)
-    throw FileError(path, "checkpoint format " + std::to_string(m.format_version) + ", this accel reads format " + std::to_string(format_version));
-  if (m.num_processes < 1 || m.models < 0 || m.optimizers < 0 || m.schedulers < 0 || m.loaders < 0 || (m.scaler != 0 && m.scaler != 1))
+  if (m.format_version < oldest_format_read || m.format_version > format_version)
+    throw FileError(path, "checkpoint format " + std::to_string(m.format_version) + ", this accel reads formats " +
+                              std::to_string(oldest_format_read) + " to " + std::to_string(format_version));
+  if (m.num_processes < 1 || m.models < 0 || m.optimizers < 0 || m.schedulers < 0 || m.loaders < 0 || m.custom < 0 ||
+      (m.scaler != 0 && m.scaler != 1))
     throw FileError(path, "damaged checkpoint description: a negative count or an unknown scaler flag");
   return m;
 }

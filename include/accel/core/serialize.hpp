@@ -28,6 +28,26 @@ void serialize(const T& x, std::vector<std::uint8_t>& out);
 template <class T>
 void deserialize(T& x, std::span<const std::uint8_t>& in);
 
+//! Whether `serialize` / `deserialize` accept `T` (every leaf checked).
+template <class T>
+constexpr bool serialisable() {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::same_as<U, at::Tensor> || is_example<U>::value || std::is_arithmetic_v<U> || std::is_enum_v<U> ||
+                std::same_as<U, std::string>)
+    return true;
+  else if constexpr (is_tuple_like<U>::value)
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (serialisable<std::tuple_element_t<I, U>>() && ...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  else if constexpr (is_vector_like<U>::value || is_optional<U>::value) return serialisable<typename U::value_type>();
+  else if constexpr (is_map_like<U>::value) return serialisable<typename U::key_type>() && serialisable<typename U::mapped_type>();
+  else if constexpr (Described<U>) return serialisable<decltype(accel_fields(std::declval<U&>()))>();
+  else return false;
+}
+//! A value `serialize` / `deserialize` accept: `broadcast_object`, `gather_object`, checkpointed custom state.
+template <class T>
+concept Serialisable = serialisable<T>();
+
 namespace detail {
 inline void put_size(std::size_t n, std::vector<std::uint8_t>& out) {
   const auto v = static_cast<std::uint64_t>(n);

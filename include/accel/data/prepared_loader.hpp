@@ -56,6 +56,7 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
     ~Cursor() { prefetcher.reset(); }  // joins the workers before the epoch they read goes
     void finish() { core->end_epoch(); }
     bool advance() {
+      registration.at_step_boundary();  // the step with the held batch is over (Options::preemption acts here)
       auto fetched = prefetcher->next();
       if (!fetched) {
         join();

@@ -32,6 +32,7 @@ namespace accel {
 //! What a scheduler needs to know about an optimizer's last step (`AcceleratedOptimizer::record()`).
 struct StepRecord {
   bool skipped = false;
+  std::uint64_t steps = 0;  //!< synchronising steps taken (skipped ones included): the step boundaries so far
 };
 
 namespace detail {
@@ -74,6 +75,7 @@ class AcceleratedOptimizer {
     auto& gs = GradientState::instance();
     if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
     if (!gs.sync_gradients()) return;
+    ++s_->record->steps;
     if (s_->scaler) {
       s_->record->skipped = !s_->scaler->step(*s_->opt);
       s_->scaler->update();

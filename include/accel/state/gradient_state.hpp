@@ -97,6 +97,25 @@ class GradientState {
   //! (`collective`: backward's all-reduce, `gather`, `reduce`), gathers a batch's rows (`gather_for_metrics`),
   //! or stays on this rank (`local`: optimizer, scheduler, clipping).
   enum class CallKind { accumulate, local, collective, gather_for_metrics };
+
+  //! Sets what runs at a step boundary (empty: nothing): where the loop asks a prepared loader for its next
+  //! batch after holding one, provided every rank held that batch too (so that every rank is at the same
+  //! boundary; not while a rank out of batches repeats steps). `Options::preemption` checks for a signal there.
+  //! `owner` identifies who set it (an Accelerator): it alone clears it.
+  void set_step_boundary_hook(const void* owner, std::function<void()> hook) {
+    std::lock_guard<std::mutex> lock(mu_);
+    boundary_ = std::move(hook);
+    boundary_owner_.store(owner, std::memory_order_relaxed);
+    has_boundary_.store(bool(boundary_), std::memory_order_relaxed);
+  }
+  void clear_step_boundary_hook(const void* owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (boundary_owner_.load(std::memory_order_relaxed) != owner) return;
+    boundary_ = nullptr;
+    boundary_owner_.store(nullptr, std::memory_order_relaxed);
+    has_boundary_.store(false, std::memory_order_relaxed);
+  }
+  [[nodiscard]] const void* step_boundary_owner() const noexcept { return boundary_owner_.load(std::memory_order_relaxed); }
   //! Whether the innermost loader's epoch needs this rank's calls recorded (`record` is a no-op otherwise:
   //! build the call only when this is true).
   [[nodiscard]] bool recording() const {
@@ -187,6 +206,23 @@ class GradientState {
       entry_.holding = true;
       entry_.view = std::move(view);
     }
+    //! The loop asks for the batch after the one it holds: runs the step boundary hook if every rank is here.
+    void at_step_boundary() {
+      if (!gs_ || !gs_->has_boundary_.load(std::memory_order_relaxed)) return;
+      std::function<void()> hook;
+      {
+        std::lock_guard<std::mutex> lock(gs_->mu_);
+        if (!entry_.holding || gs_->replaying_) return;
+        const LoaderView& v = entry_.view;
+        if (v.steps >= 0) {  // ranks may run different numbers of steps: every one must have held batch v.batch
+          if (!v.plans) return;
+          for (const auto& p : *v.plans)
+            if (p.size() <= v.batch) return;
+        }
+        hook = gs_->boundary_;
+      }
+      if (hook) hook();  // outside the lock: it talks to the other ranks and may save a checkpoint
+    }
     //! Records this rank's step calls from now on: it lacks the steps `missing` of the longest rank.
     void record_steps(std::vector<LoaderView> missing) {
       if (!gs_) return;
@@ -263,6 +299,9 @@ class GradientState {
   bool sync_gradients_ = true;
   bool replaying_ = false;
   std::atomic<int> recorders_{0};  // registrations that record their steps
+  std::function<void()> boundary_;  // the step boundary hook (set_step_boundary_hook)
+  std::atomic<bool> has_boundary_{false};
+  std::atomic<const void*> boundary_owner_{nullptr};
 };
 
 }  // namespace accel
