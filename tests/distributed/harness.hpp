@@ -64,6 +64,7 @@ void busy_peer(const Args&);               // faults.cpp
 void mismatch(const Args&);                // faults.cpp
 void uneven(const Args&);                  // uneven.cpp
 void elastic(const Args&);                 // launch.cpp
+void preemptible(const Args&);             // launch.cpp
 void listening_surface(const Args&);       // security.cpp
 void foreign_writer(const Args&);          // security.cpp
 void attacked_job(const Args&);            // security.cpp

@@ -1,6 +1,8 @@
 // accel-launch (tools/accel_launch.cpp) with real training: one job on several nodes equals the same processes on one
-// node, and a job restarted after a SIGKILL (--max-restarts) resumes from its latest checkpoint and ends with the
-// parameters of an uninterrupted run. tests/distributed/launch.sh starts the launchers and compares the checksums.
+// node, a job restarted after a SIGKILL (--max-restarts) resumes from its latest checkpoint and ends with the
+// parameters of an uninterrupted run, and a job asked to stop by a signal (Options::preemption) saves at a step
+// boundary on every rank and, restarted, ends with them too. tests/distributed/launch.sh and preemption.sh start
+// the launchers and compare the checksums.
 #include "harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -16,6 +18,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdint>
 #include <filesystem>
 #include <iomanip>
@@ -107,6 +110,55 @@ void elastic(const Args& args) {
     }
   }
   acc.print("elastic: parameter checksum ", checksum(*net), " after ", done, " batches");
+  acc.wait_for_everyone();
+}
+
+// preemptible PROJECT [EPOCHS] [PACE_MS] [R:S:SIGNAL]: the elastic job's training under a checkpoint policy
+// (Options::project_config, automatic naming, total_limit 2) with Options::preemption: it resumes from the project's
+// latest checkpoint when there is one, counts its batches in a registered custom state, sleeps PACE_MS after each
+// batch (so that a signal from outside lands mid-run), and rank R raises SIGNAL itself after batch S (counted over
+// the whole run). Prints "preemptible: training" once it trains and, at the end, rank 0's parameter checksum.
+void preemptible(const Args& args) {
+  const std::filesystem::path project = arg(args, 0, "");
+  const int epochs = std::stoi(arg(args, 1, "3")), pace_ms = std::stoi(arg(args, 2, "0"));
+  const Kill self = parse_kill(arg(args, 3, ""));  // R:S:SIGNAL (the third field is the signal here)
+  accel::detail::require(!project.empty(), "preemptible: give a project directory");
+  Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
+                             .comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)},
+                             .project_config = {.project_dir = project, .automatic_checkpoint_naming = true, .total_limit = 2},
+                             .preemption = {.enabled = true}}};
+  tally.rank = acc.process_index();
+  at::manual_seed(7);
+  const at::Tensor x = at::randn({96, 5}), y = at::randn({96, 2});
+  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1), torch::nn::Linear(16, 2));
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, opt, loader, sched] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
+                  std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
+  std::int64_t done = 0;  // batches of the whole run: custom state, restored by load_state
+  acc.register_for_checkpointing(done);
+  if (const auto latest = acc.latest_checkpoint()) {
+    acc.load_state();
+    acc.print("preemptible: resumed from ", latest->filename().string(), " after batch ", done);
+  }
+  acc.print("preemptible: training");
+  for (std::int64_t epoch = loader.epoch(); epoch < epochs; ++epoch) {
+    loader.set_epoch(epoch);
+    for (const auto& b : loader) {
+      auto step = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      opt.step();
+      sched.step();
+      opt.zero_grad();
+      ++done;
+      if (tally.rank == self.rank && done == self.batch) {
+        std::cout << "preemptible: rank " << tally.rank << " raises signal " << self.below_generation << " after batch " << done << std::endl;
+        std::raise(self.below_generation);
+      }
+      if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
+    }
+  }
+  acc.print("preemptible: parameter checksum ", checksum(*net), " after ", done, " batches");
   acc.wait_for_everyone();
 }
 

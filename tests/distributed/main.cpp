@@ -20,6 +20,9 @@
 //   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
 //                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)
+//   preemptible PROJECT [EPOCHS] [PACE_MS] [R:S:SIGNAL]  training under a checkpoint policy and Options::preemption,
+//                                  resumed from the project's latest checkpoint; rank R raises SIGNAL after batch S
+//                                  (preemption.sh signals it, or its launcher, and compares the checksums)
 //   surface                        every socket the job's processes listen on is a loopback one (security.sh)
 //   foreign-writer PORT SECONDS    a client outside the job overwrites every key it finds in the store at PORT
 //   attacked SECONDS               all_reduces for SECONDS, every result checked (while foreign-writer runs)
@@ -39,7 +42,7 @@ int main(int argc, char** argv) {
       {"dispatch", mp::dispatch},             {"ddp", mp::distributed_module},
       {"training", mp::accelerator},          {"kill", mp::kill_mid_collective},
       {"train-kill", mp::kill_mid_training},  {"rendezvous", mp::rendezvous},
-      {"elastic", mp::elastic},
+      {"elastic", mp::elastic},               {"preemptible", mp::preemptible},
       {"freeze", mp::freeze_mid_training},    {"busy", mp::busy_peer},
       {"mismatch", mp::mismatch},             {"uneven", mp::uneven},
       {"ddp-buffers", mp::ddp_buffers},       {"comm-hooks", mp::comm_hooks},
