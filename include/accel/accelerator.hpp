@@ -396,6 +396,7 @@ class Accelerator {
   //! the next `save_state()` numbers after the project's latest checkpoint.
   void load_state(const std::filesystem::path& dir) {
     accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
+    resumed_ = true;
     if (opt_.project_config.automatic_checkpoint_naming)
       if (const auto latest = latest_checkpoint_number())
         opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
@@ -456,11 +457,12 @@ class Accelerator {
 
   // [accelerate:accelerator.py Accelerator.init_trackers]
   //! Starts the trackers of `Options::log_with` for the run `project_name` with its hyperparameters `config`:
-  //! on the main process only (the others write nothing), into `<Options::logging_dir>/<project_name>/`.
+  //! on the main process only (the others write nothing), into `<logging_dir()>/<project_name>/`. After a
+  //! `load_state` the run's files are continued (appended to), otherwise started anew.
   void init_trackers(const std::string& project_name, const tracking::Values& config = {}) {
     detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
     // Every process checks the names (the main process's Trackers does), so that each raises the same error.
-    if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, logging_dir() / project_name, config);
+    if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, logging_dir() / project_name, config, resumed_);
     else tracking::Trackers::check_names(config, "init_trackers");
     trackers_started_ = true;
   }
@@ -741,6 +743,7 @@ class Accelerator {
   bool trackers_started_ = false;          // init_trackers was called (on every process)
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
   std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
+  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files
 };
 
 }  // namespace accel

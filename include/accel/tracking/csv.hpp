@@ -5,6 +5,7 @@
 //! header and the file is rewritten whole (through a temporary file renamed over it, so it is never half
 //! written), earlier rows getting an empty cell in it. A name a call leaves out is an empty cell too. Fields with
 //! a comma, a quote or a line break are quoted (RFC 4180); numbers are written in their shortest exact form.
+//! Continuing a run (a resumed job) reads the existing file back and appends to it.
 
 #include <accel/core/files.hpp>
 #include <accel/error.hpp>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -23,7 +25,11 @@ class CsvWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.csv";
 
-  explicit CsvWriter(const std::filesystem::path& run_dir) : path_(run_dir / file_name) { rewrite(); }
+  //! `continuing`: a resumed job's writer, which keeps the rows already in the file (if any).
+  explicit CsvWriter(const std::filesystem::path& run_dir, bool continuing = false) : path_(run_dir / file_name) {
+    if (continuing && std::filesystem::exists(path_)) read_back();
+    rewrite();
+  }
   //! The configuration is not a table row: `Trackers` writes it to config.json.
   void store_config(const Values&) override {}
   void log(const Values& values, std::int64_t step) override {
@@ -58,6 +64,46 @@ class CsvWriter final : public Writer {
     std::string s;
     for (std::size_t i = 0; i <= columns_.size(); ++i) s += (i ? "," : "") + (i < row.size() ? row[i] : std::string());
     return s + "\n";
+  }
+  // The existing file's columns and rows (fields kept as written; only the header's names are unquoted).
+  void read_back() {
+    const auto bytes = read_file(path_, std::filesystem::file_size(path_));
+    const std::string all(bytes.begin(), bytes.end());
+    std::vector<std::vector<std::string>> records(1);
+    std::string field;
+    bool in_quotes = false;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const char c = all[i];
+      if (in_quotes) {
+        field += c;
+        if (c == '"' && i + 1 < all.size() && all[i + 1] == '"') field += all[++i];  // an escaped quote
+        else if (c == '"') in_quotes = false;
+      } else if (c == '"') {
+        field += c;
+        in_quotes = true;
+      } else if (c == ',' || c == '\n') {
+        records.back().push_back(std::exchange(field, {}));
+        if (c == '\n') records.emplace_back();
+      } else {
+        field += c;
+      }
+    }
+    if (!field.empty()) records.back().push_back(field);
+    if (records.back().empty()) records.pop_back();
+    if (records.empty() || records.front().empty() || records.front().front() != "step")
+      throw Error("accel: tracking: " + path_.string() + " is not a metrics table of accel (its header does not start with "
+                  "\"step\"); move it away, or log into another project");
+    for (std::size_t c = 1; c < records.front().size(); ++c) {
+      std::string name = records.front()[c];
+      if (name.size() >= 2 && name.front() == '"') {  // "a ""b""" -> a "b"
+        std::string plain;
+        for (std::size_t k = 1; k + 1 < name.size(); ++k) plain += name[k] == '"' ? name[++k] : name[k];
+        name = plain;
+      }
+      column_.emplace(name, columns_.size());
+      columns_.push_back(name);
+    }
+    rows_.assign(records.begin() + 1, records.end());
   }
   void rewrite() {
     std::vector<std::string> header{"step"};

@@ -26,7 +26,9 @@ class JsonlWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.jsonl";
 
-  explicit JsonlWriter(const std::filesystem::path& run_dir) : path_(run_dir / file_name), out_(path_, std::ios::trunc) {
+  //! `continuing`: a resumed job's writer, which appends to the file.
+  explicit JsonlWriter(const std::filesystem::path& run_dir, bool continuing = false)
+      : path_(run_dir / file_name), out_(path_, continuing ? std::ios::app : std::ios::trunc) {
     if (!out_) throw Error("accel: tracking: could not create " + path_.string());
   }
   //! The configuration is not a step: `Trackers` writes it to config.json.

@@ -12,8 +12,10 @@
 //!
 //! Everything is written by the main process alone, into `<logging_dir>/<project_name>/`: the configuration in
 //! `config.json` (every tracker; TensorBoard also gets it as a text summary), then each tracker's file
-//! (tracking/jsonl.hpp, tracking/csv.hpp, tracking/tensorboard.hpp). `init_trackers` starts a run's files anew
-//! (the event file is a new one, as TensorBoard's writers make). A step left out is the number of `log` calls
+//! (tracking/jsonl.hpp, tracking/csv.hpp, tracking/tensorboard.hpp). `init_trackers` starts a run's files anew,
+//! unless the job resumed from a checkpoint (`load_state` before `init_trackers`): then the JSONL and CSV files
+//! are appended to. The event file is a new one either way, as TensorBoard's writers make (TensorBoard reads
+//! every event file of the folder). A step left out is the number of `log` calls
 //! before this one.
 
 #include <accel/core/files.hpp>
@@ -36,8 +38,9 @@ class Trackers {
   static constexpr const char* config_file = "config.json";
 
   Trackers() = default;
-  //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`.
-  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config) {
+  //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`. `continuing`: a
+  //! resumed job, whose files are appended to.
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config, bool continuing = false) {
     check_names(config, "init_trackers");
     for (std::size_t i = 0; i < kinds.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
@@ -45,8 +48,8 @@ class Trackers {
     if (kinds.empty()) return;
     std::filesystem::create_directories(dir);
     for (const auto k : kinds) {
-      if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir));
-      else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir));
+      if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, continuing));
+      else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, continuing));
       else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
     }
     nlohmann::ordered_json j = nlohmann::ordered_json::object();

@@ -105,3 +105,29 @@ TEST_CASE("tracking: the Accelerator's init_trackers, log and end_training", "[t
   none.end_training();
   CHECK_FALSE(fs::exists(root / "none"));
 }
+
+TEST_CASE("tracking: a resumed job continues its run's JSONL and CSV files; a fresh one starts them anew", "[tracking]") {
+  const auto dir = tracking_scratch("continued");
+  {
+    tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {});
+    t.log({{"loss", 0.5}, {"a, \"b\"", std::int64_t(1)}}, 1);
+    t.log({{"loss", 0.25}, {"note", "x\ny"}}, 2);  // a field with a line break
+  }
+  {
+    tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {}, /*continuing=*/true);
+    t.log({{"loss", 0.125}, {"acc", 0.75}}, 3);  // a new column: every earlier row is kept and widened
+  }
+  CHECK(lines_of(dir / "metrics.jsonl").size() == 3);
+  CHECK(lines_of(dir / "metrics.csv") ==
+        std::vector<std::string>{"step,\"a, \"\"b\"\"\",loss,note,acc", "1,1,0.5,,", "2,,0.25,\"x", "y\",", "3,,0.125,,0.75"});
+  {
+    tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {});
+    t.log({{"loss", 1.0}}, 0);
+  }
+  CHECK(lines_of(dir / "metrics.jsonl").size() == 1);
+  CHECK(lines_of(dir / "metrics.csv") == std::vector<std::string>{"step,loss", "0,1"});
+  {
+    std::ofstream(dir / "metrics.csv") << "epoch,loss\n0,1\n";
+    CHECK_THROWS_WITH(tr::Trackers({tr::Tracker::csv}, dir, {}, true), Catch::Contains("is not a metrics table of accel"));
+  }
+}
