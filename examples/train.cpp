@@ -1,13 +1,19 @@
 // The main example: a real multi-process training run on data that ships with the project.
 //
 //   build/tools/accel-launch --nproc-per-node 2 build/examples/train --data examples/data/digits.csv
-//   ... --checkpoint-dir ckpt --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
-//   ... --checkpoint-dir ckpt --resume             # continue from it; ends exactly where an uninterrupted run ends
+//   ... --project-dir run --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
+//   ... --project-dir run --resume             # continue from the latest one; ends exactly where an uninterrupted run ends
+//
+// With --project-dir, the job keeps its files under that folder (accel::ProjectConfiguration): checkpoints in
+// checkpoints/checkpoint_<n> (one every --checkpoint-every batches, the 2 latest kept), the metrics of every epoch
+// in digits/ (JSONL, and TensorBoard event files). SIGTERM or SIGUSR1 (a cluster preempting the job: SLURM's
+// --signal=USR1@60) saves a checkpoint at the next step boundary on every process and exits; --resume goes on.
 //
 // A small MLP learns the UCI handwritten digits (1,797 8x8 images; the last 297 are held out). `prepare` shards
 // every shuffled epoch across the processes, wraps the model so that gradients are averaged (bucketed all-reduce
 // overlapping backward), and wraps the optimizer and scheduler so that they step only when gradients are
-// synchronised (2-step gradient accumulation here). The held-out accuracy is computed with gather_for_metrics
+// synchronised (2-step gradient accumulation here); the learning rate warms up linearly over the first 30 optimizer
+// steps, then decays linearly to zero (transformers' linear schedule with warmup, exactly). The held-out accuracy is computed with gather_for_metrics
 // over exactly the 297 test samples (the padding that evens out the last batch is dropped). Logs and the progress
 // bar appear on the main process only. The parameter checksum printed at the end identifies the trained weights.
 #include "digits.hpp"
@@ -24,7 +30,6 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
-#include <torch/optim/schedulers/step_lr.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -69,32 +74,47 @@ std::string checksum(const torch::nn::Module& net) {
 
 int main(int argc, char** argv) try {
   CLI::App cli{"accel example: 2-process MLP training on the UCI handwritten digits"};
-  std::string data = "examples/data/digits.csv", checkpoint_dir;
+  std::string data = "examples/data/digits.csv", project_dir;
   int epochs = 15;
-  std::int64_t stop_after = 0;
+  std::int64_t stop_after = 0, checkpoint_every = 0;
   bool resume = false;
   cli.add_option("--data", data, "the digits CSV (64 pixels and a label per row)");
   cli.add_option("--epochs", epochs, "training epochs")->check(CLI::PositiveNumber);
-  cli.add_option("--checkpoint-dir", checkpoint_dir, "where save_state writes (at the end, or at --stop-after)");
-  cli.add_option("--stop-after", stop_after, "save a checkpoint after this many batches and stop")->needs("--checkpoint-dir");
-  cli.add_flag("--resume", resume, "load the checkpoint in --checkpoint-dir first")->needs("--checkpoint-dir");
+  cli.add_option("--project-dir", project_dir, "keep checkpoints (checkpoints/checkpoint_<n>) and metrics (digits/) here");
+  cli.add_option("--checkpoint-every", checkpoint_every, "save a checkpoint every this many batches (the 2 latest are kept)")
+      ->needs("--project-dir")->check(CLI::PositiveNumber);
+  cli.add_option("--stop-after", stop_after, "save a checkpoint after this many batches and stop")->needs("--project-dir");
+  cli.add_flag("--resume", resume, "continue from the project's latest checkpoint")->needs("--project-dir");
   CLI11_PARSE(cli, argc, argv);
 
-  Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2}};
+  const bool project = !project_dir.empty();
+  Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
+                         .log_with = project ? std::vector{accel::tracking::Tracker::jsonl, accel::tracking::Tracker::tensorboard}
+                                             : std::vector<accel::tracking::Tracker>{},
+                         .project_config = {.project_dir = project ? project_dir : ".", .automatic_checkpoint_naming = project,
+                                            .total_limit = 2},
+                         .preemption = {.enabled = project}}};
   const auto [x, y] = examples::read_digits(data);
   const std::int64_t n_test = 297, n_train = x.size(0) - n_test;
 
   auto net = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Dropout(0.1), torch::nn::Linear(128, 10));
   auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(1e-4));
-  auto [model, opt, train, test, sched] = acc.prepare(
+  auto [model, opt, train, test] = acc.prepare(
       net, adamw,
       accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, 0, n_train), y.narrow(0, 0, n_train)), {.batch_size = 16, .shuffle = true}),
-      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)), {.batch_size = 64}),
-      std::make_shared<torch::optim::StepLR>(*adamw, 300, 0.5));
+      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)), {.batch_size = 64}));
+  // The schedule counts scheduler steps: one per optimizer step and process (Accelerate's default), so its length
+  // is the run's optimizer steps times the processes.
+  const auto per_epoch = std::int64_t(train.size());  // (asked before a resume: then it counts what is left)
+  const std::int64_t accumulation = acc.gradient_accumulation_steps();
+  const std::int64_t total_steps = epochs * ((per_epoch + accumulation - 1) / accumulation) * acc.num_processes();
+  auto sched = acc.prepare(accel::linear_schedule_with_warmup(*adamw, 30 * acc.num_processes(), total_steps));
   if (resume) {
-    acc.load_state(checkpoint_dir);
-    acc.print("resumed from ", checkpoint_dir, " at epoch ", train.epoch(), ", batch ", train.state_dict().batches);
+    const auto from = acc.load_state();
+    acc.print("resumed from ", from.string(), " at epoch ", train.epoch(), ", batch ", train.state_dict().batches);
   }
+  if (project) acc.init_trackers("digits", {{"lr", 3e-3}, {"batch_size", std::int64_t(16)}, {"epochs", std::int64_t(epochs)},
+                                            {"processes", std::int64_t(acc.num_processes())}});
   acc.print("training on ", acc.num_processes(), " process(es): ", train.size(), " batches of 16 per process per epoch, ",
             train.total_batch_size() * acc.gradient_accumulation_steps(), " samples per optimizer step");
 
@@ -117,17 +137,22 @@ int main(int argc, char** argv) try {
       ++counted;
       bar.update(++seen, int(epoch), loss_sum / double(counted));
       if (++batches_done == stop_after) {
-        acc.save_state(checkpoint_dir);
-        acc.print("checkpoint saved to ", checkpoint_dir, " after ", stop_after, " batches; stopping (resume with --resume)");
+        const auto dir = acc.save_state();
+        acc.print("checkpoint saved to ", dir.string(), " after ", stop_after, " batches; stopping (resume with --resume)");
         return 0;
       }
+      if (checkpoint_every > 0 && (epoch * per_epoch + seen) % checkpoint_every == 0) (void)acc.save_state();
     }
     const double mean_loss = acc.reduce(at::scalar_tensor(loss_sum / double(std::max<std::int64_t>(counted, 1))), accel::Reduction::mean).item<double>();
-    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss, "  lr ", std::setprecision(5),
-              adamw->param_groups()[0].options().get_lr());
+    const double lr = adamw->param_groups()[0].options().get_lr();
+    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss, "  lr ", std::setprecision(5), lr);
+    if (project) acc.log({{"loss", mean_loss}, {"lr", lr}}, epoch);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!checkpoint_dir.empty() && !resume) acc.save_state(checkpoint_dir);
+  if (project) {
+    acc.print("final checkpoint ", acc.save_state().string(), "; metrics in ", (acc.logging_dir() / "digits").string());
+    acc.end_training();
+  }
 
   // Evaluation: every rank predicts its shard; gather_for_metrics drops the padding of the even tail.
   net->eval();
