@@ -52,12 +52,14 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -269,6 +271,23 @@ class Accelerator {
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_(module_of(unwrap_model(model))->parameters(), max_norm, norm_type);
   }
+  // [accelerate:accelerator.py Accelerator.clip_grad_value_]
+  //! Unscales the gradients (fp16) then clamps every gradient element into `[-clip_value, clip_value]`. Under
+  //! fp16, call it on synchronising steps only (`sync_gradients()`), as `clip_grad_norm_`.
+  void clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value) {
+    // A rank out of batches clips on synchronising steps, where its gradients are the others' average.
+    record(GradientState::CallKind::local, [this, parameters, clip_value] {
+      if (sync_gradients()) clip_grad_value_(parameters, clip_value);
+      return nullptr;
+    });
+    unscale_gradients();
+    torch::nn::utils::clip_grad_value_(parameters, clip_value);
+  }
+  template <class M>
+    requires ModuleHandle<M> || is_prepared_model<M>
+  void clip_grad_value_(const M& model, double clip_value) {
+    clip_grad_value_(module_of(unwrap_model(model))->parameters(), clip_value);
+  }
   //! Divides every prepared optimizer's gradients by the loss scale (fp16; nothing otherwise).
   void unscale_gradients() {
     if (scaler_)
@@ -288,27 +307,26 @@ class Accelerator {
   //! is gathered exactly once.
   template <TensorStructure T>
   [[nodiscard]] T gather_for_metrics(const T& x) const {
-    auto& gs = GradientState::instance();
-    if (!gs.in_dataloader()) return accel::gather(state_.comm(), x);
-    refuse_starved("gather_for_metrics");
-    if (!gs.recording()) return accel::gather_for_metrics(state_.comm(), x, gs.layout());
-    auto none = map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
-      auto shape = t.sizes().vec();
-      if (shape.empty()) shape.push_back(0);
-      else shape[0] = 0;
-      return at::empty(shape, t.options());
-    });
-    const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
-    if (gs.recording())
-      record(GradientState::CallKind::gather_for_metrics, [this, none] {
-        (void)gather_for_metrics(none);
-        return nullptr;
+    if (!GradientState::instance().in_dataloader()) return accel::gather(state_.comm(), x);
+    return gather_batch(x, [&x] {
+      return map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
+        auto shape = t.sizes().vec();
+        if (shape.empty()) shape.push_back(0);
+        else shape[0] = 0;
+        return at::empty(shape, t.options());
       });
-    T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
-    if (ahead.empty()) return out;
-    std::vector<T> parts{std::move(out)};
-    for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), none, layout));
-    return concat_rows(parts);
+    });
+  }
+  // [accelerate:accelerator.py Accelerator.gather_for_metrics]
+  //! The same for objects (Accelerate's `use_gather_object` path, which it takes for non-tensor data): one
+  //! element per sample of the batch, of any serialisable type (core/serialize.hpp); every rank gets the ranks'
+  //! elements in rank order without the padding, exactly the samples the tensor form keeps for the same batch.
+  //! Outside a prepared loader's loop it is every rank's elements, concatenated (Accelerate's `gather_object`).
+  template <class T>
+    requires(!TensorStructure<std::vector<T>>)
+  [[nodiscard]] std::vector<T> gather_for_metrics(const std::vector<T>& x) const {
+    if (!GradientState::instance().in_dataloader()) return concat_rows(accel::gather_object(state_.comm(), x));
+    return gather_batch(x, [] { return std::vector<T>{}; });
   }
   //! Every rank's `x`, concatenated (shapes must agree: under uneven tails a rank out of batches contributes
   //! zeros of the shape it last gathered; use `gather_for_metrics` for a batch's rows).
@@ -337,6 +355,34 @@ class Accelerator {
     return accel::reduce(state_.comm(), x, op, scale);
   }
 
+  // [accelerate:accelerator.py Accelerator.set_trigger]
+  //! Sets this process's trigger: the next `check_trigger` returns true on every process. For stopping every
+  //! process's loop together when one of them decides to (early stopping, a NaN loss):
+  //! \code
+  //! if (loss.isnan().item<bool>()) acc.set_trigger();   // on whichever process sees it
+  //! if (acc.check_trigger()) break;                      // every process, every step: all leave together
+  //! \endcode
+  void set_trigger() noexcept { trigger_ = 1; }
+  // [accelerate:accelerator.py Accelerator.check_trigger]
+  //! Whether any process has set its trigger since its last check (the sum of the flags over the processes);
+  //! when it has, every process's flag is reset. A collective: every process calls it at the same point (one
+  //! process: no communication). Under uneven tails a rank out of batches repeats it with its own flag (0 unless
+  //! it set the trigger after its last check); when the others stop there, its repeated steps end too
+  //! (Note [Joined steps]).
+  [[nodiscard]] bool check_trigger() {
+    if (state_.comm() == nullptr) return std::exchange(trigger_, 0) != 0;
+    refuse_starved("check_trigger");
+    if (GradientState::instance().recording())
+      record(GradientState::CallKind::collective, [this] {
+        if (check_trigger()) GradientState::instance().stop_repeating();  // the others leave their loops here
+        return nullptr;
+      });
+    const at::Tensor flag = at::full({1}, trigger_, at::TensorOptions().dtype(at::kLong).device(state_.comm()->device()));
+    const bool any = accel::reduce(state_.comm(), flag, Reduction::sum).item<std::int64_t>() > 0;
+    if (any) trigger_ = 0;
+    return any;
+  }
+
   //! Whether this step synchronises gradients (the optimizer really steps).
   [[nodiscard]] bool sync_gradients() const { return GradientState::instance().sync_gradients(); }
   [[nodiscard]] int gradient_accumulation_steps() const noexcept { return opt_.gradient_accumulation_steps; }
@@ -360,6 +406,31 @@ class Accelerator {
   [[nodiscard]] int process_index() const noexcept { return state_.process_index(); }
   [[nodiscard]] bool is_main_process() const noexcept { return state_.is_main_process(); }
   [[nodiscard]] bool is_local_main_process() const noexcept { return state_.is_local_main_process(); }
+  [[nodiscard]] int local_process_index() const noexcept { return state_.local_process_index(); }
+  [[nodiscard]] bool is_last_process() const noexcept { return state_.is_last_process(); }
+  // [accelerate:accelerator.py Accelerator.on_main_process]
+  //! Runs `f()` on the main process only; `bool` (whether it ran) for an `f` returning nothing, else
+  //! `std::optional` of its result (`ProcessState::on_main_process`). The `on_*` helpers do not communicate.
+  template <std::invocable F>
+  OnProcessResult<F> on_main_process(F&& f) const { return state_.on_main_process(std::forward<F>(f)); }
+  // [accelerate:accelerator.py Accelerator.on_local_main_process]
+  //! Runs `f()` on the main process of each node only.
+  template <std::invocable F>
+  OnProcessResult<F> on_local_main_process(F&& f) const { return state_.on_local_main_process(std::forward<F>(f)); }
+  // [accelerate:accelerator.py Accelerator.on_last_process]
+  //! Runs `f()` on the last process only.
+  template <std::invocable F>
+  OnProcessResult<F> on_last_process(F&& f) const { return state_.on_last_process(std::forward<F>(f)); }
+  // [accelerate:accelerator.py Accelerator.on_process]
+  //! Runs `f()` on the process `index` only (an index outside `[0, num_processes())` is an error).
+  template <std::invocable F>
+  OnProcessResult<F> on_process(int index, F&& f) const { return state_.on_process(index, std::forward<F>(f)); }
+  // [accelerate:accelerator.py Accelerator.on_local_process]
+  //! Runs `f()` on the process of local index `local_index` of each node (outside `[0, local processes)`: an error).
+  template <std::invocable F>
+  OnProcessResult<F> on_local_process(int local_index, F&& f) const {
+    return state_.on_local_process(local_index, std::forward<F>(f));
+  }
   void wait_for_everyone() const { state_.wait_for_everyone(); }
   [[nodiscard]] auto main_process_first() const { return state_.main_process_first(); }
   template <class... Args>
@@ -514,6 +585,25 @@ class Accelerator {
     }
     return scope;
   }
+  //! `gather_for_metrics` inside a loader's loop, for tensors and objects alike; `none` makes this rank's
+  //! contribution to a step it lacks (no rows).
+  template <class T, class None>
+  T gather_batch(const T& x, None none) const {
+    auto& gs = GradientState::instance();
+    refuse_starved("gather_for_metrics");
+    if (!gs.recording()) return accel::gather_for_metrics(state_.comm(), x, gs.layout());
+    const T empty = none();
+    const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
+    record(GradientState::CallKind::gather_for_metrics, [this, empty] {
+      (void)gather_for_metrics(empty);
+      return nullptr;
+    });
+    T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
+    if (ahead.empty()) return out;
+    std::vector<T> parts{std::move(out)};
+    for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), empty, layout));
+    return concat_rows(parts);
+  }
   //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
   //! gradient_state.hpp); nothing, and no copy of the arguments, on any other rank or loader.
   template <class F>
@@ -535,6 +625,14 @@ class Accelerator {
     }
     std::size_t i = 0;
     return map_tensors(parts.front(), [&](const at::Tensor&) { return at::cat(columns[i++], 0); });
+  }
+  //! The elements of several gathers of objects, concatenated.
+  template <class U>
+    requires(!TensorStructure<std::vector<U>>)
+  static std::vector<U> concat_rows(std::vector<std::vector<U>> parts) {
+    std::vector<U> out;
+    for (auto& p : parts) std::move(p.begin(), p.end(), std::back_inserter(out));
+    return out;
   }
   //! A collective in an epoch where some rank has no batch at all: that rank has no step to repeat, so the
   //! collective could never be matched; every rank knows it from the plan and stops here, with the same error.
@@ -744,6 +842,7 @@ class Accelerator {
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
   std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
   bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files
+  std::int64_t trigger_ = 0;               // set_trigger's flag, until check_trigger finds it
 };
 
 }  // namespace accel

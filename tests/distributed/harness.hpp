@@ -33,6 +33,13 @@ inline bool same(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
 }
 
+//! A batch's sample ids as objects, one string per sample (what a metric computed off the device looks like).
+inline std::vector<std::string> sample_names(const at::Tensor& ids) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < ids.size(0); ++i) out.push_back("sample-" + std::to_string(ids[i].item<int64_t>()));
+  return out;
+}
+
 //! Process options with one timeout for the rendezvous and every collective.
 inline accel::ProcessOptions options(int timeout_ms) {
   accel::ProcessOptions o;
@@ -56,6 +63,7 @@ void ddp_buffers(const Args&);             // model/ddp_buffers.cpp
 void comm_hooks(const Args&);              // model/comm_hooks.cpp
 void sync_batch_norm(const Args&);         // model/sync_batch_norm.cpp
 void accelerator(const Args&);             // accelerator.cpp
+void helpers(const Args&);                 // accelerator.cpp
 void kill_mid_collective(const Args&);     // faults.cpp
 void kill_mid_training(const Args&);       // faults.cpp
 void rendezvous(const Args&);              // faults.cpp

@@ -10,6 +10,7 @@
 //   comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
 //   sync-bn                        model/: SyncBatchNorm equals BatchNorm on the concatenated batch
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
+//   helpers                        the Accelerator's helpers: triggers, clip_grad_value_, gather_for_metrics of objects, on_*
 //   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
 //   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
       {"sync-bn", mp::sync_batch_norm},       {"surface", mp::listening_surface},
       {"foreign-writer", mp::foreign_writer}, {"attacked", mp::attacked_job},
       {"job-sum", mp::job_sum},               {"store-host", mp::store_host},
-      {"files", mp::files}};
+      {"files", mp::files},                   {"helpers", mp::helpers}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -2,7 +2,9 @@
 // under tail::uneven equals PyTorch's Join semantics computed here on one process (a rank out of batches adds
 // zeros to each remaining gradient all-reduce, the sum is divided by the initial world size), with and without
 // accumulation; parameters, momentum and learning rate stay equal on every rank; gather_for_metrics over an uneven
-// loader returns every real sample exactly once; a rank with no batch at all is a clear error on every rank.
+// loader returns every real sample exactly once, as tensors and as objects; a trigger stops every rank together,
+// also when the rank that sets it runs a step the others lack; a rank with no batch at all is a clear error on
+// every rank.
 #include "harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -20,7 +22,9 @@
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace mp {
 namespace {
@@ -127,6 +131,86 @@ void train(int k, std::int64_t n, std::int64_t B) {
                                                  std::to_string(all.size(0)) + " of " + std::to_string(n) + ")");
 }
 
+// check_trigger under uneven tails. Round 0: rank 1 sets the trigger at step 5, every rank stops at step 5. Round 1:
+// rank 0 sets it at its last step, which the others lack: they repeat that step up to the check only (their loops
+// had already ended), so no rank takes the optimizer step after it and parameters and momentum stay equal.
+void triggers(std::int64_t n, std::int64_t B) {
+  for (int round = 0; round < 2; ++round) {
+    Uneven acc{accel::Options{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+    const int N = acc.num_processes(), me = acc.process_index();
+    const std::string what = "trigger round " + std::to_string(round) + ", N=" + std::to_string(N) + ": ";
+    at::manual_seed(21);
+    auto net = make_net();
+    auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    auto [model, opt, loader] = acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 5}), at::randn({n, 2})),
+                                                                              {.batch_size = B}));
+    const std::int64_t mine = std::int64_t(loader.size());
+    const std::int64_t longest = acc.reduce(at::tensor({mine}, at::kLong), accel::Reduction::max).item<std::int64_t>();
+    check(round == 0 || (me == 0 ? mine == longest : mine == longest - 1), what + "rank 0 alone runs the last step");
+    const int who = round == 0 ? 1 : 0;
+    const std::int64_t when = round == 0 ? 5 : longest - 1;
+    std::int64_t step = 0, stopped_at = -1;
+    for (const auto& b : loader) {
+      auto s = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(b.data), b.target));
+      if (me == who && step == when) acc.set_trigger();
+      if (acc.check_trigger()) {
+        stopped_at = step;
+        break;
+      }
+      opt.step();
+      opt.zero_grad();
+      ++step;
+    }
+    if (round == 0) {
+      const auto stops = accel::gather_object(acc.comm(), stopped_at);
+      check(std::all_of(stops.begin(), stops.end(), [](std::int64_t s) { return s == 5; }),
+            what + "a trigger set on rank 1 at step 5 stops every rank at step 5 (this rank: " + std::to_string(stopped_at) + ")");
+    } else {
+      check(me == 0 ? stopped_at == longest - 1 : stopped_at == -1 && step == mine,
+            what + "rank 0 stops at its last step, the others end their batches (stopped at " + std::to_string(stopped_at) + ")");
+    }
+    bool equal = true;
+    for (const auto& p : net->parameters()) {
+      equal = equal && equal_on_every_rank(acc.comm(), p);
+      auto& state = static_cast<torch::optim::SGDParamState&>(*sgd->state().at(p.unsafeGetTensorImpl()));
+      equal = equal && equal_on_every_rank(acc.comm(), state.momentum_buffer());
+    }
+    check(equal, what + "parameters and momentum equal on every rank (no rank stepped after the trigger)");
+    check(!acc.check_trigger(), what + "the flag was reset on every rank");
+  }
+}
+
+// gather_for_metrics of objects over an uneven loader: alone in the loop (the rank that runs out gathers the rows of
+// the steps it lacks with its last batch), every sample exactly once on every rank; beside the tensor form (the
+// rank that runs out repeats its steps), the same samples as the tensors, every sample once on the longest rank.
+void evaluate_objects(std::int64_t n, std::int64_t B) {
+  Uneven acc{accel::Options{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+  const std::string what = "objects, N=" + std::to_string(acc.num_processes()) + " n=" + std::to_string(n) + ": ";
+  auto eval = acc.prepare(accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)), {.batch_size = B}));
+  std::vector<std::string> all;
+  for (std::int64_t i = 0; i < n; ++i) all.push_back("sample-" + std::to_string(i));
+  std::sort(all.begin(), all.end());
+  std::vector<std::string> seen;
+  for (const auto& b : eval) {
+    const auto g = acc.gather_for_metrics(sample_names(b.target));
+    seen.insert(seen.end(), g.begin(), g.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  check(seen == all, what + "alone: every sample exactly once (" + std::to_string(seen.size()) + " of " + std::to_string(n) + ")");
+  seen.clear();
+  bool as_tensors = true;
+  for (const auto& b : eval) {
+    const auto g = acc.gather_for_metrics(sample_names(b.target));
+    as_tensors = as_tensors && g == sample_names(acc.gather_for_metrics(b.target));
+    seen.insert(seen.end(), g.begin(), g.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  check(as_tensors, what + "beside tensors: the samples the tensor form keeps");
+  check(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), what + "beside tensors: no duplicate");
+  if (acc.process_index() == 0) check(seen == all, what + "beside tensors: every sample once on the longest rank");
+}
+
 // A loader that gives the last rank no batch at all: every other rank stops at its first collective with the
 // same error; the starved rank's loop is empty. Afterwards every rank meets again (nothing was left unmatched).
 void starved() {
@@ -167,6 +251,8 @@ void uneven(const Args&) {
   train(1, N == 2 ? 1000 : 1010, 16);
   train(3, N == 2 ? 1000 : 1010, 16);
   train(4, 7 * N + 1, 1);  // batch 1: rank 0 runs 8 steps, the others 7 (a sync only on the joined last step)
+  triggers(N == 2 ? 1000 : 1010, 16);
+  evaluate_objects(N == 2 ? 1000 : 1010, 16);
   starved();
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! Collectives on nested structures of tensors (structure.hpp), Accelerate's `utils/operations.py`:
-//! `gather`, `broadcast`, `reduce`, `pad_across_processes`, `gather_for_metrics`, and the typed
-//! `broadcast_object` / `gather_object`. With one process every function returns its input's value, without
+//! `gather`, `broadcast`, `reduce`, `pad_across_processes`, `gather_for_metrics` (of tensors, and of vectors of
+//! objects), and the typed `broadcast_object` / `gather_object`. With one process every function returns its input's value, without
 //! communicating. Every rank must call the same collectives in the same order.
 
 #include <accel/comm/communicator.hpp>
@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -194,6 +195,30 @@ std::vector<T> gather_object(comm::Communicator* comm, const T& value) {
   const auto parts = comm->all_gather(detail::bytes_tensor(bytes, comm->device()));
   std::vector<T> out;
   for (int r = 0; r < comm->size(); ++r) out.push_back(detail::from_bytes<T>(parts[std::size_t(r)], sizes[std::size_t(r)].item<int64_t>()));
+  return out;
+}
+
+// [accelerate:accelerator.py gather_for_metrics]
+//! `gather_for_metrics` of objects (Accelerate's `use_gather_object` path, taken for non-tensor data): one element
+//! per sample of the batch, any serialisable type (core/serialize.hpp). Every rank gets the ranks' elements in
+//! rank order, rank r's first `layout.real[r]` only: the same samples as the tensor form keeps for the same
+//! layout (padding is dropped before the transfer). One `gather_object`, two all-gathers.
+template <class T>
+  requires(!TensorStructure<std::vector<T>>)
+std::vector<T> gather_for_metrics(comm::Communicator* comm, const std::vector<T>& x, const GatherLayout& layout) {
+  const int world = comm ? comm->size() : 1;
+  detail::require(int(layout.size.size()) == world && int(layout.real.size()) == world,
+                  "accel::gather_for_metrics: the layout describes " + std::to_string(layout.size.size()) +
+                      " ranks, the job has " + std::to_string(world));
+  const int me = comm ? comm->rank() : 0;
+  detail::require(std::int64_t(x.size()) == layout.size[std::size_t(me)],
+                  "accel::gather_for_metrics: rank " + std::to_string(me) + " passes " + std::to_string(x.size()) +
+                      " objects but its batch has " + std::to_string(layout.size[std::size_t(me)]) +
+                      "; pass one object per sample of the batch");
+  const std::vector<T> real(x.begin(), x.begin() + layout.real[std::size_t(me)]);
+  if (world == 1) return real;
+  std::vector<T> out;
+  for (auto& part : gather_object(comm, real)) std::move(part.begin(), part.end(), std::back_inserter(out));
   return out;
 }
 

@@ -59,7 +59,7 @@ class GradScaler {
   void unscale_(torch::optim::Optimizer& optimizer) {
     auto& st = per_optimizer_[&optimizer];
     detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
-                                  "call clip_grad_norm_ (which unscales) at most once per step, on synchronising steps only");
+                                  "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
     detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
     const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
     at::Tensor found = at::zeros({1}, scale_.options());

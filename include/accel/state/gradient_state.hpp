@@ -10,12 +10,15 @@
 //! Note [Joined steps]: under uneven tails (`tail::uneven`), a rank can run out of batches while others still
 //! have some; every rank knows from the plan how many steps the longest rank runs (`LoaderView::steps`). Such a
 //! rank records the calls its loop makes through accel in each step (`record`: the accelerator's `accumulate`,
-//! `backward`, `clip_grad_norm_`, `gather_for_metrics`, `gather`, `reduce`, the prepared optimizers and
-//! schedulers), and when its own batches end, the loader repeats the last step's calls once for every step it
-//! lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated gradients, if any), no rows
+//! `backward`, `clip_grad_norm_`, `clip_grad_value_`, `gather_for_metrics`, `gather`, `reduce`, `check_trigger`,
+//! the prepared optimizers and schedulers), and when its own batches end, the loader repeats the last step's
+//! calls once for every step it lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated gradients, if any), no rows
 //! to `gather_for_metrics`, the identity to `reduce`; then the same optimizer and scheduler steps on the averaged
 //! gradients, so parameters and optimizer state stay equal on every rank. No collective is added per step. A rank
-//! with as many steps as the longest records nothing, and an even loader costs nothing.
+//! with as many steps as the longest records nothing, and an even loader costs nothing. A repeated
+//! `check_trigger` contributes this rank's flag (0 unless it set the trigger since its last check); when it finds
+//! the trigger set, the ranks that still run leave their loops there, so the repeat ends at that call
+//! (`stop_repeating`): the rest of that step and the steps after it are not repeated.
 
 #include <accel/core/structure.hpp>
 #include <accel/plan/plan.hpp>
@@ -94,7 +97,7 @@ class GradientState {
   //! live until the end of the repeated step (a sync scope), or nothing.
   using StepCall = std::function<std::shared_ptr<void>()>;
   //! What a recorded call does: decides the step's sync (`accumulate`), talks to the other ranks
-  //! (`collective`: backward's all-reduce, `gather`, `reduce`), gathers a batch's rows (`gather_for_metrics`),
+  //! (`collective`: backward's all-reduce, `gather`, `reduce`, `check_trigger`), gathers a batch's rows (`gather_for_metrics`),
   //! or stays on this rank (`local`: optimizer, scheduler, clipping).
   enum class CallKind { accumulate, local, collective, gather_for_metrics };
 
@@ -128,6 +131,12 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     if (stack_.empty() || !stack_.back()->records || replaying_) return;
     stack_.back()->current.push_back({kind, std::move(call)});
+  }
+  //! Called from a repeated call (Note [Joined steps]): the ranks that still run leave their loops at this call,
+  //! so the rest of this step and the steps after it are not repeated. A no-op outside a repeated step.
+  void stop_repeating() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (replaying_) stopped_ = true;
   }
   //! On the last batch of a rank that runs out first, inside an evaluation loop (one `gather_for_metrics` per
   //! step and no other collective): the layouts of the steps this rank lacks, whose rows its
@@ -233,7 +242,8 @@ class GradientState {
     }
     //! This rank's batches are over: repeats its last step once for each step it lacks (Note [Joined steps]):
     //! the step's `accumulate` first, then the rest of the last step that synchronised when this one does, else
-    //! of the last step. Returns false when there is no step to repeat (the rank had no batch).
+    //! of the last step; until a repeated call ends the repeat (`stop_repeating`). Returns false when there is no
+    //! step to repeat (the rank had no batch).
     bool join() {
       if (!gs_ || entry_.missing.empty()) return true;
       std::vector<Recorded> last, last_sync;
@@ -244,17 +254,20 @@ class GradientState {
         if (!entry_.had_step) return false;
         last = entry_.last, last_sync = entry_.last_sync, pulled = entry_.pulled;
       }
-      for (const auto& v : entry_.missing) {
+      bool stopped = false;
+      for (std::size_t m = 0; m < entry_.missing.size() && !stopped; ++m) {
         {
           std::lock_guard<std::mutex> lock(gs_->mu_);
-          entry_.view = v;
+          entry_.view = entry_.missing[m];
           gs_->replaying_ = true;
+          gs_->stopped_ = false;
         }
         struct Done {
           GradientState* gs;
           ~Done() {
             std::lock_guard<std::mutex> lock(gs->mu_);
             gs->replaying_ = false;
+            gs->stopped_ = false;
           }
         } done{gs_};
         std::vector<std::shared_ptr<void>> held;  // released in reverse order at the step's end
@@ -268,6 +281,8 @@ class GradientState {
         for (std::size_t i = first; i < calls->size(); ++i) {
           if (pulled && (*calls)[i].kind == CallKind::gather_for_metrics) continue;  // gathered ahead
           held.push_back((*calls)[i].call());
+          stopped = gs_->stopped();  // the ranks still running left their loops at this call
+          if (stopped) break;
         }
         while (!held.empty()) held.pop_back();
       }
@@ -294,10 +309,15 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     stack_.erase(std::remove(stack_.begin(), stack_.end(), e), stack_.end());
   }
+  [[nodiscard]] bool stopped() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopped_;
+  }
   mutable std::mutex mu_;
   std::vector<Entry*> stack_;
   bool sync_gradients_ = true;
   bool replaying_ = false;
+  bool stopped_ = false;  // a repeated call ended the repeat (stop_repeating)
   std::atomic<int> recorders_{0};  // registrations that record their steps
   std::function<void()> boundary_;  // the step boundary hook (set_step_boundary_hook)
   std::atomic<bool> has_boundary_{false};

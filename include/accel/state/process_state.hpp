@@ -20,22 +20,36 @@
 //! processes) instead of each taking all of them.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/error.hpp>
 #include <accel/state/engine.hpp>
 #include <accel/state/launch_env.hpp>
 
 #include <ATen/ops/cat.h>
 #include <c10/core/Device.h>
 
+#include <concepts>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace accel {
+
+namespace detail {
+template <class R> struct on_process_result { using type = std::optional<std::decay_t<R>>; };
+template <> struct on_process_result<void> { using type = bool; };
+}  // namespace detail
+//! What `ProcessState::on_main_process` and the other `on_*` helpers return for the callable `F`: `bool`
+//! (whether it ran) when `F` returns nothing, else `std::optional` of its decayed result (empty where it did not run).
+template <class F>
+using OnProcessResult = typename detail::on_process_result<std::invoke_result_t<F>>::type;
 
 class ProcessState {
   struct Shared {
@@ -116,24 +130,42 @@ class ProcessState {
   [[nodiscard]] FirstGuard main_process_first() const { return {*this, is_main_process()}; }
   [[nodiscard]] FirstGuard local_main_process_first() const { return {*this, is_local_main_process()}; }
 
-  //! Runs `f` on the main process only (returns whether it ran).
-  template <class F>
-  bool on_main_process(F&& f) const {
-    if (!is_main_process()) return false;
-    std::forward<F>(f)();
-    return true;
+  // [accelerate:state.py PartialState.on_main_process]
+  //! Runs `f()` on the main process only (Accelerate's decorators, as calls). On the other processes `f` is
+  //! not called. The result says what happened: for an `f` that returns nothing, whether it ran (`bool`); else
+  //! its result where it ran and `std::nullopt` elsewhere (`std::optional` of the decayed result: a copy when
+  //! `f` returns a reference). None of these helpers communicates.
+  template <std::invocable F>
+  OnProcessResult<F> on_main_process(F&& f) const {
+    return run_if(is_main_process(), std::forward<F>(f));
   }
-  template <class F>
-  bool on_local_main_process(F&& f) const {
-    if (!is_local_main_process()) return false;
-    std::forward<F>(f)();
-    return true;
+  // [accelerate:state.py PartialState.on_local_main_process]
+  //! Runs `f()` on the main process of each node only (see `on_main_process` for the result).
+  template <std::invocable F>
+  OnProcessResult<F> on_local_main_process(F&& f) const {
+    return run_if(is_local_main_process(), std::forward<F>(f));
   }
-  template <class F>
-  bool on_process(int index, F&& f) const {
-    if (process_index() != index) return false;
-    std::forward<F>(f)();
-    return true;
+  // [accelerate:state.py PartialState.on_last_process]
+  //! Runs `f()` on the last process (`num_processes() - 1`) only (see `on_main_process` for the result).
+  template <std::invocable F>
+  OnProcessResult<F> on_last_process(F&& f) const {
+    return run_if(is_last_process(), std::forward<F>(f));
+  }
+  // [accelerate:state.py PartialState.on_process]
+  //! Runs `f()` on the process `index` only (see `on_main_process` for the result). An index outside
+  //! `[0, num_processes())` is an error on every process.
+  template <std::invocable F>
+  OnProcessResult<F> on_process(int index, F&& f) const {
+    check_index("on_process", "process", "job", index, num_processes(), "num_processes()");
+    return run_if(process_index() == index, std::forward<F>(f));
+  }
+  // [accelerate:state.py PartialState.on_local_process]
+  //! Runs `f()` on the process whose local index (on its node) is `local_index`, on every node (see
+  //! `on_main_process` for the result). An index outside `[0, local_num_processes())` is an error.
+  template <std::invocable F>
+  OnProcessResult<F> on_local_process(int local_index, F&& f) const {
+    check_index("on_local_process", "local process", "node", local_index, local_num_processes(), "local_num_processes()");
+    return run_if(local_process_index() == local_index, std::forward<F>(f));
   }
 
   //! Prints its arguments, space-free, followed by a newline, on the local main process only.
@@ -189,6 +221,23 @@ class ProcessState {
     return {start, start + q + (r < e ? 1 : 0)};
   }
   int64_t ceil_share(int64_t length) const { return (length + num_processes() - 1) / num_processes(); }
+
+  template <class F>
+  static OnProcessResult<F> run_if(bool run, F&& f) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F>>) {
+      if (run) std::invoke(std::forward<F>(f));
+      return run;
+    } else {
+      if (!run) return std::nullopt;
+      return OnProcessResult<F>(std::invoke(std::forward<F>(f)));
+    }
+  }
+  static void check_index(const char* helper, const char* what, const char* where, int index, int count, const char* bound) {
+    if (index >= 0 && index < count) return;
+    throw InvalidArgument(std::string("accel::") + helper + ": " + what + " index " + std::to_string(index) + " is out of range: this " +
+                          where + " has " + std::to_string(count) + " " + what + (count == 1 ? "" : "es") +
+                          ", so the valid indices are 0 to " + std::to_string(count - 1) + "; pass an index below " + bound);
+  }
 
   static std::mutex& mutex() {
     static std::mutex m;

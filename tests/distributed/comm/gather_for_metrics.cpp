@@ -1,5 +1,5 @@
 // gather_for_metrics (comm/collectives.hpp) on N real processes: every sample exactly once with the padding the
-// plan marks dropped, no duplicate with an uneven tail, different row counts per rank.
+// plan marks dropped, no duplicate with an uneven tail, different row counts per rank (tensors and objects).
 #include "../harness.hpp"
 
 #include <accel/comm/collectives.hpp>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace mp {
@@ -60,6 +61,11 @@ void gather_for_metrics(const Args&) {
     std::vector<int64_t> w{0};
     for (int q = 1; q < N; ++q) for (int i = 0; i < q; ++i) w.push_back(q);
     check(same(g, T(w)), "gather_for_metrics with different sizes per rank");
+    // The same batch as objects: the elements the tensor form keeps, in its order.
+    std::vector<std::string> mine(std::size_t(r + 1), std::string(std::size_t(r + 1), char('a' + r)));
+    std::vector<std::string> want;
+    for (const auto q : w) want.push_back(std::string(std::size_t(q + 1), char('a' + q)));
+    check(accel::gather_for_metrics(comm, mine, layout) == want, "gather_for_metrics of objects with different sizes per rank");
   }
 
   state.print("gather_for_metrics on ", N, " processes: checked");

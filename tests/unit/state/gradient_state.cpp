@@ -1,9 +1,13 @@
-// GradientState (state/gradient_state.hpp) follows the loops: nested loaders, abandoned loops.
+// GradientState (state/gradient_state.hpp) follows the loops: nested loaders, abandoned loops; a rank out of batches
+// repeats its last step, until a repeated call ends the repeat.
 #include "../support.hpp"
 
 #include <accel/data/loader.hpp>
 #include <accel/state/gradient_state.hpp>
 #include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
 
 using namespace accel_test;
 namespace data = accel::data;
@@ -31,4 +35,33 @@ TEST_CASE("GradientState follows the loops: nested loaders, abandoned loops", "[
   CHECK(!gs.in_dataloader());
   { auto it = outer.begin(); CHECK(gs.in_dataloader()); }  // abandoned: unregisters with its iterator
   CHECK(!gs.in_dataloader());
+}
+
+TEST_CASE("joined steps: the last step is repeated for each missing step, until a call stops the repeat", "[gradient_state]") {
+  auto& gs = accel::GradientState::instance();
+  using Kind = accel::GradientState::CallKind;
+  // A rank that lacks 3 steps, with one batch of its own and 3 recorded calls; the second stops the repeat at its
+  // `stop_at`-th repetition (0: never).
+  auto repeat = [&](int stop_at) {
+    std::string calls;
+    accel::GradientState::Registration reg(&gs);
+    reg.record_steps(std::vector<accel::GradientState::LoaderView>(3));
+    reg.update({});
+    CHECK(gs.recording());
+    int b = 0;
+    gs.record(Kind::local, [&] { return calls += 'a', nullptr; });
+    gs.record(Kind::collective, [&, stop_at] {
+      calls += 'b';
+      if (++b == stop_at) gs.stop_repeating();
+      return nullptr;
+    });
+    gs.record(Kind::local, [&] { return calls += 'c', nullptr; });
+    CHECK(reg.join());
+    return calls;
+  };
+  CHECK(repeat(0) == "abcabcabc");
+  CHECK(repeat(2) == "abcab");  // the rest of that step and the steps after it are not repeated
+  CHECK(repeat(1) == "ab");
+  gs.stop_repeating();  // outside a repeated step: nothing to stop
+  CHECK(repeat(0) == "abcabcabc");
 }

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace {
@@ -34,6 +35,9 @@ TEST_CASE("one process: the state works without communicating", "[state][single]
   s.wait_for_everyone();
   { auto first = s.main_process_first(); }
   CHECK(s.on_main_process([] {}));
+  CHECK(s.on_last_process([] { return 3; }) == std::optional<int>(3));
+  CHECK(s.on_local_process(0, [] { return std::string("local"); }) == std::optional<std::string>("local"));
+  CHECK_THROWS_WITH(s.on_process(2, [] {}), Catch::Contains("process index 2 is out of range: this job has 1 process"));
   std::vector<int> v{1, 2, 3};
   CHECK((s.split_between_processes(v, true) == v));  // one process gets everything, no padding
   CHECK(at::equal(s.split_between_processes(at::arange(5), true), at::arange(5)));
