@@ -153,6 +153,8 @@ class Accelerator {
       detail::require(o.project_config.automatic_checkpoint_naming,
                       "accel: Options::preemption saves with save_state() under automatic checkpoint naming; set "
                       "Options::project_config.automatic_checkpoint_naming = true (and its project_dir)");
+      detail::require(o.preemption.check_every >= 1, "accel: PreemptionOptions::check_every is " + std::to_string(o.preemption.check_every) +
+                                                          "; agree on signals every 1 or more optimizer steps");
       signals_ = detail::SignalWatch(o.preemption.signals);
       bind_boundary_hook();
     }
@@ -725,7 +727,7 @@ class Accelerator {
   void at_step_boundary() {
     std::uint64_t steps = 0;
     for (const auto& o : optimizers_) steps += o.record->steps;
-    if (steps == boundary_steps_) return;  // no optimizer step since the last boundary: not a step boundary
+    if (steps < boundary_steps_ + std::uint64_t(opt_.preemption.check_every)) return;  // not a step boundary, or not yet
     boundary_steps_ = steps;
     int sig = detail::SignalWatch::received();
     if (num_processes() > 1) {

@@ -8,7 +8,8 @@
 //! `PreemptionOptions::exit_code`, or throw `accel::Preempted` for a caller that cleans up itself. Restarted, the
 //! job resumes with `load_state()` (the latest complete checkpoint) and ends exactly as an uninterrupted run.
 //!
-//! One agreement per step boundary (a one-element all-reduce) is what the option costs; off, nothing runs.
+//! One agreement per `check_every` optimizer steps (a one-element all-reduce) is what the option costs; off,
+//! nothing runs. A signal is acted on within `check_every` steps of its arrival.
 
 #include <accel/error.hpp>
 
@@ -26,6 +27,7 @@ struct PreemptionOptions {
   std::vector<int> signals{SIGTERM, SIGUSR1};  //!< the signals that ask for it
   bool exit = true;                            //!< after saving: exit the process (false: throw `accel::Preempted`)
   int exit_code = 0;                           //!< the exit status then
+  int check_every = 1;                         //!< optimizer steps between two agreements (each one all-reduce)
 };
 
 //! Thrown (with `PreemptionOptions::exit = false`) on every process once the checkpoint is saved.
