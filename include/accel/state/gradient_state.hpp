@@ -224,9 +224,13 @@ class GradientState {
         if (!entry_.holding || gs_->replaying_) return;
         const LoaderView& v = entry_.view;
         if (v.steps >= 0) {  // ranks may run different numbers of steps: every one must have held batch v.batch
-          if (!v.plans) return;
-          for (const auto& p : *v.plans)
-            if (p.size() <= v.batch) return;
+          if (v.plans) {
+            for (const auto& p : *v.plans)
+              if (p.size() <= v.batch) return;
+          } else {
+            for (const auto rows : v.direct.size)  // a user batch sampler's step: every rank's rows of it
+              if (rows <= 0) return;
+          }
         }
         hook = gs_->boundary_;
       }

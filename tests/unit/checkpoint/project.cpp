@@ -29,15 +29,23 @@ enum class At { nothing, save, signal };
 
 //! Trains Net on the toy data (Adam, 2-step accumulation, shuffled loader) for `epochs` epochs; `at(batch)` says
 //! what happens after batch `batch` (counted from 1 over the whole run). Resumes from the latest checkpoint
-//! first when `resume`. Returns the final parameters.
+//! first when `resume`. `sampled`: the batches come from a batch sampler of the user's (rotated every epoch).
+//! Returns the final parameters.
 template <class At_>
-std::vector<at::Tensor> train_project(accel::Options o, int epochs, bool resume, At_ at) {
+std::vector<at::Tensor> train_project(accel::Options o, int epochs, bool resume, At_ at, bool sampled = false) {
   o.seed = resume ? 1234 : 11;  // a resumed job must take everything from the checkpoint
   o.gradient_accumulation_steps = 2;
   Solo acc{o};
   Net net;
   auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, opt, loader] = acc.prepare(net, adam, accel::data::DataLoader(toy_data(40), {.batch_size = 8, .shuffle = true}));
+  accel::data::DataLoaderOptions lo{.batch_size = 8, .shuffle = !sampled};
+  if (sampled)
+    lo.batch_sampler = [](std::int64_t epoch) {
+      std::vector<std::vector<std::int64_t>> batches(5);
+      for (std::int64_t i = 0; i < 40; ++i) batches[std::size_t(i / 8)].push_back((i + 3 * epoch) % 40);
+      return batches;
+    };
+  auto [model, opt, loader] = acc.prepare(net, adam, accel::data::DataLoader(toy_data(40), lo));
   if (resume) acc.load_state();
   std::int64_t seen = 0;
   for (std::int64_t epoch = loader.epoch(); epoch < epochs; ++epoch) {
@@ -203,7 +211,9 @@ TEST_CASE("preemption: a signal saves a checkpoint at the next step boundary; th
           "[accelerator][checkpoint][preemption]") {
   accel::ProcessState::reset();
   const auto dir = test_files::scratch("project", "preempt");
-  const auto straight = train_project({}, 3, false, [](std::int64_t) { return At::nothing; });
+  const bool sampled = GENERATE(false, true);  // a shuffled loader, a batch sampler of the user's
+  INFO((sampled ? "batch sampler" : "shuffled loader"));
+  const auto straight = train_project({}, 3, false, [](std::int64_t) { return At::nothing; }, sampled);
   const accel::Options preemptible{.project_config = project_in(dir), .preemption = {.enabled = true, .exit = false}};
   // 5 batches an epoch, 2-step accumulation: batch 6 (the first of epoch 1) is inside an accumulation window, so
   // the checkpoint waits for the optimizer step of batch 7; batch 10 ends epoch 1.
@@ -212,7 +222,7 @@ TEST_CASE("preemption: a signal saves a checkpoint at the next step boundary; th
     INFO("signal after batch " << when);
     fs::remove_all(dir / "checkpoints");
     try {
-      (void)train_project(preemptible, 3, false, [&](std::int64_t b) { return b == when ? At::signal : At::nothing; });
+      (void)train_project(preemptible, 3, false, [&](std::int64_t b) { return b == when ? At::signal : At::nothing; }, sampled);
       FAIL("the job was not stopped");
     } catch (const accel::Preempted& p) {
       CHECK(p.signal() == SIGUSR1);
@@ -227,7 +237,7 @@ TEST_CASE("preemption: a signal saves a checkpoint at the next step boundary; th
       REQUIRE(record.loaders.size() == 1);
       CHECK(std::pair(record.loaders[0].epoch, record.loaders[0].batches) == position);
     }
-    check_equal(train_project(preemptible, 3, true, [](std::int64_t) { return At::nothing; }), straight);
+    check_equal(train_project(preemptible, 3, true, [](std::int64_t) { return At::nothing; }, sampled), straight);
   }
   // The handlers are the previous ones again once the accelerator is gone.
   struct sigaction now {};
