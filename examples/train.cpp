@@ -3,6 +3,7 @@
 //   build/tools/accel-launch --nproc-per-node 2 build/examples/train --data examples/data/digits.csv
 //   ... --checkpoint-dir ckpt --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
 //   ... --checkpoint-dir ckpt --resume             # continue from it; ends exactly where an uninterrupted run ends
+//   (--resume also works with another --nproc-per-node: the epoch goes on over the samples not yet seen)
 //
 // A small MLP learns the UCI handwritten digits (1,797 8x8 images; the last 297 are held out). `prepare` shards
 // every shuffled epoch across the processes, wraps the model so that gradients are averaged (bucketed all-reduce
@@ -92,8 +93,11 @@ int main(int argc, char** argv) try {
       accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)), {.batch_size = 64}),
       std::make_shared<torch::optim::StepLR>(*adamw, 300, 0.5));
   if (resume) {
+    const auto saved = accel::checkpoint::describe(checkpoint_dir);
     acc.load_state(checkpoint_dir);
-    acc.print("resumed from ", checkpoint_dir, " at epoch ", train.epoch(), ", batch ", train.state_dict().batches);
+    const auto at = train.state_dict();
+    acc.print("resumed from ", checkpoint_dir, ": epoch ", at.epoch, " at sample ", at.position, " of ", n_train, ", checkpoint of ",
+              saved.num_processes, saved.num_processes == 1 ? " process" : " processes", ", now ", acc.num_processes());
   }
   acc.print("training on ", acc.num_processes(), " process(es): ", train.size(), " batches of 16 per process per epoch, ",
             train.total_batch_size() * acc.gradient_accumulation_steps(), " samples per optimizer step");
