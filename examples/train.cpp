@@ -94,10 +94,13 @@ int main(int argc, char** argv) try {
       std::make_shared<torch::optim::StepLR>(*adamw, 300, 0.5));
   if (resume) {
     const auto saved = accel::checkpoint::describe(checkpoint_dir);
+    const auto t = std::chrono::steady_clock::now();
     acc.load_state(checkpoint_dir);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
     const auto at = train.state_dict();
     acc.print("resumed from ", checkpoint_dir, ": epoch ", at.epoch, " at sample ", at.position, " of ", n_train, ", checkpoint of ",
-              saved.num_processes, saved.num_processes == 1 ? " process" : " processes", ", now ", acc.num_processes());
+              saved.num_processes, saved.num_processes == 1 ? " process" : " processes", ", now ", acc.num_processes(), " (loaded in ",
+              std::fixed, std::setprecision(1), ms, " ms)");
   }
   acc.print("training on ", acc.num_processes(), " process(es): ", train.size(), " batches of 16 per process per epoch, ",
             train.total_batch_size() * acc.gradient_accumulation_steps(), " samples per optimizer step");

@@ -105,7 +105,14 @@ void check_resize(int N, int M, Make make, bool next_epoch_is_fresh) {
     auto got = flatten(before);
     const auto rest = flatten(after);
     got.insert(got.end(), rest.begin(), rest.end());
-    REQUIRE(got == order);  // every sample of the epoch once, in the epoch's order
+    if (saved.position > 0) {
+      REQUIRE(got == order);  // every sample of the epoch once, in the epoch's order
+    } else {                  // an epoch not begun is the M-process job's own: every sample once
+      auto a = got, b = order;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      REQUIRE(a == b);
+    }
     if (!next_epoch_is_fresh) continue;
     std::vector<Batches> next(std::size_t(M), Batches{});
     Steps ignored;
@@ -271,7 +278,8 @@ TEST_CASE("a user's batch sampler resumes at another number of processes, whole 
             using Epoch = data::BatchSamplerEpoch<Indices, data::DefaultCollate, Even>;
             const auto from = Epoch::shard_from(batches, spec, std::min<std::int64_t>(std::int64_t(k) * N, std::int64_t(batches.size())));
             INFO("N " << N << " r " << r << " even " << even << " drop_last " << drop_last << " k " << k);
-            REQUIRE(from == std::vector<data::ShardBatch>(all.begin() + std::ptrdiff_t(k), all.end()));
+            const bool same = from == std::vector<data::ShardBatch>(all.begin() + std::ptrdiff_t(k), all.end());
+            REQUIRE(same);
           }
         }
 }
