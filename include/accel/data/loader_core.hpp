@@ -125,6 +125,7 @@ struct LoaderCore {
   std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
   std::int64_t start = 0;                // position of the epoch's order the next (or running) epoch starts at (a resume)
   std::int64_t drawn_by = 0;             // processes whose rule drew the resumed epoch's order (0: this job's rule)
+  std::int64_t resumed = 0;              // batches of the resumed epoch before `start` (the saved count, or this size's steps to it)
   std::optional<std::vector<std::uint8_t>> restore;  // generator state to restore at the next epoch start
   bool global_restored_elsewhere = false;
   // The epoch in progress, for state_dict().
@@ -280,6 +281,7 @@ struct LoaderCore {
     handed = 0;
     start = 0;
     drawn_by = 0;
+    resumed = 0;
     ++epoch;
   }
   [[nodiscard]] LoaderState state() const {
@@ -289,7 +291,7 @@ struct LoaderCore {
     auto gen = epoch_generator();
     if (running && handed < total) {
       s.epoch = epoch;
-      s.batches = handed;
+      s.batches = resumed + handed;
       s.position = position_after(handed);
       s.generator_state = epoch_start_state;
       if (drawn_by) s.drawn_by = drawn_by;
@@ -299,7 +301,7 @@ struct LoaderCore {
       s.generator_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
     } else {  // not started: what it will run (a loaded state, skip_first_batches)
       s.epoch = epoch;
-      s.batches = skip;
+      s.batches = resumed + skip;
       s.position = position_after(skip);
       s.generator_state = restore ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
       if (restore && drawn_by) s.drawn_by = drawn_by;
@@ -317,6 +319,9 @@ struct LoaderCore {
     start = std::max<std::int64_t>(s.position, 0);
     skip = s.position >= 0 ? 0 : s.batches;
     drawn_by = s.drawn_by > 0 && s.drawn_by != ctx.num_processes ? s.drawn_by : 0;
+    // Batches before the position: the saved count at the same size, else this size's steps that reach it.
+    const std::int64_t units = step_units();
+    resumed = s.position < 0 ? 0 : s.processes == ctx.num_processes ? s.batches : (start + units - 1) / std::max<std::int64_t>(units, 1);
     restore.reset();
     if (!s.generator_state.empty()) restore = s.generator_state;
   }

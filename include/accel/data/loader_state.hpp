@@ -38,7 +38,7 @@ inline std::string kind_name(std::int64_t kind) {
 
 struct LoaderState {
   std::int64_t epoch = 0;                      //!< the epoch in progress (or the next one)
-  std::int64_t batches = 0;                    //!< batches (steps, when dispatched) of that epoch this process already handed to the loop
+  std::int64_t batches = 0;                    //!< batches (steps, when dispatched) of that epoch this process already handed to the loop (resumed at another size: this size's steps that reach `position`)
   std::vector<std::uint8_t> generator_state;   //!< the sampling generator's state at the start of that epoch
   //! Units of the epoch's order already consumed by the whole job (see the table above); -1: not recorded (a
   //! checkpoint of format 2: then it follows from `batches`, with the same number of processes only).
