@@ -3,6 +3,7 @@
 //   build/tools/accel-launch --nproc-per-node 2 build/examples/train --data examples/data/digits.csv
 //   ... --project-dir run --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
 //   ... --project-dir run --resume             # continue from the latest one; ends exactly where an uninterrupted run ends
+//   (--resume also works with another --nproc-per-node: the epoch goes on over the samples not yet seen)
 //
 // With --project-dir, the job keeps its files under that folder (accel::ProjectConfiguration): checkpoints in
 // checkpoints/checkpoint_<n> (one every --checkpoint-every batches, the 2 latest kept), the metrics of every epoch
@@ -110,8 +111,16 @@ int main(int argc, char** argv) try {
   const std::int64_t total_steps = epochs * ((per_epoch + accumulation - 1) / accumulation) * acc.num_processes();
   auto sched = acc.prepare(accel::linear_schedule_with_warmup(*adamw, 30 * acc.num_processes(), total_steps));
   if (resume) {
-    const auto from = acc.load_state();
-    acc.print("resumed from ", from.string(), " at epoch ", train.epoch(), ", batch ", train.state_dict().batches);
+    const auto latest = acc.latest_checkpoint();
+    if (!latest) throw accel::InvalidArgument("--resume: no complete checkpoint under " + project_dir + "/checkpoints; run without --resume first");
+    const auto saved = accel::checkpoint::describe(*latest);
+    const auto t = std::chrono::steady_clock::now();
+    acc.load_state();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+    const auto at = train.state_dict();
+    acc.print("resumed from ", latest->string(), ": epoch ", at.epoch, " at sample ", at.position, " of ", n_train, ", checkpoint of ",
+              saved.num_processes, saved.num_processes == 1 ? " process" : " processes", ", now ", acc.num_processes(), " (loaded in ",
+              std::fixed, std::setprecision(1), ms, " ms)");
   }
   if (project) acc.init_trackers("digits", {{"lr", 3e-3}, {"batch_size", std::int64_t(16)}, {"epochs", std::int64_t(epochs)},
                                             {"processes", std::int64_t(acc.num_processes())}});

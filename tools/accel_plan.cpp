@@ -1,5 +1,6 @@
-// accel-plan: prints which samples every process gets, batch by batch, for a loader configuration; or
-// recomputes a golden file of Python Accelerate's vectors from its parameters (--golden F --emit|--check).
+// accel-plan: prints which samples every process gets, batch by batch, for a loader configuration (also the rest of
+// an epoch resumed at another number of processes: --start, --resumed-from); or recomputes a golden file of Python
+// Accelerate's vectors from its parameters (--golden F --emit|--check).
 #include "plan/golden.hpp"
 
 #include <accel/plan/plan.hpp>
@@ -21,8 +22,8 @@ namespace plan = accel::plan;
 namespace data = accel::data;
 
 struct Args {
-  std::int64_t samples = 0, batch_size = 1, skip = 0, epoch = 0;
-  int processes = 1;
+  std::int64_t samples = 0, batch_size = 1, skip = 0, epoch = 0, start = 0;
+  int processes = 1, resumed_from = 0;
   bool split = false, uneven = false, drop_last = false, shuffle = false, seedable = false;
   bool iterable = false, dispatch = false, as_json = false;
   std::uint64_t seed = 0;
@@ -65,7 +66,9 @@ int run_plan(const Args& a) {
   if (a.shuffle) {
     at::manual_seed(a.seed);
     // Only rank 0 samples under dispatch: one process's view of the generator.
-    orders.emplace(a.samples, a.dispatch ? 1 : a.processes, a.seedable ? data::Shuffle::seedable : data::Shuffle::synchronized,
+    // A resumed epoch's order is the one the job that saved the checkpoint drew (its number of processes' rule).
+    const int drew = a.resumed_from > 0 ? a.resumed_from : a.processes;
+    orders.emplace(a.samples, a.dispatch ? 1 : drew, a.seedable ? data::Shuffle::seedable : data::Shuffle::synchronized,
                    a.data_seed);
     for (std::int64_t e = 0; e <= a.epoch; ++e) order = orders->next(e);
   }
@@ -73,7 +76,7 @@ int run_plan(const Args& a) {
   for (int r = 0; r < a.processes; ++r) {
     const plan::ShardSpec spec{.batch_size = a.batch_size, .drop_last = a.drop_last, .num_processes = a.processes,
                                .process_index = r, .split_batches = a.split, .even_batches = !a.uneven};
-    const auto p = plan::loader_plan(spec, a.samples, loading).skip(a.skip);
+    const auto p = plan::loader_plan(spec, a.samples, loading, a.start).skip(a.skip);
     json batches = json::array();
     for (std::int64_t j = 0; j < p.size(); ++j) {
       const auto s = p.span(j);
@@ -87,6 +90,9 @@ int run_plan(const Args& a) {
     std::cout << out.dump() << "\n";
     return 0;
   }
+  if (a.start > 0 || a.resumed_from > 0)
+    std::cout << "the rest of epoch " << a.epoch << " from sample " << a.start << " of " << a.samples << ", checkpoint of "
+              << (a.resumed_from > 0 ? a.resumed_from : a.processes) << " process(es), now " << a.processes << "\n";
   for (const auto& proc : out) {
     std::cout << "process " << proc["process_index"] << ": " << proc["size"] << " batches\n";
     std::int64_t j = a.skip;
@@ -120,6 +126,10 @@ int main(int argc, char** argv) {
   app.add_flag("--seedable", a.seedable, "use_seedable_sampler=True");
   app.add_option("--data-seed", a.data_seed, "data_seed for --seedable");
   app.add_option("--skip", a.skip, "skip_first_batches: batches of the prepared loader to skip");
+  app.add_option("--start", a.start, "a resumed epoch: the samples already consumed (a checkpoint's LoaderState::position)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resumed-from", a.resumed_from, "a resumed epoch: the processes of the job that saved the checkpoint "
+                                                   "(whose rule drew the epoch's order with --shuffle)")->check(CLI::PositiveNumber);
   app.add_flag("--iterable", a.iterable, "an iterable dataset (IterableDatasetShard)");
   app.add_flag("--dispatch", a.dispatch, "loading::dispatched (rank 0 reads, every rank gets its slice)");
   app.add_flag("--json", a.as_json, "print JSON instead of a table");

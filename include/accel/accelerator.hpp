@@ -465,7 +465,10 @@ class Accelerator {
 
   // [accelerate:accelerator.py Accelerator.load_state]
   //! Restores what `save_state` wrote into the objects prepared (in the same order) by this job. Every
-  //! process calls it; the next batch of each loader is the one after the checkpoint. Under automatic naming,
+  //! process calls it; the next batch of each loader is the one after the checkpoint. The checkpoint may come from
+  //! a job of another number of processes (README, "Resuming at another world size"): the interrupted epoch goes on
+  //! over exactly the samples that job had not consumed; a rank it did not have takes rank 0's generators; one
+  //! saved inside an accumulation window resumes only with its own number of processes. Under automatic naming,
   //! the next `save_state()` numbers after the project's latest checkpoint.
   void load_state(const std::filesystem::path& dir) {
     accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
@@ -801,7 +804,8 @@ class Accelerator {
   template <class Loader>
   Loader register_loader(Loader l) {
     checkpointer_.add_loader({[l] { return l.state_dict(); },
-                              [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); }});
+                              [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
+                              [l](const data::LoaderState& s) { return l.state_mismatch(s); }});
     return l;
   }
 

@@ -79,5 +79,7 @@ void attacked_job(const Args&);            // security.cpp
 void job_sum(const Args&);                 // security.cpp
 void store_host(const Args&);              // security.cpp
 void files(const Args&);                   // files.cpp
+void resize_loaders(const Args&);          // data/resize.cpp
+void resize_training(const Args&);         // data/resize.cpp
 
 }  // namespace mp

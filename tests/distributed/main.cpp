@@ -17,6 +17,8 @@
 //   freeze [PEER_TIMEOUT_MS]       the last rank SIGSTOPs itself mid-training (survivors must name it within the peer timeout)
 //   busy [MS]                      the last rank computes for MS before an all_reduce (a busy peer is not a frozen one)
 //   files SCRATCH                  trackers and save_model: only rank 0 writes, every rank finds its files complete
+//   resize-loaders save|resume DIR [STOP]   data/: loaders checkpointed at one size, resumed at another (resize.sh)
+//   resize-training save|resume DIR [STOP]  data/: training checkpointed at one size, resumed at another (resize.sh)
 //   mismatch op|kind|size|tiny        odd ranks issue another collective than even ones (every rank must name both)
 //   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
@@ -50,7 +52,8 @@ int main(int argc, char** argv) {
       {"sync-bn", mp::sync_batch_norm},       {"surface", mp::listening_surface},
       {"foreign-writer", mp::foreign_writer}, {"attacked", mp::attacked_job},
       {"job-sum", mp::job_sum},               {"store-host", mp::store_host},
-      {"files", mp::files},                   {"helpers", mp::helpers}};
+      {"files", mp::files},                   {"helpers", mp::helpers},
+      {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -9,6 +9,11 @@
 //! Loading verifies the manifest, reads every file this process needs through it (size and checksum), checks
 //! what the checkpoint holds against what this job prepared (format, processes, counts, mixed precision) and opens
 //! every archive before anything is restored; a damaged file is one `FileError` naming it.
+//!
+//! Another number of processes (README, "Resuming at another world size"): the replicated files load as they are;
+//! every process takes the loaders' states (global positions) and the accumulation counter from rank 0's record;
+//! the process generators come from the process's own record, and a rank the saving job did not have takes rank
+//! 0's. A checkpoint saved inside an accumulation window (local gradients) resumes only with the same number.
 
 #include <accel/checkpoint/archive.hpp>
 #include <accel/checkpoint/custom.hpp>
@@ -45,10 +50,12 @@ class Checkpointer {
     std::function<void(torch::serialize::OutputArchive&)> save;
     std::function<void(torch::serialize::InputArchive&)> load;
   };
-  //! A prepared loader's position.
+  //! A prepared loader's position; `mismatch` says what differs between a saved state's loader and this one ("" if
+  //! nothing does).
   struct Loader {
     std::function<data::LoaderState()> save;
     std::function<void(const data::LoaderState&)> load;
+    std::function<std::string(const data::LoaderState&)> mismatch = {};
   };
   //! The process that writes or reads: its rank, the job's size, its device, and a barrier over every process.
   struct Process {
@@ -90,7 +97,7 @@ class Checkpointer {
       for (std::size_t i = 0; i < custom_.size(); ++i) save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
     }
     {
-      ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
+      ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}, local_gradients};
       if (p.device.is_cuda()) record.rng_device = generator_bytes(at::globalContext().defaultGenerator(p.device));
       for (const auto& l : loaders_) record.loaders.push_back(l.save());
       std::vector<std::uint8_t> blob;
@@ -122,10 +129,12 @@ class Checkpointer {
     manifest.check_sizes(dir);
     const auto meta_path = (dir / meta_file).string();
     const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
-    accel::detail::require(meta.num_processes == p.count,
+    const bool resized = meta.num_processes != p.count;
+    accel::detail::require(!resized || meta.format_version >= 3,
                            "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +
-                               " process(es), this job has " + std::to_string(p.count) +
-                               "; resume with the same number of processes (the loaders' positions are per process)");
+                               " process(es) in checkpoint format " + std::to_string(meta.format_version) + ", this job has " +
+                               std::to_string(p.count) + "; that format records the loaders' positions per process: resume "
+                               "it with the same number of processes");
     expect_count(meta.models, dir, "models", models_.size());
     expect_count(meta.optimizers, dir, "optimizers", optimizers_.size());
     expect_count(meta.schedulers, dir, "schedulers", schedulers_.size());
@@ -160,18 +169,39 @@ class Checkpointer {
       customs.push_back(open(custom_file(i), custom_[i].on_device ? std::optional(p.device) : std::nullopt));
       restore_custom.push_back(read_custom(custom_[i], i, customs.back().archive, customs.back().path));
     }
-    Opened proc = open(process_file(p.index), std::nullopt);
-    const auto record = read_process_record(proc.archive, proc.path, generator_bytes(at::detail::getDefaultCPUGenerator()).size());
-    if (record.loaders.size() != loaders_.size())
-      throw FileError(proc.path, "holds " + std::to_string(record.loaders.size()) + " loader states, the checkpoint describes " +
-                                     std::to_string(loaders_.size()));
+    // Rank 0's record: the loaders' global positions and the accumulation counter, for every process. This
+    // process's own: its generators and gradients (a rank the saving job did not have takes rank 0's generators).
+    const auto state_bytes = generator_bytes(at::detail::getDefaultCPUGenerator()).size();
+    auto read_record = [&](Opened& o) {
+      auto r = read_process_record(o.archive, o.path, state_bytes, meta.format_version);
+      if (r.loaders.size() != loaders_.size())
+        throw FileError(o.path, "holds " + std::to_string(r.loaders.size()) + " loader states, the checkpoint describes " +
+                                    std::to_string(loaders_.size()));
+      return r;
+    };
+    Opened lead_file = open(process_file(0), std::nullopt);
+    const auto lead = read_record(lead_file);
+    std::optional<Opened> own_file;
+    if (p.index != 0 && p.index < meta.num_processes) own_file = open(process_file(p.index), std::nullopt);
+    const auto record = own_file ? read_record(*own_file) : lead;
+    Opened& proc = own_file ? *own_file : lead_file;
+    accel::detail::require(!resized || !lead.local_gradients,
+                           "accel::load_state: " + dir.string() + " was saved inside a gradient-accumulation window by " +
+                               std::to_string(meta.num_processes) + " process(es); its local gradients cannot be shared out "
+                               "among " + std::to_string(p.count) + ": resume it with " + std::to_string(meta.num_processes) +
+                               " processes, or save at a step boundary (when sync_gradients() is true)");
+    for (std::size_t i = 0; i < loaders_.size(); ++i)
+      if (loaders_[i].mismatch)
+        if (const auto what = loaders_[i].mismatch(lead.loaders[i]); !what.empty())
+          throw InvalidArgument("accel::load_state: loader " + std::to_string(i) + " of " + dir.string() + " " + what +
+                                "; resume with the data and loader settings of the job that saved it");
     // This process's gradients of an accumulation window (none: the parameter's gradient is cleared), checked too.
     std::vector<std::vector<at::Tensor>> grads(models_.size());
     reading(proc.path, [&] {
       for (std::size_t m = 0; m < models_.size(); ++m)
         for (const auto& param : models_[m]->named_parameters()) {
           at::Tensor g;
-          if (proc.archive.try_read(grad_key(m, param.key()), g))
+          if (!resized && proc.archive.try_read(grad_key(m, param.key()), g))
             check_layout(proc.path, "the gradient of " + param.key(), g, "the parameter's", param.value());
           grads[m].push_back(g);
         }
@@ -193,10 +223,10 @@ class Checkpointer {
           param.value().mutable_grad() = g.defined() ? g.to(param.value().device()) : at::Tensor();
         }
       }
-      for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(record.loaders[i]);
+      for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(lead.loaders[i]);
     });
     p.barrier();
-    return record.step;
+    return lead.step;
   }
 
  private:
@@ -240,5 +270,12 @@ class Checkpointer {
   std::optional<Saveable> scaler_;
   std::vector<Custom> custom_;
 };
+
+//! What the checkpoint in `dir` holds (its `accel_checkpoint.pt`, checked against the manifest): the number of
+//! processes that wrote it, the counts of prepared objects.
+inline Meta describe(const std::filesystem::path& dir) {
+  const auto manifest = Manifest::read(dir);
+  return read_meta(manifest.read(dir, meta_file), (dir / meta_file).string());
+}
 
 }  // namespace accel::checkpoint

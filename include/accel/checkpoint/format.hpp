@@ -13,9 +13,10 @@
 //!   custom_checkpoint_<i>.pt  each object given to `register_for_checkpointing`: its type and state (main;
 //!                             custom.hpp)
 //!   process_<r>.pt            per process r: the accumulation step counter, the CPU generator's state, the
-//!                             GPU generator's state (on a GPU), every prepared loader's state (epoch,
-//!                             batches already handed out, the sampler generator's state at the epoch start),
-//!                             and, when saved inside an accumulation window, the process's local gradients
+//!                             GPU generator's state (on a GPU), every prepared loader's state (epoch, global
+//!                             position in the epoch's order, batches already handed out, the sampler generator's
+//!                             state at the epoch start, what the loader was), whether it was saved inside an
+//!                             accumulation window, and then the process's local gradients
 //!   manifest.txt              every file above with its size and CRC-32C (manifest.hpp), written last
 //! ```
 //!
@@ -47,7 +48,9 @@
 
 namespace accel::checkpoint {
 
-// 2: the manifest (format 1 had none). 3: custom objects (format 2 is read as a checkpoint without any).
+// 2: the manifest (format 1 had none). 3: custom objects; loader states with a global position and a description
+// of the loader, and the accumulation-window flag (resuming at another number of processes). Format 2 is still
+// read (no custom objects; resumed with its own number of processes).
 inline constexpr std::int64_t format_version = 3;
 inline constexpr std::int64_t oldest_format_read = 2;
 
@@ -65,9 +68,25 @@ struct ProcessRecord {
   std::int64_t step = 0;                        //!< the accumulation step counter (Accelerate's `step`)
   std::vector<std::uint8_t> rng_cpu, rng_device;  //!< generator states (rng_device empty on the CPU)
   std::vector<data::LoaderState> loaders;       //!< every prepared loader, in prepare order
+  bool local_gradients = false;                 //!< saved inside an accumulation window (the archive holds gradients)
 };
-inline auto accel_fields(ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
-inline auto accel_fields(const ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
+inline auto accel_fields(ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients); }
+inline auto accel_fields(const ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients); }
+
+namespace detail {
+// Format 2's record: loader states of three fields, no accumulation flag.
+struct LoaderStateV2 {
+  std::int64_t epoch = 0, batches = 0;
+  std::vector<std::uint8_t> generator_state;
+};
+inline auto accel_fields(LoaderStateV2& s) { return std::tie(s.epoch, s.batches, s.generator_state); }
+struct ProcessRecordV2 {
+  std::int64_t step = 0;
+  std::vector<std::uint8_t> rng_cpu, rng_device;
+  std::vector<LoaderStateV2> loaders;
+};
+inline auto accel_fields(ProcessRecordV2& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
+}  // namespace detail
 
 inline std::filesystem::path partial_dir(const std::filesystem::path& dir) {
   return std::filesystem::path(dir.string() + ".partial");
@@ -119,11 +138,23 @@ inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& pa
   return m;
 }
 
-//! Parses a process record's bytes (the "record" tensor of `process_<r>.pt`, the file `path`): deserialised
-//! whole, every generator state of the size this LibTorch's CPU generator has (`generator_state_bytes`).
-inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes) {
+//! Parses a process record's bytes (the "record" tensor of `process_<r>.pt`, the file `path`, of checkpoint format
+//! `version`): deserialised whole, every generator state of the size this LibTorch's CPU generator has
+//! (`generator_state_bytes`). A format-2 record's loader states have no position (-1: they resume after their
+//! batches, with the same number of processes).
+inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
+                                          std::int64_t version = format_version) {
   ProcessRecord r;
-  reading(path, [&] { accel::deserialize(r, in); });
+  if (version == 2) {
+    detail::ProcessRecordV2 old;
+    reading(path, [&] { accel::deserialize(old, in); });
+    r.step = old.step;
+    r.rng_cpu = std::move(old.rng_cpu);
+    r.rng_device = std::move(old.rng_device);
+    for (auto& l : old.loaders) r.loaders.push_back({.epoch = l.epoch, .batches = l.batches, .generator_state = std::move(l.generator_state)});
+  } else {
+    reading(path, [&] { accel::deserialize(r, in); });
+  }
   if (!in.empty()) throw FileError(path, "damaged process record: " + std::to_string(in.size()) + " bytes after its end");
   if (r.step < 0) throw FileError(path, "damaged process record: a negative step counter");
   if (r.rng_cpu.size() != generator_state_bytes)
@@ -131,7 +162,8 @@ inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, cons
                               " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
   for (std::size_t i = 0; i < r.loaders.size(); ++i) {
     const auto& l = r.loaders[i];
-    if (l.epoch < 0 || l.batches < 0) throw FileError(path, "damaged loader state " + std::to_string(i) + ": a negative epoch or batch count");
+    if (l.epoch < 0 || l.batches < 0 || l.position < -1 || l.processes < 0 || l.drawn_by < 0)
+      throw FileError(path, "damaged loader state " + std::to_string(i) + ": a negative epoch, batch count, position or process count");
     if (!l.generator_state.empty() && l.generator_state.size() != generator_state_bytes)
       throw FileError(path, "damaged loader state " + std::to_string(i) + ": a generator state of " +
                                 std::to_string(l.generator_state.size()) + " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
@@ -140,13 +172,14 @@ inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, cons
 }
 
 //! Reads the record of `process_<r>.pt` (opened into `a`).
-inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes) {
+inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
+                                         std::int64_t version = format_version) {
   at::Tensor blob;
   reading(path, [&] { a.read("record", blob); });
   if (blob.scalar_type() != at::kByte || blob.dim() != 1 || !blob.is_contiguous() || !blob.device().is_cpu())
     throw FileError(path, "damaged process record: 'record' is not a 1-D byte tensor");
   return parse_process_record(std::span<const std::uint8_t>(blob.data_ptr<std::uint8_t>(), std::size_t(blob.numel())), path,
-                              generator_state_bytes);
+                              generator_state_bytes, version);
 }
 
 }  // namespace accel::checkpoint

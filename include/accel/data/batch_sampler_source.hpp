@@ -2,7 +2,8 @@
 //! \file
 //! The batch-sampler step source: the epoch of a user's batch sampler (batches of any sizes), sharded as
 //! Accelerate's `BatchSamplerShard` (batch_sampler_shard.hpp). The sampler is asked once per epoch; every rank
-//! shards its batches for every rank, so the last step and every rank's padding rows are known up front.
+//! shards its batches for every rank, so the last step and every rank's padding rows are known up front. An epoch
+//! resumed at another number of processes shards the batches the saving job had not reached (`shard_from`).
 
 #include <accel/data/batch_sampler_shard.hpp>
 #include <accel/data/loader_core.hpp>
@@ -27,7 +28,7 @@ class BatchSamplerEpoch {
     auto& k = *core_;
     (void)k.begin_epoch();  // RNG synchronisation, like every epoch
     const auto batches = k.sampler_batches();
-    for (int r = 0; r < k.ctx.num_processes; ++r) shards_.push_back(shard(*batches, k.spec(r)));
+    for (int r = 0; r < k.ctx.num_processes; ++r) shards_.push_back(shard(*batches, k.spec(r), k.start));
     for (const auto& rank_batches : shards_) {
       const auto left = std::int64_t(rank_batches.size()) - std::min<std::int64_t>(k.skip, std::int64_t(rank_batches.size()));
       steps_ = std::max(steps_, left);
@@ -58,7 +59,7 @@ class BatchSamplerEpoch {
     return {.end_of_dataloader = q + 1 == count(), .batch = q, .direct = std::move(layout), .steps = steps(), .starved = starved_};
   }
   [[nodiscard]] static std::size_t size(Core& k) {
-    const auto count = shard(*k.sampler_batches(), k.spec(k.ctx.process_index)).size();
+    const auto count = shard(*k.sampler_batches(), k.spec(k.ctx.process_index), k.start).size();
     return count - std::min<std::size_t>(count, std::size_t(k.skip));
   }
 
@@ -72,11 +73,39 @@ class BatchSamplerEpoch {
   }
 
  private:
-  static std::vector<ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec) {
+  static std::vector<ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
+                                       std::int64_t start) {
+    if (start > 0) return shard_from(batches, spec, start);
     std::vector<ShardBatch> out;
     for (const auto& b : BatchSamplerShard(batches, spec)) out.push_back(b);
     return out;
   }
+
+ public:
+  // [accelerate:data_loader.py BatchSamplerShard._iter_with_no_split] (batches of varying size)
+  //! Rank `spec.process_index`'s batches of the epoch's user batches from `start` on: batch `start + j*N + r`,
+  //! whole rounds only under `drop_last`; an incomplete last round is evened out (`even_batches`) with the epoch's
+  //! first round, batch after batch, as `BatchSamplerShard` pads (and as after `skip_first_batches`). With
+  //! `start = k * N` these are the shard's batches without its first `k`.
+  static std::vector<ShardBatch> shard_from(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
+                                            std::int64_t start) {
+    const auto L = std::int64_t(batches.size()), N = std::int64_t(spec.num_processes), r = std::int64_t(spec.process_index);
+    accel::detail::require(start >= 0 && start <= L, "accel: an epoch of " + std::to_string(L) + " sampler batches cannot start at batch " +
+                                                         std::to_string(start) + "; the start must be in [0, " + std::to_string(L) + "]");
+    const std::int64_t rest = L - start, rounds = spec.drop_last ? rest / N : (rest + N - 1) / N;
+    std::vector<ShardBatch> out;
+    for (std::int64_t j = 0; j < rounds; ++j) {
+      const std::int64_t b = start + j * N + r;
+      if (b < L) out.push_back({batches[std::size_t(b)], std::int64_t(batches[std::size_t(b)].size())});
+      else if (spec.even_batches) {  // padding: the epoch's first round, cycled
+        const std::int64_t pool = std::min(N, L), c = b - L;
+        out.push_back({batches[std::size_t(c % pool)], 0});
+      }
+    }
+    return out;
+  }
+
+ private:
 
   std::shared_ptr<Core> core_;
   std::vector<std::vector<ShardBatch>> shards_;  // every rank's batches of the epoch

@@ -6,6 +6,9 @@
 //! process keeps `batch_size / num_processes` (split) or `batch_size` consecutive samples of each chunk. A
 //! last, incomplete chunk is completed by repeating the first chunk, unless `drop_last`. Each yielded
 //! sample says whether it is such a padding duplicate. Memory: two chunks.
+//!
+//! `start` (a job resumed at another number of processes): the first `start` samples of the stream are read and
+//! dropped; the chunks start after them, and the padding still repeats the stream's first chunk.
 
 #include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
@@ -37,11 +40,12 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   using Options = plan::ShardSpec;
 
   struct Pass {
-    Pass(std::shared_ptr<Source> s, const Options& o) : source(std::move(s)), opt(o),
+    Pass(std::shared_ptr<Source> s, const Options& o, std::int64_t start) : source(std::move(s)), opt(o),
         it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
       chunk = plan::per_step(opt);
       per = plan::per_process(opt);
       buffer.reserve(std::size_t(chunk));
+      for (; start > 0 && it != last; --start, ++it) keep_first(*it);
     }
     std::shared_ptr<Source> source;
     Options opt;
@@ -59,13 +63,17 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
       yield_to = std::size_t(opt.process_index * per + per);
       real_end = real;
     }
+    // The stream's first chunk (the padding pool), sample by sample.
+    void keep_first(const T& x) {
+      if (std::int64_t(first.size()) < chunk) first.push_back(x);
+    }
     bool refill() {
       buffer.clear();
       while (it != last) {
         buffer.push_back(*it);
+        keep_first(buffer.back());
         ++it;
         if (std::int64_t(buffer.size()) == chunk) {
-          if (first.empty()) first = buffer;
           own(chunk);
           return true;
         }
@@ -73,7 +81,6 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
       if (finished) return false;
       finished = true;
       if (opt.drop_last || buffer.empty()) return false;
-      if (first.empty()) first = buffer;
       const auto real = std::int64_t(buffer.size());
       while (std::int64_t(buffer.size()) < chunk) buffer.insert(buffer.end(), first.begin(), first.end());
       own(real);
@@ -92,19 +99,24 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   using iterator = detail::PassIterator<Pass, ShardSample<T>>;
 
   IterableShard() = default;
-  IterableShard(Source source, Options opt) : source_(std::make_shared<Source>(std::move(source))), opt_(opt) {
+  IterableShard(Source source, Options opt, std::int64_t start = 0)
+      : source_(std::make_shared<Source>(std::move(source))), opt_(opt), start_(start) {
     plan::validate(opt, plan::Loading::iterable);
+    accel::detail::require(start >= 0, "accel: IterableShard: a negative start (" + std::to_string(start) + ")");
   }
-  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(source_, opt_)); }
+  [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(source_, opt_, start_)); }
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
   std::shared_ptr<Source> source_;
   Options opt_;
+  std::int64_t start_ = 0;
 };
 
 template <class S>
 IterableShard(S&&, plan::ShardSpec) -> IterableShard<std::views::all_t<S>>;
+template <class S>
+IterableShard(S&&, plan::ShardSpec, std::int64_t) -> IterableShard<std::views::all_t<S>>;
 
 }  // namespace accel::data
 

@@ -18,6 +18,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -122,6 +123,9 @@ struct LoaderCore {
   std::shared_ptr<ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
   std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
   std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
+  std::int64_t start = 0;                // position of the epoch's order the next (or running) epoch starts at (a resume)
+  std::int64_t drawn_by = 0;             // processes whose rule drew the resumed epoch's order (0: this job's rule)
+  std::int64_t resumed = 0;              // batches of the resumed epoch before `start` (the saved count, or this size's steps to it)
   std::optional<std::vector<std::uint8_t>> restore;  // generator state to restore at the next epoch start
   bool global_restored_elsewhere = false;
   // The epoch in progress, for state_dict().
@@ -142,17 +146,66 @@ struct LoaderCore {
   }
   [[nodiscard]] Placement<typename Config::place> placement() const { return Placement<typename Config::place>(ctx.device, options.pin_memory); }
 
-  //! Rank `rank`'s closed-form plan of an epoch of the current length (empty for an unsized stream).
+  //! Rank `rank`'s closed-form plan of an epoch of the current length, from `start` on (empty for an unsized stream).
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
     if constexpr (MapDataset<Dataset>)
       return plan::loader_plan(spec(rank), order_length >= 0 ? order_length : dataset->size(),
-                               Config::dispatch ? plan::Loading::dispatched : plan::Loading::sharded);
+                               Config::dispatch ? plan::Loading::dispatched : plan::Loading::sharded, start);
     else if constexpr (std::ranges::sized_range<const Dataset>)
       return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
                                Config::dispatch ? plan::Loading::dispatched
-                               : ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable);
+                               : ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable, start);
     else
       return {};
+  }
+
+  //! The loading path, for the state's description.
+  [[nodiscard]] LoaderKind kind() const {
+    if constexpr (MapDataset<Dataset>)
+      return options.batch_sampler ? LoaderKind::batch_sampler : Config::dispatch ? LoaderKind::dispatched : LoaderKind::sharded;
+    else
+      return Config::dispatch ? LoaderKind::stream_dispatched : LoaderKind::stream_sharded;
+  }
+  //! The dataset's length (-1: a stream of unknown length).
+  [[nodiscard]] std::int64_t dataset_length() const {
+    if constexpr (MapDataset<Dataset>) return dataset->size();
+    else if constexpr (std::ranges::sized_range<const Dataset>) return std::int64_t(std::ranges::size(*dataset));
+    else return -1;
+  }
+  //! Units of the epoch's order one step consumes (`LoaderState::position`): the samples of a global batch, or N
+  //! whole batches of a user's batch sampler.
+  [[nodiscard]] std::int64_t step_units() const {
+    return options.batch_sampler ? ctx.num_processes
+                                 : plan::per_step({.batch_size = options.batch_size, .num_processes = ctx.num_processes,
+                                                   .split_batches = Config::split_batches});
+  }
+  //! Units of the running (or next) epoch's order, -1 where not known yet (a batch sampler not asked, a stream).
+  [[nodiscard]] std::int64_t epoch_units() const {
+    if constexpr (MapDataset<Dataset>) {
+      if (options.batch_sampler) return sampled && sampled->first == epoch ? std::int64_t(sampled->second->size()) : -1;
+      return order_length >= 0 ? order_length : dataset->size();
+    } else {
+      return dataset_length();
+    }
+  }
+  //! The global position after `steps` steps of the epoch (from `start`).
+  [[nodiscard]] std::int64_t position_after(std::int64_t steps) const {
+    const std::int64_t p = start + steps * step_units(), units = epoch_units();
+    return units >= 0 ? std::min(p, units) : p;
+  }
+  //! What differs between the loader that saved `s` and this one ("" when nothing does): a state resumes only into
+  //! a loader of the same path, dataset length and batch size (format-2 states record none of it).
+  [[nodiscard]] std::string mismatch(const LoaderState& s) const {
+    if (s.processes == 0) return {};
+    auto length = [](std::int64_t n) { return n < 0 ? std::string("a stream of unknown length") : std::to_string(n) + " samples"; };
+    if (s.kind != std::int64_t(kind())) return "was saved by " + kind_name(s.kind) + ", this loader uses " + kind_name(std::int64_t(kind()));
+    if (s.split != Config::split_batches)
+      return std::string("was saved under ") + (s.split ? "batches::split" : "batches::per_process") + ", this loader runs under " +
+             (Config::split_batches ? "batches::split" : "batches::per_process");
+    if (s.samples != dataset_length()) return "was saved for a dataset of " + length(s.samples) + ", this loader's has " + length(dataset_length());
+    if (s.batch_size != options.batch_size)
+      return "was saved with batch_size " + std::to_string(s.batch_size) + ", this loader's is " + std::to_string(options.batch_size);
+    return {};
   }
 
   //! The user batch sampler's batches of the epoch `epoch` will run (asked once per epoch), indices checked.
@@ -171,24 +224,47 @@ struct LoaderCore {
     if (auto g = orders->generator()) return g;
     return at::detail::getDefaultCPUGenerator();
   }
+  // Whether a job of `processes` processes draws this loader's shuffled order from the global generator (one
+  // process without a sampler generator of its own; dispatched loading, where rank 0 alone samples) rather than
+  // from a synchronised sampler generator.
+  [[nodiscard]] bool draws_from_global(std::int64_t processes) const {
+    return orders && !options.seedable && !options.seed && (Config::dispatch || processes == 1);
+  }
   // Starts an epoch: restore (resume), synchronise, draw the order. When the order comes from the global
   // generator (one process, no sampler generator), the resumed epoch was under way, and the global generator was
   // restored by a checkpoint of its own, the restore only rewinds it for the draw: afterwards it goes back to the
   // checkpoint's state, so its later draws (dropout, ...) continue from there rather than from the epoch's start.
+  // An epoch resumed from a job of another size whose rule drew the order differently (one process: the global
+  // generator; several: the sampler generator) is redrawn by that rule from a copy of the saved state, and this
+  // loader's sampler generator is moved past the epoch, where a fresh job of this size has it.
   IndexOrder begin_epoch() {
     auto gen = epoch_generator();
     std::optional<std::vector<std::uint8_t>> resume_after;
+    std::optional<IndexOrder> redrawn;
     if (restore && gen) {
-      if (!orders->generator() && skip > 0 && global_restored_elsewhere) resume_after = generator_bytes(*gen);
-      set_generator_bytes(*gen, *restore);
+      const bool saved_global = draws_from_global(drawn_by ? drawn_by : ctx.num_processes);
+      if (saved_global != draws_from_global(ctx.num_processes)) {
+        if (start > 0) {  // the interrupted epoch: its order as the saving job drew it
+          at::Generator copy = make_generator(0);
+          set_generator_bytes(copy, *restore);
+          redrawn = orders->draw_with(saved_global, copy);
+          orders->skip_epochs(epoch + 1);
+        } else {  // an epoch not begun: this job's own, as a fresh job of this size draws it
+          orders->skip_epochs(epoch);
+          drawn_by = 0;
+        }
+      } else {
+        if (!orders->generator() && (skip > 0 || start > 0) && global_restored_elsewhere) resume_after = generator_bytes(*gen);
+        set_generator_bytes(*gen, *restore);
+      }
     }
-    restore.reset();
     if constexpr (!Config::dispatch) {
       std::optional<at::Generator> sync = orders && !options.seedable ? orders->generator() : std::nullopt;
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
-    epoch_start_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
-    IndexOrder order = draw_order();
+    epoch_start_state = redrawn ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
+    restore.reset();
+    IndexOrder order = redrawn ? std::move(*redrawn) : draw_order();
     if (resume_after) set_generator_bytes(*gen, *resume_after);
     return order;
   }
@@ -203,19 +279,50 @@ struct LoaderCore {
   void end_epoch() {
     running = false;
     handed = 0;
+    start = 0;
+    drawn_by = 0;
+    resumed = 0;
     ++epoch;
   }
   [[nodiscard]] LoaderState state() const {
-    if (running && handed < total) return {epoch, handed, epoch_start_state};
-    const std::int64_t next = running ? epoch + 1 : epoch;
+    const std::int64_t N = ctx.num_processes;
+    LoaderState s{.processes = N, .drawn_by = N, .samples = dataset_length(), .batch_size = options.batch_size,
+                  .kind = std::int64_t(kind()), .split = Config::split_batches};
     auto gen = epoch_generator();
-    return {next, running ? 0 : skip, restore ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{}};
+    if (running && handed < total) {
+      s.epoch = epoch;
+      s.batches = resumed + handed;
+      s.position = position_after(handed);
+      s.generator_state = epoch_start_state;
+      if (drawn_by) s.drawn_by = drawn_by;
+    } else if (running) {  // the epoch is over: the next one, from its start
+      s.epoch = epoch + 1;
+      s.position = 0;
+      s.generator_state = gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
+    } else {  // not started: what it will run (a loaded state, skip_first_batches)
+      s.epoch = epoch;
+      s.batches = resumed + skip;
+      s.position = position_after(skip);
+      s.generator_state = restore ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
+      if (restore && drawn_by) s.drawn_by = drawn_by;
+    }
+    return s;
   }
+  //! Resumes from `s`: at its global position when it records one (any number of processes), else (format 2)
+  //! after its batches (the same number of processes).
   void load(const LoaderState& s, GlobalGenerator g) {
-    accel::detail::require(s.epoch >= 0 && s.batches >= 0, "accel: load_state_dict: a negative epoch or batch count");
+    accel::detail::require(s.epoch >= 0 && s.batches >= 0 && s.position >= -1, "accel: load_state_dict: a negative epoch, batch count or position");
+    if (const auto what = mismatch(s); !what.empty())
+      throw InvalidArgument("accel: load_state_dict: the loader state " + what + "; resume with the loader that saved it");
     global_restored_elsewhere = g == GlobalGenerator::restored_by_caller;
     epoch = s.epoch;
-    skip = s.batches;
+    start = std::max<std::int64_t>(s.position, 0);
+    skip = s.position >= 0 ? 0 : s.batches;
+    drawn_by = s.drawn_by > 0 && s.drawn_by != ctx.num_processes ? s.drawn_by : 0;
+    // Batches before the position: the saved count at the same size, else this size's steps that reach it.
+    const std::int64_t units = step_units();
+    resumed = s.position < 0 ? 0 : s.processes == ctx.num_processes ? s.batches : (start + units - 1) / std::max<std::int64_t>(units, 1);
+    restore.reset();
     if (!s.generator_state.empty()) restore = s.generator_state;
   }
 

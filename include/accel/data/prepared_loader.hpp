@@ -122,11 +122,18 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
     return plan::per_step({.batch_size = core_->options.batch_size, .num_processes = core_->ctx.num_processes,
                            .split_batches = Core::config::split_batches});
   }
-  //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches.
+  //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches. The position is
+  //! global (`LoaderState::position`): a job of another number of processes resumes from any rank's state (rank 0's
+  //! is the one `Accelerator::load_state` uses).
   [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
-  //! Resumes from `s`. `GlobalGenerator::restored_by_caller`: the caller restores the global generator itself
-  //! (`Accelerator::load_state` does), so a loader drawing from it must not leave it at the epoch's start.
+  //! Resumes from `s`, saved by a job of any number of processes: the rest of the interrupted epoch is the samples
+  //! that job had not consumed, sharded for this one; later epochs are this job's. `GlobalGenerator::restored_by_caller`:
+  //! the caller restores the global generator itself (`Accelerator::load_state` does), so a loader drawing from it
+  //! must not leave it at the epoch's start. Throws `InvalidArgument` when `s` comes from another kind of loader.
   void load_state_dict(const LoaderState& s, GlobalGenerator g = GlobalGenerator::rewound_by_loader) { core_->load(s, g); }
+  //! What differs between the loader that saved `s` and this one (its path, dataset length or batch size), as the
+  //! rest of a sentence ("was saved for a dataset of 1797 samples, this loader's has 1200"); "" when none does.
+  [[nodiscard]] std::string state_mismatch(const LoaderState& s) const { return core_->mismatch(s); }
   //! The same loader without the first `k` batches (steps, when dispatched) of its next epoch: Accelerate's
   //! `skip_first_batches`. It shares the sampler and the epoch counter, and keeps the padding marks.
   [[nodiscard]] PreparedLoader skip_first_batches(std::int64_t k) const {

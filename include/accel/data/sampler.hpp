@@ -236,6 +236,24 @@ class ShuffledOrders {
     return RandomSampler(n_, synchronized_generator(), once).next_epoch();
   }
 
+  //! One epoch's order drawn from `g` (left where the draw leaves it) by the rule of another number of processes:
+  //! `global_rule`, as a one-process loader without a sampler generator draws from the global generator (a loader
+  //! seed, then a fresh sampler seed); else as a synchronised sampler generator draws. A job resumed at another size
+  //! redraws the interrupted epoch with the rule of the job that drew it.
+  [[nodiscard]] IndexOrder draw_with(bool global_rule, at::Generator g) const {
+    auto once = options_;
+    once.advance_after_epoch = false;
+    if (!global_rule) return RandomSampler(n_, std::move(g), once).next_epoch();
+    (void)at::empty({}, at::kLong).random_(g);  // the DataLoader iterator's base seed
+    const std::int64_t seed = at::empty({}, at::kLong).random_(g).item<std::int64_t>();
+    return RandomSampler(n_, make_generator(static_cast<std::uint64_t>(seed)), once).next_epoch();
+  }
+  //! Advances the sampler generator past `epochs` epochs, as if they had been drawn (nothing for the other rules).
+  void skip_epochs(std::int64_t epochs) {
+    if (!sampler_) return;
+    for (std::int64_t e = 0; e < epochs; ++e) (void)sampler_->next_epoch();
+  }
+
   //! The generator of the synchronised sampler (what rng::generator broadcasts), if there is one.
   [[nodiscard]] std::optional<at::Generator> generator() {
     return sampler_ ? std::optional<at::Generator>(sampler_->generator()) : std::nullopt;

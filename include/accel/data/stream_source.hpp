@@ -13,7 +13,8 @@
 //!
 //! Both read one batch (one step) ahead, so that a step knows whether it is the last (`end_of_dataloader`). The
 //! reading runs in step order (`InOrder`), the collating on the loader's workers. Resuming re-reads the stream and
-//! drops the batches already handed out.
+//! drops the items the saved job had consumed (`LoaderState::position`, items of the stream), then the batches of
+//! `skip_first_batches`; the padding still repeats the stream's first items.
 
 #include <accel/data/iterable_shard.hpp>
 #include <accel/data/loader_core.hpp>
@@ -39,11 +40,16 @@ class StreamShardEpoch {
   using Payload = Batch;
 
   explicit StreamShardEpoch(const std::shared_ptr<Core>& c)
-      : core_(c), shard_(Source(*core_->dataset), core_->spec(core_->ctx.process_index)) {
+      : core_(c), shard_(Source(*core_->dataset), core_->spec(core_->ctx.process_index), core_->start) {
     auto& k = *core_;
     // Only one pass over the source is started: single-pass streams are read once.
-    if (k.ctx.num_processes == 1) plain_.emplace(std::ranges::begin(*k.dataset));
-    else it_.emplace(shard_.begin());
+    if (k.ctx.num_processes == 1) {
+      plain_.emplace(std::ranges::begin(*k.dataset));
+      const auto stop = std::ranges::end(*k.dataset);
+      for (std::int64_t s = k.start; s > 0 && *plain_ != stop; --s) ++*plain_;
+    } else {
+      it_.emplace(shard_.begin());
+    }
     k.begin_epoch();
     ahead_ = read();
     for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read(), ++first_;
@@ -127,6 +133,8 @@ class StreamDispatchEpoch {
     k.begin_epoch();
     if (k.ctx.process_index == 0) {
       reader_.emplace(std::ranges::begin(*k.dataset));
+      const auto stop = std::ranges::end(*k.dataset);
+      for (std::int64_t s = k.start; s > 0 && *reader_ != stop; --s, ++*reader_) keep_first(**reader_);
       ahead_ = read_step();
       for (std::int64_t s = k.skip; s > 0 && ahead_; --s) ahead_ = read_step();
     }
@@ -188,9 +196,12 @@ class StreamDispatchEpoch {
       if (std::int64_t(inner.size()) < B) break;
     }
     if (step.empty() || (k.options.drop_last && full < batches)) return std::nullopt;
-    if (first_samples_.empty())  // the epoch's first N samples: what the last step is padded with
-      first_samples_.assign(step.begin(), step.begin() + std::min<std::size_t>(step.size(), std::size_t(k.ctx.num_processes)));
+    for (std::size_t i = 0; i < step.size() && first_samples_.size() < std::size_t(k.ctx.num_processes); ++i) keep_first(step[i]);
     return step;
+  }
+  // The epoch's first N samples: what the last step is padded with.
+  void keep_first(const Sample& x) {
+    if (first_samples_.size() < std::size_t(core_->ctx.num_processes)) first_samples_.push_back(x);
   }
 
   std::shared_ptr<Core> core_;

@@ -23,6 +23,12 @@
 //! | `loader_plan`       | what `prepare_data_loader` yields on one process                |
 //! | `BatchPlan::skip`   | `SkipBatchSampler` / `skip_first_batches`                       |
 //!
+//! ## Starting inside the epoch
+//! Every plan function takes a `start`: the plan of the epoch's positions `start .. n-1` only, batch 0 beginning at
+//! `start` (a job resumed at another number of processes: the first `start` samples were consumed by the job that
+//! saved the checkpoint, README "Resuming at another world size"). Padding still repeats the start of the epoch,
+//! as after `skip_first_batches`; with `start = k * per_step(spec)` the plan is exactly `plan(spec, n).skip(k)`.
+//!
 //! Deliberate differences (README, "Differences from Accelerate"): `size()` is always the number of batches
 //! really yielded (Accelerate's `len` overstates in split mode, Q4/Q5, and goes negative after skipping too
 //! far); an empty epoch yields nothing on every path (the dispatcher raises); padding stays known after
@@ -206,26 +212,34 @@ namespace detail {
 
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
 constexpr std::int64_t unbounded = INT64_MAX / 4;
+//! `start`, checked to lie within the epoch's `n` samples.
+inline std::int64_t checked_start(std::int64_t start, std::int64_t n) {
+  accel::detail::require(start >= 0 && start <= n, "accel: an epoch of " + std::to_string(n) + " samples cannot start at position " +
+                                                       std::to_string(start) + "; the start must be in [0, " + std::to_string(n) + "]");
+  return start;
+}
 
 }  // namespace detail
 
 //! `BatchSampler(order, batch_size, drop_last)`: the user's loader on one process, no padding.
-inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_t n) {
+inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_t n, std::int64_t start = 0) {
   validate({.batch_size = batch_size, .drop_last = drop_last}, n, Loading::iterable);
-  const std::int64_t count = drop_last ? n / batch_size : detail::ceil_div(n, batch_size);
-  return BatchPlan::affine({.samples = n, .wrap = 1, .count = count, .stride = batch_size, .offset = 0,
+  const std::int64_t rest = n - detail::checked_start(start, n);
+  const std::int64_t count = drop_last ? rest / batch_size : detail::ceil_div(rest, batch_size);
+  return BatchPlan::affine({.samples = n, .wrap = 1, .count = count, .stride = batch_size, .offset = start,
                             .width = batch_size, .limit = n});
 }
 
 // [accelerate:data_loader.py BatchSamplerShard._iter_with_no_split / _iter_with_split]
 //! `BatchSamplerShard(BatchSampler(order, B, drop_last), N, r, split, even)`. Pads even with one process,
 //! exactly like Accelerate's class (the prepared loader does not shard at all then: see `loader_plan`).
-inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
+inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n, std::int64_t start = 0) {
   validate(s, n, Loading::sharded);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
-  const std::int64_t L = s.drop_last ? n / B : detail::ceil_div(n, B);  // batches of the user's sampler
-  const std::int64_t full = n / B;
-  const bool short_last = !s.drop_last && n % B != 0;
+  const std::int64_t rest = n - detail::checked_start(start, n);
+  const std::int64_t L = s.drop_last ? rest / B : detail::ceil_div(rest, B);  // batches of the user's sampler
+  const std::int64_t full = rest / B;
+  const bool short_last = !s.drop_last && rest % B != 0;
   if (!s.split_batches) {
     // Batch j of this process is the user's batch j*N + r; an even tail keeps going past the data, with the
     // padding cursor running on over the first round of batches (`wrap` = min(n, N*B)).
@@ -235,7 +249,7 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
     else count = L / N + (r < L % N ? 1 : 0);
     const bool padded = !s.drop_last && s.even_batches;
     return BatchPlan::affine({.samples = n, .wrap = std::min(n, N * B), .count = count, .stride = N * B,
-                              .offset = r * B, .width = B, .limit = padded ? detail::unbounded : n});
+                              .offset = start + r * B, .width = B, .limit = padded ? detail::unbounded : n});
   }
   // Split: every user batch of exactly B samples is cut into N slices of B/N; a short last batch is
   // completed from the first batch (even) or cut as it is (uneven: ranks past its end get nothing).
@@ -243,9 +257,9 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
   std::int64_t count = full;
   if (short_last) {
     if (s.even_batches) count += 1;
-    else if (n % B > r * per) count += 1;
+    else if (rest % B > r * per) count += 1;
   }
-  return BatchPlan::affine({.samples = n, .wrap = std::min(n, B), .count = count, .stride = B, .offset = r * per,
+  return BatchPlan::affine({.samples = n, .wrap = std::min(n, B), .count = count, .stride = B, .offset = start + r * per,
                             .width = per, .limit = s.even_batches ? detail::unbounded : n});
 }
 
@@ -255,14 +269,15 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n) {
 //! The last chunk is completed by repeating the first chunk (`wrap` = min(n, R)) unless `drop_last`.
 //! Like Accelerate, split with `batch_size == 1` and several processes yields nothing; `prepare()`
 //! refuses that configuration before it gets here.
-inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
+inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n, std::int64_t start = 0) {
   validate(s, n, Loading::iterable);
   const std::int64_t r = s.process_index;
   const std::int64_t chunk = per_step(s);
   const std::int64_t per = per_process(s);
-  const std::int64_t chunks = s.drop_last ? n / chunk : detail::ceil_div(n, chunk);
+  const std::int64_t rest = n - detail::checked_start(start, n);
+  const std::int64_t chunks = s.drop_last ? rest / chunk : detail::ceil_div(rest, chunk);
   return BatchPlan::affine({.samples = n, .wrap = std::min(n, chunk), .count = per > 0 ? chunks : 0,
-                            .stride = chunk, .offset = r * per, .width = per, .limit = detail::unbounded});
+                            .stride = chunk, .offset = start + r * per, .width = per, .limit = detail::unbounded});
 }
 
 // [accelerate:data_loader.py DataLoaderDispatcher._fetch_batches / __iter__]
@@ -270,10 +285,11 @@ inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n) {
 //! (one under split); each rank keeps the slice `[r*per, (r+1)*per)` with `per = observed / N`. The last
 //! global batch, when its size is not a multiple of N and `drop_last` is off, gets the first N samples of the
 //! epoch appended and `per + 1` (so slices are re-cut evenly and may be short or empty).
-inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
+inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n, std::int64_t start = 0) {
   validate(s, n, Loading::dispatched);
   const std::int64_t B = s.batch_size, N = s.num_processes, r = s.process_index;
-  const std::int64_t inner = s.drop_last ? n / B : detail::ceil_div(n, B);
+  const std::int64_t rest = n - detail::checked_start(start, n);
+  const std::int64_t inner = s.drop_last ? rest / B : detail::ceil_div(rest, B);
   const std::int64_t global = per_step(s);
   std::int64_t steps = inner;
   if (!s.split_batches) steps = s.drop_last ? inner / N : detail::ceil_div(inner, N);
@@ -281,25 +297,25 @@ inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n) {
   const std::int64_t first = std::min({N, global, n});  // the padding Accelerate appends
   const std::int64_t per = global / N;
   const BatchPlan full = BatchPlan::affine({.samples = n, .wrap = first, .count = steps, .stride = global,
-                                            .offset = r * per, .width = per, .limit = detail::unbounded});
-  const std::int64_t start = (steps - 1) * global;
-  const auto cut = dispatch_cut(std::min(global, n - start), int(N), /*last=*/true, s.drop_last, first);
+                                            .offset = start + r * per, .width = per, .limit = detail::unbounded});
+  const std::int64_t last = start + (steps - 1) * global;
+  const auto cut = dispatch_cut(std::min(global, n - last), int(N), /*last=*/true, s.drop_last, first);
   const Span mine = cut.slice(int(r));
-  return full.with_last({start + mine.begin, start + mine.end});
+  return full.with_last({last + mine.begin, last + mine.end});
 }
 
 //! What `prepare_data_loader` yields on one process for a loader of `n` samples (map-style: sharded;
 //! an iterable dataset: iterable; `loading::dispatched`: dispatched). One process is not sharded at all.
-inline BatchPlan loader_plan(const ShardSpec& s, std::int64_t n, Loading loading) {
+inline BatchPlan loader_plan(const ShardSpec& s, std::int64_t n, Loading loading, std::int64_t start = 0) {
   validate(s, n, loading);
   switch (loading) {
-    case Loading::dispatched: return dispatch_plan(s, n);
+    case Loading::dispatched: return dispatch_plan(s, n, start);
     case Loading::iterable:
-      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n);
-      return iterable_plan(s, n);
+      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n, start);
+      return iterable_plan(s, n, start);
     case Loading::sharded:
-      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n);
-      return shard_plan(s, n);
+      if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n, start);
+      return shard_plan(s, n, start);
   }
   return {};
 }
