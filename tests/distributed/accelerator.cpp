@@ -102,7 +102,7 @@ void accelerator(const Args&) {
 
 namespace {
 
-struct Dispatched : accel::Accelerator<accel::dist::from_env, accel::loading::dispatched, accel::batches::split> {};
+struct DispatchedSplit : accel::Accelerator<accel::dist::from_env, accel::loading::dispatched, accel::batches::split> {};
 
 // gather_for_metrics of objects over one epoch of a prepared loader of `n` samples: the same samples, in the same
 // order, as the tensor form; every sample exactly once over the epoch, on every rank.
@@ -194,7 +194,7 @@ void helpers(const Args&) {
   at::manual_seed(5);
   gather_objects(acc, 10, 3, "per process: ");
   {
-    Dispatched dispatched;
+    DispatchedSplit dispatched;
     gather_objects(dispatched, 11, 2 * N, "dispatched, split: ");
   }
 
