@@ -201,6 +201,9 @@ class Accelerator {
     // to the optimizers prepared so far.
     std::tuple<decltype(first_pass(std::forward<Ts>(objects)))...> first{first_pass(std::forward<Ts>(objects))...};
     check_optimizer_parameters(first_new_optimizer);
+    // ZeRO: the flat buffers are laid out once the models are placed (placement may replace a parameter's storage).
+    for (std::size_t i = first_new_optimizer; i < optimizers_.size(); ++i)
+      if (optimizers_[i].sharded) optimizers_[i].sharded->build();
     auto out = std::apply(
         [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; }, first);
     if constexpr (sizeof...(Ts) == 1) return std::get<0>(std::move(out));
@@ -666,6 +669,7 @@ class Accelerator {
   struct OptimizerEntry {
     std::shared_ptr<torch::optim::Optimizer> optimizer;
     std::shared_ptr<const StepRecord> record;
+    std::shared_ptr<ShardedOptimizer> sharded;  // ZeRO stage 1's partition (nullptr: not sharded)
   };
   [[nodiscard]] checkpoint::Checkpointer::Process checkpoint_process() const {
     return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); }};
@@ -775,8 +779,20 @@ class Accelerator {
       if constexpr (TorchOptimizer<U>) p = std::make_shared<O>(std::move(x));
       else p = x;
       AcceleratedOptimizer<O> wrapped(p, scaler_);
+      std::shared_ptr<ShardedOptimizer> sharded;
+      if constexpr (config::zero_stage > 0 && !one_process) {
+        static_assert(ShardableOptimizer<O>,
+                      "accel::shard::optimizer shards optimizers whose state is per parameter and whose update is "
+                      "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad); this optimizer (LBFGS, or one of "
+                      "your own) is not known to be: use accel::shard::none, or specialise accel::ShardTraits for it");
+        if constexpr (ShardableOptimizer<O>) {
+          sharded = std::make_shared<ShardedOptimizer>(p, state_.comm());
+          wrapped.set_sharded(sharded);
+        }
+      }
       checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
-      optimizers_.push_back({p, wrapped.record()});
+      if (sharded) checkpointer_.add_partition({[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); }});
+      optimizers_.push_back({p, wrapped.record(), sharded});
       return wrapped;
     } else if constexpr (kind == detail::Prepares::scheduler) {
       return detail::PendingScheduler<detail::shared_t<U>>{x};

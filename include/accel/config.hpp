@@ -10,7 +10,7 @@
 //!
 //! Policies may come in any order; a missing slot takes its default:
 //! `dist::from_env`, `batches::per_process`, `tail::even`, `loading::sharded`, `place::device`, and
-//! `rng::sync<rng::generator>` (or `rng::none` under `loading::dispatched`, where only rank 0 samples).
+//! `shard::none`, `rng::sync<rng::generator>` (or `rng::none` under `loading::dispatched`, where only rank 0 samples).
 //! Whether the combination is valid is `diagnose<Policies...>()`; `Accelerator` turns a problem into one
 //! `static_assert` that names it and says how to fix it.
 
@@ -21,6 +21,7 @@
 #include <accel/policy/loading.hpp>
 #include <accel/policy/place.hpp>
 #include <accel/policy/rng.hpp>
+#include <accel/policy/shard.hpp>
 #include <accel/policy/slots.hpp>
 #include <accel/policy/tail.hpp>
 
@@ -57,6 +58,7 @@ struct Config {
                                                 accel::rng::sync<accel::rng::generator>>,
                              Ps...>;
   using place = detail::pick_t<slot::placement, accel::place::device, Ps...>;
+  using shard = detail::pick_t<slot::sharding, accel::shard::none, Ps...>;
 
   static constexpr bool split_batches = std::is_same_v<batching, batches::split>;
   static constexpr bool even_batches = std::is_same_v<tail, accel::tail::even>;
@@ -66,6 +68,8 @@ struct Config {
   static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
+  //! The ZeRO stage: 0 (`shard::none`) or 1 (`shard::optimizer`).
+  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::optimizer> ? 1 : 0;
 };
 
 //! What is wrong with a list of policies (the first problem found), or `none`.
@@ -78,6 +82,7 @@ enum class ConfigProblem {
   duplicate_loading,
   duplicate_rng,
   duplicate_placement,
+  duplicate_sharding,
   rng_sync_not_a_kind,
   rng_sync_repeated_kind,
   nccl_without_cuda_build,
@@ -89,6 +94,7 @@ enum class ConfigProblem {
   dispatched_with_uneven_tail,
   dispatched_with_generator_sync,
   dispatched_without_placement,
+  sharding_without_processes,
 };
 
 template <class... Ps>
@@ -101,6 +107,7 @@ consteval ConfigProblem diagnose() {
   if (detail::count_in_slot<slot::loading, Ps...> > 1) return P::duplicate_loading;
   if (detail::count_in_slot<slot::rng, Ps...> > 1) return P::duplicate_rng;
   if (detail::count_in_slot<slot::placement, Ps...> > 1) return P::duplicate_placement;
+  if (detail::count_in_slot<slot::sharding, Ps...> > 1) return P::duplicate_sharding;
 
   using C = Config<Ps...>;
   using kinds = detail::rng_kinds<typename C::rng>;
@@ -118,6 +125,7 @@ consteval ConfigProblem diagnose() {
   if (C::dispatch && explicit_tail && !C::even_batches) return P::dispatched_with_uneven_tail;
   if (C::dispatch && explicit_rng && C::sync_generator) return P::dispatched_with_generator_sync;
   if (C::dispatch && !C::device_placement) return P::dispatched_without_placement;
+  if (C::zero_stage > 0 && std::is_same_v<typename C::dist, dist::none>) return P::sharding_without_processes;
   return P::none;
 }
 
@@ -131,7 +139,7 @@ struct CheckedConfig : Config<Ps...> {
 
   static_assert(problem != P::not_a_policy,
       "accel::Accelerator<...>: a template argument is not an accel policy; use the tags of accel::dist, "
-      "accel::batches, accel::tail, accel::loading, accel::rng or accel::place");
+      "accel::batches, accel::tail, accel::loading, accel::rng, accel::place or accel::shard");
   static_assert(problem != P::duplicate_distributed,
       "accel::Accelerator<...>: two policies fill slot 'distributed' (accel::dist::...); keep one");
   static_assert(problem != P::duplicate_batching,
@@ -145,6 +153,8 @@ struct CheckedConfig : Config<Ps...> {
       "accel::rng::sync<...>");
   static_assert(problem != P::duplicate_placement,
       "accel::Accelerator<...>: two policies fill slot 'placement' (accel::place::...); keep one");
+  static_assert(problem != P::duplicate_sharding,
+      "accel::Accelerator<...>: two policies fill slot 'sharding' (accel::shard::...); keep one");
   static_assert(problem != P::rng_sync_not_a_kind,
       "accel::rng::sync<...>: every argument must be accel::rng::torch, accel::rng::cuda or accel::rng::generator");
   static_assert(problem != P::rng_sync_repeated_kind,
@@ -176,6 +186,9 @@ struct CheckedConfig : Config<Ps...> {
   static_assert(problem != P::dispatched_without_placement,
       "accel::loading::dispatched moves every slice to its process's device, so it needs a placement; use "
       "accel::place::device (the default) instead of accel::place::none");
+  static_assert(problem != P::sharding_without_processes,
+      "accel::shard::optimizer splits the optimizer state across processes, but accel::dist::none has one process; "
+      "use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop accel::shard::optimizer");
 
 };
 

@@ -1,6 +1,10 @@
 // Multi-process tests: started by accel-launch (or torchrun) as N real processes on 127.0.0.1; each checks every
 // value it receives. `accel_mp_tests MODE [ARGS...]`, the modes:
 //   collectives [SCRATCH]          comm/: gather, broadcast, reduce, padding, objects, splitting, main_process_first, RNG
+//   sharding-collectives           comm/: reduce_scatter, all_gather_into, broadcast_coalesced (small and large)
+//   sharding-mismatch              a reduce_scatter against an all_reduce (every rank must name both)
+//   zero SCRATCH                   optim/: ZeRO stage 1 equals DDP (5 optimizers), 1/N state, checkpoints, errors
+//   zero-bench [STEPS]             DDP and ZeRO stage 1 side by side: optimizer state bytes per rank, step time
 //   gather-for-metrics             comm/: gather_for_metrics with the plan's layouts (even and uneven tails)
 //   golden FILE [WORKERS]          data/: Accelerate's end-to-end vectors of this world size, sharded and dispatched
 //   golden-stream FILE [WORKERS]   data/: the same with the data given as a stream (an iterable dataset)
@@ -53,7 +57,9 @@ int main(int argc, char** argv) {
       {"foreign-writer", mp::foreign_writer}, {"attacked", mp::attacked_job},
       {"job-sum", mp::job_sum},               {"store-host", mp::store_host},
       {"files", mp::files},                   {"helpers", mp::helpers},
-      {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training}};
+      {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
+      {"sharding-collectives", mp::sharding_collectives}, {"sharding-mismatch", mp::sharding_mismatch},
+      {"zero", mp::zero},                     {"zero-bench", mp::zero_bench}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

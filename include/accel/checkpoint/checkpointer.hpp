@@ -67,6 +67,9 @@ class Checkpointer {
 
   void add_model(std::shared_ptr<torch::nn::Module> m) { models_.push_back(std::move(m)); }
   void add_optimizer(Saveable s) { optimizers_.push_back(std::move(s)); }
+  //! A state every process saves and loads its own part of (a ZeRO partition of optimizer `i`'s state), into
+  //! `zero_<i>_rank<r>.pt`.
+  void add_partition(Saveable s) { partitions_.push_back(std::move(s)); }
   void add_scheduler(Saveable s) { schedulers_.push_back(std::move(s)); }
   void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
   void set_scaler(Saveable s) { scaler_ = std::move(s); }
@@ -96,6 +99,7 @@ class Checkpointer {
       if (scaler_) save_one(scaler_->save, tmp / scaler_file);
       for (std::size_t i = 0; i < custom_.size(); ++i) save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
     }
+    for (std::size_t i = 0; i < partitions_.size(); ++i) save_one(partitions_[i].save, tmp / partition_file(i, p.index));
     {
       ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}, local_gradients};
       if (p.device.is_cuda()) record.rng_device = generator_bytes(at::globalContext().defaultGenerator(p.device));
@@ -169,6 +173,13 @@ class Checkpointer {
       customs.push_back(open(custom_file(i), custom_[i].on_device ? std::optional(p.device) : std::nullopt));
       restore_custom.push_back(read_custom(custom_[i], i, customs.back().archive, customs.back().path));
     }
+    // ZeRO partitions (optim/sharded.hpp): each process's own part of the optimizer state, cut for this many processes.
+    accel::detail::require(partitions_.empty() || !resized,
+                           "accel::load_state: " + dir.string() + " was saved by " + std::to_string(meta.num_processes) +
+                               " process(es) with a sharded optimizer state (shard::optimizer), whose partitions are cut per "
+                               "process; resume it with " + std::to_string(meta.num_processes) + " processes");
+    std::vector<Opened> partitions;
+    for (std::size_t i = 0; i < partitions_.size(); ++i) partitions.push_back(open(partition_file(i, p.index), p.device));
     // Rank 0's record: the loaders' global positions and the accumulation counter, for every process. This
     // process's own: its generators and gradients (a rank the saving job did not have takes rank 0's generators).
     const auto state_bytes = generator_bytes(at::detail::getDefaultCPUGenerator()).size();
@@ -211,6 +222,8 @@ class Checkpointer {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
     for (std::size_t i = 0; i < schedulers_.size(); ++i) reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
     if (scaler) reading(scaler->path, [&] { scaler_->load(scaler->archive); });
+    // After the models: a partition puts the loaded parameters back into its flat buffer.
+    for (std::size_t i = 0; i < partitions_.size(); ++i) reading(partitions[i].path, [&] { partitions_[i].load(partitions[i].archive); });
     for (auto& restore : restore_custom) restore();
     reading(proc.path, [&] {
       set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
@@ -250,6 +263,9 @@ class Checkpointer {
     }
     std::filesystem::rename(tmp, dir);
   }
+  static std::string partition_file(std::size_t i, int rank) {
+    return "zero_" + std::to_string(i) + "_rank" + std::to_string(rank) + ".pt";
+  }
   static std::string grad_key(std::size_t model, const std::string& name) { return "grad_" + std::to_string(model) + "_" + name; }
   template <class F>
   static void save_one(F&& save, const std::filesystem::path& path) {
@@ -265,7 +281,7 @@ class Checkpointer {
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<Saveable> optimizers_, schedulers_;
+  std::vector<Saveable> optimizers_, schedulers_, partitions_;
   std::vector<Loader> loaders_;
   std::optional<Saveable> scaler_;
   std::vector<Custom> custom_;

@@ -38,6 +38,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
@@ -71,7 +72,7 @@ struct CommOptions {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier };
+enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier, reduce_scatter };
 
 //! One collective as every rank must agree on it: its number in the job, kind, reduction, dtype, element
 //! count (per rank) and root.
@@ -94,11 +95,11 @@ struct CollectiveId {
 
   //! "all_reduce(sum) of 4 x Float", "broadcast from rank 0 of 12 x Long", "barrier".
   [[nodiscard]] std::string describe() const {
-    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier"};
+    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier", "reduce_scatter"};
     static constexpr const char* ops[] = {"sum", "max", "min"};
     std::string out = kinds[int(kind)];
     if (kind == OpKind::barrier) return out;
-    if (kind == OpKind::all_reduce) out += std::string("(") + ops[int(reduce)] + ")";
+    if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter) out += std::string("(") + ops[int(reduce)] + ")";
     if (kind == OpKind::broadcast || kind == OpKind::scatter) out += " from rank " + std::to_string(root);
     return out + " of " + std::to_string(numel) + " x " + c10::toString(dtype);
   }
@@ -122,7 +123,7 @@ struct CollectiveId {
     CollectiveId id;
     int kind = 0, reduce = 0, dtype = 0;
     if (!(in >> id.seq >> kind >> reduce >> dtype >> id.numel >> id.root)) return std::nullopt;
-    if (kind < 0 || kind > 4 || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
+    if (kind < 0 || kind > 5 || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
     id.kind = OpKind(kind), id.reduce = ReduceOp(reduce), id.dtype = c10::ScalarType(dtype);
     return id;
   }
@@ -208,6 +209,48 @@ class Communicator {
   virtual void scatter(at::Tensor& out, const std::vector<at::Tensor>& chunks, int root = 0) = 0;
   //! Returns when every rank has called it.
   virtual void barrier() = 0;
+
+  // ---- the sharding collectives (ZeRO: optim/sharded.hpp) ----------------------------------------------------
+
+  //! Sum over ranks of the 1-d `input` (N equal parts, N = size()), rank r keeping part r in `out` (1-d,
+  //! `input.numel() / N` elements). The base class falls back to an all-reduce of the whole input (N times the
+  //! traffic of a native reduce-scatter); Gloo and NCCL override it with their native operation.
+  virtual void reduce_scatter(at::Tensor& out, const at::Tensor& input) {
+    check_parts(out, input, "reduce_scatter");
+    at::Tensor all = input.contiguous().clone();
+    all_reduce(all, ReduceOp::sum);
+    out.copy_(all.narrow(0, std::int64_t(rank_) * out.numel(), out.numel()));
+  }
+  //! Every rank's 1-d `part`, in rank order, into the 1-d `out` (N times `part.numel()` elements; `part` may be
+  //! a view of `out`'s own slice). The base class falls back to `all_gather` and a copy.
+  virtual void all_gather_into(at::Tensor& out, const at::Tensor& part) {
+    check_parts(part, out, "all_gather_into");
+    const auto parts = all_gather(part.contiguous());
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) out.narrow(0, std::int64_t(r) * part.numel(), part.numel()).copy_(parts[std::size_t(r)].reshape({-1}));
+  }
+  //! In place: every rank ends with `root`'s `tensors` (shapes and dtypes must already agree), in one collective:
+  //! their bytes packed into one buffer (PyTorch's `_broadcast_coalesced`), so any mix of dtypes travels at once.
+  virtual void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0) {
+    std::int64_t bytes = 0;
+    for (const auto& t : tensors) bytes += t.numel() * std::int64_t(t.element_size());
+    if (bytes == 0) return;
+    const c10::Device where = tensors.front().device();
+    at::Tensor packed = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(where));
+    if (rank_ == root) pack(tensors, packed);
+    broadcast(packed, root);
+    if (rank_ != root) {
+      std::int64_t at = 0;
+      for (auto& t : tensors) {
+        const std::int64_t n = t.numel() * std::int64_t(t.element_size());
+        if (n == 0) continue;
+        at::Tensor dst = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
+        dst.view({-1}).view(at::kByte).copy_(packed.narrow(0, at, n));
+        if (!dst.is_same(t)) t.copy_(dst);
+        at += n;
+      }
+    }
+  }
 
  protected:
   //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
@@ -354,6 +397,25 @@ class Communicator {
     return ok;
   }
 
+  //! `part` is one of N equal parts of the 1-d `whole` (same dtype and device).
+  void check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const {
+    detail::require(part.dim() == 1 && whole.dim() == 1 && whole.numel() == part.numel() * size_ &&
+                        part.scalar_type() == whole.scalar_type() && part.device() == whole.device(),
+                    std::string("accel: ") + op + ": the whole must be 1-d with N = " + std::to_string(size_) +
+                        " times the part's elements, of the same dtype and device (got a part of " + std::to_string(part.numel()) +
+                        " x " + c10::toString(part.scalar_type()) + " and a whole of " + std::to_string(whole.numel()) + " x " +
+                        c10::toString(whole.scalar_type()) + "); pad the whole to a multiple of N");
+  }
+  //! The bytes of `tensors`, one after the other, into the byte tensor `packed`.
+  static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed) {
+    std::int64_t at = 0;
+    for (const auto& t : tensors) {
+      const std::int64_t n = t.numel() * std::int64_t(t.element_size());
+      if (n == 0) continue;
+      packed.narrow(0, at, n).copy_(t.contiguous().view({-1}).view(at::kByte));
+      at += n;
+    }
+  }
   [[nodiscard]] Monitor* monitor() const noexcept { return monitor_; }
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +

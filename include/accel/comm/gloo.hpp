@@ -144,6 +144,54 @@ class GlooCommunicator final : public Communicator {
     if (!read_check(o[0].narrow(0, out.numel(), room), id, 1)) mismatch_found(id, {root});
     out.copy_(o[0].narrow(0, 0, out.numel()).view(out.sizes()));
   }
+  //! Gloo's native reduce-scatter (c10d `reduce_scatter` of N parts), checked as an all-reduce: small payloads
+  //! carry the fingerprint's slots after every part (the sum brings N copies of them), large ones are preceded by
+  //! a check of their own.
+  void reduce_scatter(at::Tensor& out, const at::Tensor& input) override {
+    check_parts(out, input, "reduce_scatter");
+    auto id = begin(OpKind::reduce_scatter, out.scalar_type(), out.numel());
+    const std::int64_t n = out.numel(), room = slots(out.scalar_type());
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = options().timeout;
+    const bool frame = framing(id, out, room);
+    const at::Tensor whole = input.contiguous();
+    std::vector<std::vector<at::Tensor>> in(1);
+    for (int r = 0; r < size(); ++r) {
+      const at::Tensor part = whole.narrow(0, std::int64_t(r) * n, n);
+      in[0].push_back(frame ? framed_copy(part, id, room) : part.clone());
+    }
+    const bool direct = !frame && out.is_contiguous();
+    std::vector<at::Tensor> outs{frame ? at::empty({n + room}, out.options()) : direct ? out : at::empty({n}, out.options())};
+    run(id, [&] { return backend_->reduce_scatter(outs, in, o); });
+    if (frame && !read_check(outs[0].narrow(0, n, room), id, size())) mismatch_found(id, {});
+    if (!direct) out.copy_(outs[0].narrow(0, 0, n));
+  }
+  //! Gloo's native all-gather (c10d `allgather`) into the parts of `out`; small payloads carry the slots, as in
+  //! `all_gather`, and are copied into place, large ones are preceded by a check and gathered in place.
+  void all_gather_into(at::Tensor& out, const at::Tensor& part) override {
+    check_parts(part, out, "all_gather_into");
+    auto id = begin(OpKind::all_gather, part.scalar_type(), part.numel());
+    const std::int64_t n = part.numel(), room = slots(part.scalar_type());
+    c10d::AllgatherOptions o;
+    o.timeout = options().timeout;
+    const bool frame = framing(id, part, room);
+    // Gloo reads the input while it writes the outputs: a part that aliases `out` travels as a copy.
+    std::vector<at::Tensor> in{frame ? framed_copy(part, id, room) : part.clone()};
+    const bool direct = !frame && out.is_contiguous();
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    for (int r = 0; r < size(); ++r)
+      gathered[0].push_back(direct ? out.narrow(0, std::int64_t(r) * n, n) : at::empty({n + (frame ? room : 0)}, part.options()));
+    run(id, [&] { return backend_->allgather(gathered, in, o); });
+    if (direct) return;
+    std::vector<int> differ;
+    for (int r = 0; r < size(); ++r)
+      if (frame && !read_check(gathered[0][std::size_t(r)].narrow(0, n, room), id, 1)) differ.push_back(r);
+    if (!differ.empty()) mismatch_found(id, differ);
+    for (int r = 0; r < size(); ++r) out.narrow(0, std::int64_t(r) * n, n).copy_(gathered[0][std::size_t(r)].narrow(0, 0, n));
+  }
+  // broadcast_coalesced: the base class's packing into one native broadcast (checked as every broadcast).
+
   void barrier() override {
     auto id = begin(OpKind::barrier, at::kInt, 0);
     if (slots(at::kInt)) return check(id);  // the check is an all-reduce: a barrier too

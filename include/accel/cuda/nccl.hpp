@@ -160,6 +160,34 @@ class NcclCommunicator final : public comm::Communicator {
       return res != ncclSuccess ? res : end;
     });
   }
+  //! ncclReduceScatter (sum) of the 1-d `input` into this rank's part `out`.
+  void reduce_scatter(at::Tensor& out, const at::Tensor& input) override {
+    require_cuda(out, "reduce_scatter");
+    require_cuda(input, "reduce_scatter");
+    check_parts(out, input, "reduce_scatter");
+    const at::Tensor in = input.contiguous();
+    const bool direct = out.is_contiguous();
+    at::Tensor o = direct ? out : at::empty({out.numel()}, out.options());
+    launch(begin(comm::OpKind::reduce_scatter, out.scalar_type(), out.numel()), [&] {
+      return ncclReduceScatter(in.data_ptr(), o.data_ptr(), size_t(o.numel()), nccl_type(o.scalar_type()), ncclSum, comm_, stream_);
+    });
+    if (!direct) out.copy_(o);
+  }
+  //! ncclAllGather into `out` (in place when `part` is `out`'s own slice, which NCCL supports).
+  void all_gather_into(at::Tensor& out, const at::Tensor& part) override {
+    require_cuda(out, "all_gather_into");
+    require_cuda(part, "all_gather_into");
+    check_parts(part, out, "all_gather_into");
+    const at::Tensor in = part.contiguous();
+    const bool direct = out.is_contiguous();
+    at::Tensor o = direct ? out : at::empty({out.numel()}, out.options());
+    launch(begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&] {
+      return ncclAllGather(in.data_ptr(), o.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
+    });
+    if (!direct) out.copy_(o);
+  }
+  // broadcast_coalesced: the base class's packing into one ncclBroadcast of bytes.
+
   void barrier() override {
     at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, device_).dtype(at::kFloat));
     all_reduce(one, comm::ReduceOp::sum);

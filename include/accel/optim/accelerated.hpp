@@ -16,6 +16,7 @@
 
 #include <accel/state/gradient_state.hpp>
 #include <accel/optim/grad_scaler.hpp>
+#include <accel/optim/sharded.hpp>
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -63,6 +64,7 @@ class AcceleratedOptimizer {
     std::shared_ptr<Optimizer> opt;
     std::shared_ptr<GradScaler> scaler;
     std::shared_ptr<StepRecord> record = std::make_shared<StepRecord>();
+    std::shared_ptr<ShardedOptimizer> sharded;  // ZeRO stage 1: steps this rank's partition instead of `opt`
   };
 
  public:
@@ -77,11 +79,12 @@ class AcceleratedOptimizer {
     if (!gs.sync_gradients()) return;
     ++s_->record->steps;
     if (s_->scaler) {
-      s_->record->skipped = !s_->scaler->step(*s_->opt);
+      s_->record->skipped = s_->sharded ? !s_->scaler->step(*s_->opt, [&] { s_->sharded->step(); }) : !s_->scaler->step(*s_->opt);
       s_->scaler->update();
     } else {
       s_->record->skipped = false;
-      s_->opt->step();
+      if (s_->sharded) s_->sharded->step();
+      else s_->opt->step();
     }
   }
   //! Clears the gradients when this step synchronises (`set_to_none` defaults to true, as in Accelerate).
@@ -98,9 +101,28 @@ class AcceleratedOptimizer {
   [[nodiscard]] const std::shared_ptr<Optimizer>& shared() const noexcept { return s_->opt; }
   [[nodiscard]] std::shared_ptr<const StepRecord> record() const noexcept { return s_->record; }
 
-  //! The inner optimizer's state (parameter groups with their options, and per-parameter buffers).
-  void save(torch::serialize::OutputArchive& a) const { s_->opt->save(a); }
-  void load(torch::serialize::InputArchive& a) { s_->opt->load(a); }
+  //! ZeRO stage 1: steps go to `sharded`, which holds this rank's partition of the state (`Accelerator::prepare`).
+  void set_sharded(std::shared_ptr<ShardedOptimizer> sharded) { s_->sharded = std::move(sharded); }
+  //! The ZeRO partition (nullptr: not sharded).
+  [[nodiscard]] const std::shared_ptr<ShardedOptimizer>& sharded() const noexcept { return s_->sharded; }
+
+  //! The inner optimizer's state (parameter groups with their options, and per-parameter buffers). Sharded: the
+  //! user's optimizer, which holds the groups and their options but no state (each rank's partition of the
+  //! state is saved apart: `ShardedOptimizer::save`), marked so that an unsharded job refuses it.
+  void save(torch::serialize::OutputArchive& a) const {
+    s_->opt->save(a);
+    if (s_->sharded) a.write("zero_sharded", c10::IValue(std::int64_t(1)));
+  }
+  void load(torch::serialize::InputArchive& a) {
+    c10::IValue marked;
+    const bool sharded = a.try_read("zero_sharded", marked);
+    detail::require(sharded == bool(s_->sharded),
+                    sharded ? "accel::load_state: the checkpoint's optimizer was sharded (accel::shard::optimizer) and this job's "
+                              "is not; resume with accel::shard::optimizer and the same number of processes"
+                            : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
+                              "(accel::shard::optimizer); resume with the configuration that saved it");
+    s_->opt->load(a);
+  }
 
  private:
   std::shared_ptr<Shared> s_;

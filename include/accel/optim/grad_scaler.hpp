@@ -95,12 +95,18 @@ class GradScaler {
 
   //! Unscales if not done yet, then steps `optimizer` unless inf/NaN was found. Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer) {
+    return step(optimizer, [&] { optimizer.step(); });
+  }
+  //! The same, stepping with `step_fn` instead of `optimizer.step()` (a ZeRO partition's step: optim/sharded.hpp);
+  //! `optimizer` holds the gradients that are unscaled and checked.
+  template <class StepFn>
+  bool step(torch::optim::Optimizer& optimizer, StepFn&& step_fn) {
     auto& st = per_optimizer_[&optimizer];
     detail::require(!st.stepped, "accel::GradScaler: step() was already called on this optimizer since the last update()");
     if (!st.unscaled) unscale_(optimizer);
     st.stepped = true;
     if (st.found_inf.item<float>() != 0.0f) return false;
-    optimizer.step();
+    step_fn();
     return true;
   }
 

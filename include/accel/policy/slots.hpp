@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! The six slots of an accel configuration, and what makes a type a policy.
+//! The seven slots of an accel configuration, and what makes a type a policy.
 //!
 //! A *policy* is an empty tag type with a nested `slot` type naming the one slot it fills. An
 //! `Accelerator<Policies...>` takes at most one policy per slot, in any order; an empty slot takes its
@@ -14,6 +14,7 @@
 //! | `loading`     | `loading::sharded, dispatched`         | `DataLoaderConfiguration.dispatch_batches`      |
 //! | `rng`         | `rng::sync<kinds...>, rng::none`       | `Accelerator(rng_types=[...])`                  |
 //! | `placement`   | `place::none, device, async`           | `device_placement` (+ `non_blocking`)           |
+//! | `sharding`    | `shard::none, optimizer`               | DeepSpeed's ZeRO stage (0, 1)                   |
 
 #include <concepts>
 #include <string_view>
@@ -27,6 +28,7 @@ struct tail        { static constexpr std::string_view name = "tail"; };
 struct loading     { static constexpr std::string_view name = "loading"; };
 struct rng         { static constexpr std::string_view name = "rng"; };
 struct placement   { static constexpr std::string_view name = "placement"; };
+struct sharding    { static constexpr std::string_view name = "sharding"; };
 
 }  // namespace accel::slot
 
@@ -37,12 +39,13 @@ template <class T> struct slot_of { using type = void; };
 template <class T> requires requires { typename T::slot; } struct slot_of<T> { using type = typename T::slot; };
 template <class T> using slot_of_t = typename slot_of<T>::type;
 
-//! A type is a policy when its `slot` is one of the six slots above.
+//! A type is a policy when its `slot` is one of the seven slots above.
 template <class T>
 concept Policy = std::is_empty_v<T> &&
     (std::same_as<slot_of_t<T>, slot::distributed> || std::same_as<slot_of_t<T>, slot::batching> ||
      std::same_as<slot_of_t<T>, slot::tail> || std::same_as<slot_of_t<T>, slot::loading> ||
-     std::same_as<slot_of_t<T>, slot::rng> || std::same_as<slot_of_t<T>, slot::placement>);
+     std::same_as<slot_of_t<T>, slot::rng> || std::same_as<slot_of_t<T>, slot::placement> ||
+     std::same_as<slot_of_t<T>, slot::sharding>);
 
 //! A policy of one given slot: `PolicyOf<dist::gloo, slot::distributed>`.
 template <class T, class Slot>

@@ -1,0 +1,280 @@
+#pragma once
+//! \file
+//! `ShardedOptimizer`: ZeRO stage 1 (`shard::optimizer`) over any LibTorch optimizer whose state is per parameter
+//! and whose update is elementwise (SGD, Adam, AdamW, RMSprop, Adagrad).
+//!
+//! - A flat parameter space: the optimizer's parameters, group after group, in one buffer of N * P elements
+//!   (P = ceil(total / N), the tail padding); every parameter becomes an alias of its slice (same tensor object,
+//!   so the model, the user's optimizer and `DistributedModule` keep working on it).
+//! - Rank r owns the slice [r * P, (r + 1) * P). Its *inner* optimizer, a fresh optimizer of the user's type and
+//!   options, is built over one flat tensor per parameter group: the group's part of that slice (an alias of the
+//!   buffer). So it allocates state for 1/N of the parameters only, and the user's optimizer never steps (no state).
+//! - `step()`: copies this rank's slice of the (already averaged) gradients into the shards' gradients, takes
+//!   every group's options from the user's optimizer (a scheduler changes them there), steps the inner optimizer
+//!   and all-gathers the buffer: every parameter, updated, on every rank.
+//! - Elementwise updates make this equal to stepping the whole optimizer on every rank.
+
+#include <accel/comm/communicator.hpp>
+#include <accel/error.hpp>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+//! Whether ZeRO may shard optimizer `O` (its state is per parameter, its update elementwise) and the type of its
+//! options. Specialise it for an optimizer of your own that qualifies.
+template <class O>
+struct ShardTraits {
+  static constexpr bool per_parameter = false;
+};
+template <> struct ShardTraits<torch::optim::SGD> { static constexpr bool per_parameter = true; using Options = torch::optim::SGDOptions; };
+template <> struct ShardTraits<torch::optim::Adam> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamOptions; };
+template <> struct ShardTraits<torch::optim::AdamW> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamWOptions; };
+template <> struct ShardTraits<torch::optim::RMSprop> { static constexpr bool per_parameter = true; using Options = torch::optim::RMSpropOptions; };
+template <> struct ShardTraits<torch::optim::Adagrad> { static constexpr bool per_parameter = true; using Options = torch::optim::AdagradOptions; };
+
+template <class O>
+concept ShardableOptimizer = ShardTraits<O>::per_parameter;
+
+//! Bytes of the per-parameter state tensors of an optimizer of one of the shardable types (0 for another type).
+inline std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& o) {
+  std::int64_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) n += t.numel() * std::int64_t(t.element_size());
+  };
+  for (const auto& [key, s] : o.state()) {
+    (void)key;
+    if (const auto* x = dynamic_cast<const torch::optim::SGDParamState*>(s.get())) add(x->momentum_buffer());
+    else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s.get())) add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+    else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s.get())) add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
+    else if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(s.get())) add(r->square_avg()), add(r->momentum_buffer()), add(r->grad_avg());
+    else if (const auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(s.get())) add(g->sum());
+  }
+  return n;
+}
+
+class ShardedOptimizer {
+ public:
+  //! Builds the inner optimizer over the shards' parameter groups.
+  using Factory = std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
+
+  //! Shards `user` (of a type with `ShardTraits`) across `comm`'s processes (nullptr: one process).
+  template <ShardableOptimizer O>
+  ShardedOptimizer(std::shared_ptr<O> user, comm::Communicator* comm)
+      : ShardedOptimizer(user, comm, [raw = user.get()](std::vector<torch::optim::OptimizerParamGroup> groups) {
+          return std::make_shared<O>(std::move(groups), static_cast<const typename ShardTraits<O>::Options&>(raw->defaults()));
+        }) {}
+  ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make)
+      : user_(std::move(user)), comm_(comm), make_(std::move(make)) {}
+
+  //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
+  //! calls it after the models are placed). Every process calls it.
+  void build() {
+    if (inner_) return;
+    const int n = processes(), r = rank();
+    detail::require(unstepped(*user_), "accel::ShardedOptimizer: the optimizer already has state (it stepped before "
+                                            "prepare); prepare it before its first step, so that each process builds the state "
+                                            "of its partition only");
+    std::unordered_set<const void*> seen;
+    const auto& groups = user_->param_groups();
+    std::vector<std::int64_t> group_begin, group_end;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      group_begin.push_back(total_);
+      for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
+        const at::Tensor& p = groups[g].params()[k];
+        const std::string where = "parameter " + std::to_string(k) + " of group " + std::to_string(g) + " (" + describe(p) + ")";
+        detail::require(p.requires_grad(), "accel::ShardedOptimizer: " + where + " does not require a gradient; ZeRO steps a flat "
+                                           "partition of every parameter: leave frozen parameters out of the optimizer");
+        detail::require(seen.insert(p.unsafeGetTensorImpl()).second, "accel::ShardedOptimizer: " + where + " is listed twice");
+        if (!slots_.empty())
+          detail::require(p.scalar_type() == slots_.front().param.scalar_type() && p.device() == slots_.front().param.device(),
+                          "accel::ShardedOptimizer: " + where + " differs in dtype or device from the first parameter (" +
+                              describe(slots_.front().param) + "); ZeRO keeps one flat buffer: use one dtype and one device");
+        slots_.push_back({p, where, total_, p.numel()});
+        total_ += p.numel();
+      }
+      group_end.push_back(total_);
+    }
+    detail::require(total_ > 0, "accel::ShardedOptimizer: the optimizer has no parameter elements to shard");
+    user_->state().clear();  // Adagrad's initial sums: the inner optimizer makes those of this partition
+    part_ = (total_ + n - 1) / n;
+    begin_ = std::int64_t(r) * part_, end_ = begin_ + part_;
+    c10::AutoGradMode no_grad(false);
+    const at::Tensor& first = slots_.front().param;
+    flat_ = at::zeros({part_ * n}, first.options().requires_grad(false));
+    for (auto& s : slots_) {
+      flat_.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+      at::Tensor p = s.param;
+      p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
+    }
+    std::vector<torch::optim::OptimizerParamGroup> mine;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      Shard s;
+      s.begin = std::max(group_begin[g], begin_), s.end = std::min(group_end[g], end_);
+      std::vector<at::Tensor> params;
+      if (s.begin < s.end) {
+        s.tensor = alias(flat_, s.begin, s.end - s.begin);
+        s.tensor.mutable_grad() = at::zeros({s.end - s.begin}, flat_.options());
+        params.push_back(s.tensor);
+      }
+      shards_.push_back(s);
+      mine.emplace_back(std::move(params), groups[g].options().clone());
+    }
+    inner_ = make_(std::move(mine));
+  }
+
+  //! One step of this rank's partition, then every rank's parameters, all-gathered. Call it where the optimizer
+  //! would step (after the gradients are averaged).
+  void step() {
+    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: step() before build()");
+    c10::AutoGradMode no_grad(false);
+    for (const auto& s : slots_)
+      if (!s.param.grad().defined())
+        throw InvalidArgument("accel::ShardedOptimizer: " + s.name + " has no gradient at this step; ZeRO steps every "
+                              "parameter's partition: use every parameter in the loss (or set Options::find_unused_parameters, "
+                              "which gives unused ones zero gradients), or leave it out of the optimizer");
+    for (const auto& s : slots_) {
+      const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
+      if (lo >= hi) continue;
+      const Shard& shard = shard_at(lo);
+      shard.tensor.mutable_grad().narrow(0, lo - shard.begin, hi - lo).copy_(s.param.grad().reshape({-1}).narrow(0, lo - s.offset, hi - lo));
+    }
+    auto& theirs = user_->param_groups();
+    auto& ours = inner_->param_groups();
+    for (std::size_t g = 0; g < ours.size(); ++g) ours[g].set_options(theirs[g].options().clone());
+    inner_->step();
+    gather();
+  }
+
+  //! Every rank's partition of the parameters into the flat buffer (after a step; after loading a checkpoint).
+  void gather() {
+    if (processes() > 1) {
+      at::Tensor part = flat_.narrow(0, begin_, part_);
+      comm_->all_gather_into(flat_, part);
+    }
+  }
+
+  [[nodiscard]] torch::optim::Optimizer& inner() const { return *inner_; }
+  [[nodiscard]] torch::optim::Optimizer& user() const { return *user_; }
+  //! Elements of the flat parameter space (without padding), of one rank's partition, and of the padding.
+  [[nodiscard]] std::int64_t total_numel() const noexcept { return total_; }
+  [[nodiscard]] std::int64_t partition_numel() const noexcept { return part_; }
+  [[nodiscard]] std::int64_t padding_numel() const noexcept { return part_ * processes() - total_; }
+  //! Bytes of this rank's optimizer state.
+  [[nodiscard]] std::int64_t state_bytes() const { return inner_ ? optimizer_state_bytes(*inner_) : 0; }
+
+  //! This rank's partition of the state, with the layout it belongs to (checked by `load`).
+  void save(torch::serialize::OutputArchive& a) const {
+    a.write("zero_stage", c10::IValue(std::int64_t(1)));
+    a.write("zero_processes", c10::IValue(std::int64_t(processes())));
+    a.write("zero_rank", c10::IValue(std::int64_t(rank())));
+    a.write("zero_total", c10::IValue(total_));
+    torch::serialize::OutputArchive inner(a.compilation_unit());
+    inner_->save(inner);
+    a.write("partition", inner);
+  }
+  //! Restores a partition `save` wrote for the same rank of the same layout; anything else is an error.
+  void load(torch::serialize::InputArchive& a) {
+    auto read = [&](const char* key) {
+      c10::IValue v;
+      if (!a.try_read(key, v))
+        throw InvalidArgument(std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
+                                          "(no '") + key + "'); it was saved without accel::shard::optimizer: resume with the "
+                                          "configuration that saved it");
+      return v.toInt();
+    };
+    const auto stage = read("zero_stage"), procs = read("zero_processes"), r = read("zero_rank"), total = read("zero_total");
+    if (stage != 1 || procs != processes() || r != rank() || total != total_)
+      throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " + std::to_string(r) + "'s partition of " +
+                            std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
+                            std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
+                            "; resume with the same number of processes and the same optimizer");
+    torch::serialize::InputArchive inner;
+    a.read("partition", inner);
+    inner_->load(inner);
+    rebind();
+  }
+  //! Makes every parameter an alias of its slice again, keeping its values (loading a model's state replaces a
+  //! parameter's storage with the archive's).
+  void rebind() {
+    c10::AutoGradMode no_grad(false);
+    for (auto& s : slots_) {
+      at::Tensor p = s.param;
+      if (p.storage().is_alias_of(flat_.storage()) && p.storage_offset() == flat_.storage_offset() + s.offset) continue;
+      flat_.narrow(0, s.offset, s.numel).copy_(p.detach().reshape({-1}));
+      p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
+    }
+  }
+
+ private:
+  struct Slot {
+    at::Tensor param;
+    std::string name;
+    std::int64_t offset = 0, numel = 0;
+  };
+  struct Shard {
+    at::Tensor tensor;  // this rank's part of the group, an alias of the flat buffer (undefined: none)
+    std::int64_t begin = 0, end = 0;
+  };
+
+  // Whether `o` has never stepped: no state, or only the state Adagrad's constructor makes (step 0).
+  static bool unstepped(const torch::optim::Optimizer& o) {
+    for (const auto& [key, st] : o.state()) {
+      (void)key;
+      const auto* a = dynamic_cast<const torch::optim::AdagradParamState*>(st.get());
+      if (!a || a->step() != 0) return false;
+    }
+    return true;
+  }
+  [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
+  [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
+  const Shard& shard_at(std::int64_t at) const {
+    for (const auto& s : shards_)
+      if (s.begin <= at && at < s.end) return s;
+    throw Error("accel::ShardedOptimizer: internal error: no shard holds element " + std::to_string(at));
+  }
+  static std::vector<std::int64_t> contiguous_strides(at::IntArrayRef sizes) {
+    std::vector<std::int64_t> strides(sizes.size(), 1);
+    for (std::size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+    return strides;
+  }
+  // A 1-d alias of `flat`'s storage that is not an autograd view (an optimizer's parameter must be a leaf).
+  static at::Tensor alias(const at::Tensor& flat, std::int64_t offset, std::int64_t numel) {
+    at::Tensor t = at::empty({0}, flat.options());
+    t.set_(flat.storage(), flat.storage_offset() + offset, {numel}, {1});
+    return t;
+  }
+  static std::string describe(const at::Tensor& p) {
+    std::string shape;
+    for (auto d : p.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    return "shape [" + shape + "], " + std::string(c10::toString(p.scalar_type())) + " on " + p.device().str();
+  }
+
+  std::shared_ptr<torch::optim::Optimizer> user_;
+  comm::Communicator* comm_ = nullptr;
+  Factory make_;
+  std::shared_ptr<torch::optim::Optimizer> inner_;
+  std::vector<Slot> slots_;
+  std::vector<Shard> shards_;
+  at::Tensor flat_;
+  std::int64_t total_ = 0, part_ = 0, begin_ = 0, end_ = 0;
+};
+
+}  // namespace accel

@@ -1,0 +1,89 @@
+// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced) on N real
+// processes, small (the check's slots after the data) and large (a check collective first), value by value; and a
+// reduce-scatter against another collective, which every rank must name.
+#include "../harness.hpp"
+
+#include <accel/comm/communicator.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+
+#include <string>
+#include <vector>
+
+namespace mp {
+
+void sharding_collectives(const Args&) {
+  accel::ProcessState state(options(30000));
+  const int N = state.num_processes(), r = state.process_index();
+  tally.rank = r;
+  auto* comm = state.comm();
+  // Small (framed) and large (over 1 MiB: checked by a collective of its own) payloads.
+  for (const std::int64_t n : {std::int64_t(5), std::int64_t(300000)}) {
+    const std::string size = " (" + std::to_string(n) + " per rank)";
+    // reduce_scatter: rank k contributes arange * (k + 1); part r of the sum is arange's part r * N(N+1)/2.
+    const at::Tensor base = at::arange(n * N, at::kFloat);
+    at::Tensor part = at::zeros({n}, at::kFloat);
+    comm->reduce_scatter(part, base * float(r + 1));
+    const at::Tensor want = base.narrow(0, r * n, n) * float(N * (N + 1) / 2);
+    check(same(part, want), "reduce_scatter: this rank's part of the sum" + size);
+    at::Tensor doubles = at::zeros({n}, at::kDouble);
+    comm->reduce_scatter(doubles, at::full({n * N}, double(r), at::kDouble));
+    check(same(doubles, at::full({n}, double(N * (N - 1) / 2), at::kDouble)), "reduce_scatter of doubles" + size);
+    // all_gather_into: from a separate part, and in place (the part is a view of the output's own slice).
+    at::Tensor flat = at::zeros({n * N}, at::kFloat);
+    comm->all_gather_into(flat, at::full({n}, float(r + 1), at::kFloat));
+    bool ok = true;
+    for (int k = 0; k < N; ++k) ok = ok && same(flat.narrow(0, k * n, n), at::full({n}, float(k + 1), at::kFloat));
+    check(ok, "all_gather_into: every rank's part in rank order" + size);
+    at::Tensor inplace = at::zeros({n * N}, at::kLong);
+    inplace.narrow(0, r * n, n).fill_(r * 10 + 1);
+    const at::Tensor mine = inplace.narrow(0, r * n, n);
+    comm->all_gather_into(inplace, mine);
+    ok = true;
+    for (int k = 0; k < N; ++k) ok = ok && same(inplace.narrow(0, k * n, n), at::full({n}, std::int64_t(k * 10 + 1), at::kLong));
+    check(ok, "all_gather_into in place" + size);
+  }
+  // broadcast_coalesced: several dtypes and shapes, one collective, from rank 0 and from the last rank.
+  for (const int root : {0, N - 1}) {
+    std::vector<at::Tensor> ts{at::full({3, 2}, float(r), at::kFloat), at::full({4}, std::int64_t(r), at::kLong),
+                               at::full({2}, double(r) + 0.5, at::kDouble), at::zeros({0}, at::kFloat)};
+    const auto before = comm->sequence();
+    comm->broadcast_coalesced(ts, root);
+    check(comm->sequence() == before + 1, "broadcast_coalesced is one collective");
+    check(same(ts[0], at::full({3, 2}, float(root), at::kFloat)) && same(ts[1], at::full({4}, std::int64_t(root), at::kLong)) &&
+              same(ts[2], at::full({2}, double(root) + 0.5, at::kDouble)),
+          "broadcast_coalesced from rank " + std::to_string(root));
+  }
+  // A part that is not 1/N of the whole: a clear error before any communication.
+  at::Tensor bad = at::zeros({3}, at::kFloat);
+  try {
+    comm->reduce_scatter(bad, at::ones({3 * N + 1}));
+    check(false, "reduce_scatter of an uneven whole is refused");
+  } catch (const accel::InvalidArgument& e) {
+    check(std::string(e.what()).find("pad the whole to a multiple of N") != std::string::npos, "uneven whole: the message says the fix");
+  }
+}
+
+// Even ranks issue an all_reduce, odd ranks a reduce_scatter with the same per-rank count: every rank names both.
+void sharding_mismatch(const Args&) {
+  auto o = options(60000);
+  o.comm.heartbeat_interval = std::chrono::milliseconds(200);
+  accel::ProcessState state(o);
+  tally.rank = state.process_index();
+  auto* comm = state.comm();
+  auto warm = F({1.0f});
+  comm->all_reduce(warm);  // collective #1 agrees
+  if (tally.rank % 2 == 1) {
+    at::Tensor part = at::zeros({4});
+    comm->reduce_scatter(part, at::ones({4 * state.num_processes()}));
+  } else {
+    auto t = F({1, 2, 3, 4});
+    comm->all_reduce(t);
+  }
+  check(false, "returned from mismatched collectives");
+}
+
+}  // namespace mp
