@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
 
 namespace mp {
 
@@ -45,6 +46,27 @@ std::string checksum(const torch::nn::Module& net) {
   std::ostringstream os;
   os << std::hex << std::setw(16) << std::setfill('0') << h;
   return os.str();
+}
+
+// The job both training modes run: a small MLP on fixed random data, SGD with momentum, StepLR, a shuffled loader
+// of 96 samples in batches of 4. Returns the module and the prepared model, optimizer, loader and scheduler.
+auto prepare_job(Elastic& acc) {
+  at::manual_seed(7);
+  const at::Tensor x = at::randn({96, 5}), y = at::randn({96, 2});
+  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1), torch::nn::Linear(16, 2));
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, opt, loader, sched] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
+                  std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
+  return std::tuple(net, model, opt, loader, sched);
+}
+template <class Model, class Opt, class Sched, class Batch>
+void train_step(Elastic& acc, Model& model, Opt& opt, Sched& sched, const Batch& b) {
+  auto step = acc.accumulate(model);
+  acc.backward(torch::mse_loss(model(b.data), b.target));
+  opt.step();
+  sched.step();
+  opt.zero_grad();
 }
 
 // "R:S[:G]": rank R SIGKILLs itself before its batch S (counted over the whole run) in generations below G (1).
@@ -76,13 +98,7 @@ void elastic(const Args& args) {
   std::cout << "elastic: rank " << tally.rank << " generation " << generation << " rendezvous at " << now_ms() << " ms"
             << std::endl;
 
-  at::manual_seed(7);
-  const at::Tensor x = at::randn({96, 5}), y = at::randn({96, 2});
-  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1), torch::nn::Linear(16, 2));
-  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto [model, opt, loader, sched] =
-      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
-                  std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
+  auto [net, model, opt, loader, sched] = prepare_job(acc);
   const std::int64_t per_epoch = loader.size();  // before a resume: then size() counts the batches left in its epoch
   const bool resumed = std::filesystem::exists(dir);
   if (resumed) acc.load_state(dir);
@@ -101,11 +117,7 @@ void elastic(const Args& args) {
                   << " (generation " << generation << ")" << std::endl;
         std::raise(SIGKILL);
       }
-      auto step = acc.accumulate(model);
-      acc.backward(torch::mse_loss(model(b.data), b.target));
-      opt.step();
-      sched.step();
-      opt.zero_grad();
+      train_step(acc, model, opt, sched, b);
       if (++done % every == 0) acc.save_state(dir);
     }
   }
@@ -128,13 +140,7 @@ void preemptible(const Args& args) {
                              .project_config = {.project_dir = project, .automatic_checkpoint_naming = true, .total_limit = 2},
                              .preemption = {.enabled = true}}};
   tally.rank = acc.process_index();
-  at::manual_seed(7);
-  const at::Tensor x = at::randn({96, 5}), y = at::randn({96, 2});
-  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1), torch::nn::Linear(16, 2));
-  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto [model, opt, loader, sched] =
-      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
-                  std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
+  auto [net, model, opt, loader, sched] = prepare_job(acc);
   std::int64_t done = 0;  // batches of the whole run: custom state, restored by load_state
   acc.register_for_checkpointing(done);
   if (const auto latest = acc.latest_checkpoint()) {
@@ -145,11 +151,7 @@ void preemptible(const Args& args) {
   for (std::int64_t epoch = loader.epoch(); epoch < epochs; ++epoch) {
     loader.set_epoch(epoch);
     for (const auto& b : loader) {
-      auto step = acc.accumulate(model);
-      acc.backward(torch::mse_loss(model(b.data), b.target));
-      opt.step();
-      sched.step();
-      opt.zero_grad();
+      train_step(acc, model, opt, sched, b);
       ++done;
       if (tally.rank == self.rank && done == self.batch) {
         std::cout << "preemptible: rank " << tally.rank << " raises signal " << self.below_generation << " after batch " << done << std::endl;
