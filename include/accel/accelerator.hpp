@@ -791,7 +791,9 @@ class Accelerator {
         }
       }
       checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
-      if (sharded) checkpointer_.add_partition({[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); }});
+      if (sharded)
+        checkpointer_.add_partition({[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); },
+                                     [sharded](auto& a) { sharded->check(a); }});
       optimizers_.push_back({p, wrapped.record(), sharded});
       return wrapped;
     } else if constexpr (kind == detail::Prepares::scheduler) {

@@ -49,6 +49,7 @@ class Checkpointer {
   struct Saveable {
     std::function<void(torch::serialize::OutputArchive&)> save;
     std::function<void(torch::serialize::InputArchive&)> load;
+    std::function<void(torch::serialize::InputArchive&)> check{};  //!< optional: refuses an archive before anything is restored
   };
   //! A prepared loader's position; `mismatch` says what differs between a saved state's loader and this one ("" if
   //! nothing does).
@@ -179,7 +180,10 @@ class Checkpointer {
                                " process(es) with a sharded optimizer state (shard::optimizer), whose partitions are cut per "
                                "process; resume it with " + std::to_string(meta.num_processes) + " processes");
     std::vector<Opened> partitions;
-    for (std::size_t i = 0; i < partitions_.size(); ++i) partitions.push_back(open(partition_file(i, p.index), p.device));
+    for (std::size_t i = 0; i < partitions_.size(); ++i) {
+      partitions.push_back(open(partition_file(i, p.index), p.device));
+      if (partitions_[i].check) reading(partitions.back().path, [&] { partitions_[i].check(partitions.back().archive); });
+    }
     // Rank 0's record: the loaders' global positions and the accumulation counter, for every process. This
     // process's own: its generators and gradients (a rank the saving job did not have takes rank 0's generators).
     const auto state_bytes = generator_bytes(at::detail::getDefaultCPUGenerator()).size();

@@ -192,6 +192,15 @@ class ShardedOptimizer {
   }
   //! Restores a partition `save` wrote for the same rank of the same layout; anything else is an error.
   void load(torch::serialize::InputArchive& a) {
+    check(a);
+    torch::serialize::InputArchive inner;
+    a.read("partition", inner);
+    inner_->load(inner);
+    rebind();
+  }
+  //! Whether `a` holds a partition of this rank and layout (an error naming both if not); changes nothing, so
+  //! `load_state` checks every partition before it restores anything.
+  void check(torch::serialize::InputArchive& a) const {
     auto read = [&](const char* key) {
       c10::IValue v;
       if (!a.try_read(key, v))
@@ -206,10 +215,6 @@ class ShardedOptimizer {
                             std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
                             std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
                             "; resume with the same number of processes and the same optimizer");
-    torch::serialize::InputArchive inner;
-    a.read("partition", inner);
-    inner_->load(inner);
-    rebind();
   }
   //! Makes every parameter an alias of its slice again, keeping its values (loading a model's state replaces a
   //! parameter's storage with the archive's).
