@@ -52,9 +52,7 @@ class Trackers {
       else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, continuing));
       else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
     }
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : config) j[k] = detail::to_json(v);
-    write_file_atomically(dir / config_file, j.dump(2) + "\n");
+    write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
     for (auto& w : writers_) w->store_config(config);
   }
   Trackers(Trackers&&) = default;
