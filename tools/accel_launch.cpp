@@ -25,6 +25,7 @@
 //                                               the outcome.
 //   accel-launch/job                            the job id node 0 generated, when the nodes were given none.
 #include <accel/comm/store.hpp>
+#include <accel/state/launch_env.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -631,17 +632,13 @@ int main(int argc, char** argv) {
   if (master_addr) s.master_addr = *master_addr;
   if (master_port) s.port = *master_port;  // else 0: the store picks a free port
   s.prefix = !no_prefix;
-  const auto env = [](std::string_view name) -> std::optional<std::string> {
-    if (const char* v = std::getenv(std::string(name).c_str())) return std::string(v);
-    return std::nullopt;
-  };
   // A job on one node stays on loopback, whatever --master-addr says (Note [Listening surface]).
   if (s.nnodes == 1) s.master_addr = "127.0.0.1";
   try {
     if (!s.job_id.empty()) accel::comm::check_job_id(s.job_id, "--job-id");
-    else if (std::string id = accel::comm::job_id_from(env); id != "none") s.job_id = id;
+    else if (std::string id = accel::comm::job_id_from(accel::process_env); id != "none") s.job_id = id;
     else if (s.nnodes == 1) s.job_id = accel::comm::random_hex(16);
-    s.secret = accel::comm::job_secret_from(env);
+    s.secret = accel::comm::job_secret_from(accel::process_env);
   } catch (const std::exception& e) {
     std::cerr << "accel-launch: " << e.what() << "\n";
     return 2;

@@ -382,8 +382,7 @@ class Accelerator {
         if (check_trigger()) GradientState::instance().stop_repeating();  // the others leave their loops here
         return nullptr;
       });
-    const at::Tensor flag = at::full({1}, trigger_, at::TensorOptions().dtype(at::kLong).device(state_.comm()->device()));
-    const bool any = accel::reduce(state_.comm(), flag, Reduction::sum).item<std::int64_t>() > 0;
+    const bool any = reduce_flag(trigger_, Reduction::sum) > 0;
     if (any) trigger_ = 0;
     return any;
   }
@@ -474,18 +473,15 @@ class Accelerator {
   //! saved inside an accumulation window resumes only with its own number of processes. Under automatic naming,
   //! the next `save_state()` numbers after the project's latest checkpoint.
   void load_state(const std::filesystem::path& dir) {
-    accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
-    resumed_ = true;
-    if (opt_.project_config.automatic_checkpoint_naming)
-      if (const auto latest = latest_checkpoint_number())
-        opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
+    restore(dir, opt_.project_config.automatic_checkpoint_naming ? latest_checkpoint_number() : std::nullopt);
   }
   //! `load_state` of the project's latest complete checkpoint (automatic naming; a checkpoint being written is
   //! never chosen). Returns its directory. Every process calls it.
   std::filesystem::path load_state() {
     agree_on_main("load_state", [&] { (void)checkpoint::checkpoint_to_resume(opt_.project_config); });
-    const auto dir = checkpoint::numbered_dir(opt_.project_config, *latest_checkpoint_number());
-    load_state(dir);
+    const auto latest = latest_checkpoint_number();  // there is one: the main process found it
+    const auto dir = checkpoint::numbered_dir(opt_.project_config, *latest);
+    restore(dir, latest);
     return dir;
   }
   //! The project's latest complete checkpoint, if any, as the main process sees it (every process calls it,
@@ -556,8 +552,7 @@ class Accelerator {
   // [accelerate:accelerator.py Accelerator.end_training]
   //! Closes the trackers' files, then waits for every process (so that all may read them afterwards).
   void end_training() {
-    trackers_.finish();
-    trackers_started_ = false;
+    stop_tracking();
     wait_for_everyone();
   }
   //! Where trackers write: `Options::logging_dir`, else the project's `logging_dir`, else its `project_dir`.
@@ -610,7 +605,7 @@ class Accelerator {
     if (ahead.empty()) return out;
     std::vector<T> parts{std::move(out)};
     for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), empty, layout));
-    return concat_rows(parts);
+    return concat_rows(std::move(parts));
   }
   //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
   //! gradient_state.hpp); nothing, and no copy of the arguments, on any other rank or loader.
@@ -673,6 +668,22 @@ class Accelerator {
   };
   [[nodiscard]] checkpoint::Checkpointer::Process checkpoint_process() const {
     return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); }};
+  }
+  //! `load_state(dir)`; `latest`: the project's latest checkpoint number under automatic naming (the next
+  //! `save_state()` numbers after it).
+  void restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest) {
+    accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
+    resumed_ = true;
+    if (latest) opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
+  }
+  //! The trackers' files closed (end_training, preemption).
+  void stop_tracking() {
+    trackers_.finish();
+    trackers_started_ = false;
+  }
+  //! `v` reduced over the processes (a flag: set_trigger's, a preemption signal).
+  [[nodiscard]] std::int64_t reduce_flag(std::int64_t v, Reduction op) const {
+    return accel::reduce(state_.comm(), detail::long_tensor(v, state_.comm()->device()), op).item<std::int64_t>();
   }
   //! Runs `check` on the main process (the project folder as it sees it) and raises its error on every process.
   template <class Check>
@@ -737,15 +748,11 @@ class Accelerator {
     if (steps < boundary_steps_ + std::uint64_t(opt_.preemption.check_every)) return;  // not a step boundary, or not yet
     boundary_steps_ = steps;
     int sig = detail::SignalWatch::received();
-    if (num_processes() > 1) {
-      const auto any = accel::reduce(state_.comm(), at::full({1}, sig, at::TensorOptions().dtype(at::kInt).device(device())), Reduction::max);
-      sig = any.cpu().template item<int>();
-    }
+    if (num_processes() > 1) sig = int(reduce_flag(sig, Reduction::max));
     if (sig == 0) return;
     print("accel: signal ", sig, " received; saving a checkpoint at this step boundary, then stopping");
     const auto dir = save_state();
-    trackers_.finish();
-    trackers_started_ = false;
+    stop_tracking();
     detail::SignalWatch::clear();
     print("accel: checkpoint saved to ", dir.string(), "; resume with load_state()");
     if (opt_.preemption.exit) {

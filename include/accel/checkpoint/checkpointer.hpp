@@ -75,7 +75,6 @@ class Checkpointer {
   void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
   void set_scaler(Saveable s) { scaler_ = std::move(s); }
   void add_custom(Custom c) { custom_.push_back(std::move(c)); }
-  [[nodiscard]] std::size_t custom_count() const noexcept { return custom_.size(); }
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation

@@ -22,15 +22,13 @@
 
 #include <torch/serialize/archive.h>
 
-#include <cxxabi.h>
+#include <c10/util/Type.h>
 
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -66,14 +64,6 @@ struct saved_state<T> {
 //! `custom_checkpoint_0.pt`, `custom_checkpoint_1.pt`, ... (Accelerate: `custom_checkpoint_<i>.pkl`).
 inline std::string custom_file(std::size_t i) { return "custom_checkpoint_" + std::to_string(i) + ".pt"; }
 
-//! The readable name of a type ("Ema", "std::vector<long, std::allocator<long> >").
-template <class T>
-std::string type_name() {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status), std::free);
-  return status == 0 && name ? std::string(name.get()) : std::string(typeid(T).name());
-}
-
 //! One registered object, type-erased: its type's name, how it is written, and how it is read (parse, then commit).
 struct Custom {
   std::string type;
@@ -85,7 +75,7 @@ struct Custom {
   template <Checkpointable T>
   static Custom of(T& obj, std::shared_ptr<void> owner = nullptr) {
     Custom c;
-    c.type = type_name<T>();
+    c.type = c10::demangle_type<T>();  // the readable name: "Ema", "std::vector<long, ...>"
     T* p = &obj;
     if constexpr (ArchiveSaveable<T>) {
       c.on_device = true;

@@ -24,7 +24,6 @@
 #include <accel/error.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>

@@ -123,7 +123,7 @@ struct CollectiveId {
     CollectiveId id;
     int kind = 0, reduce = 0, dtype = 0;
     if (!(in >> id.seq >> kind >> reduce >> dtype >> id.numel >> id.root)) return std::nullopt;
-    if (kind < 0 || kind > 5 || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
+    if (kind < 0 || kind > int(OpKind::reduce_scatter) || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
     id.kind = OpKind(kind), id.reduce = ReduceOp(reduce), id.dtype = c10::ScalarType(dtype);
     return id;
   }

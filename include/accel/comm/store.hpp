@@ -376,8 +376,8 @@ class JobStore final : public c10d::Store {
   bool holds(const std::string& key, const std::vector<std::uint8_t>& value) { return !replaced(key, seal(key, value)); }
 
   std::vector<std::uint8_t> get(const std::string& key) override {
-    inner_->get(key);  // waits for the key to exist
-    return authentic(key, Clock::now() + timeout_);
+    if (auto o = open_or_report(key, inner_->get(key))) return std::move(*o);  // waits for the key to exist
+    return authentic(key, Clock::now() + timeout_);                          // a forged value: wait for an authentic one
   }
   //! The authentic value of `key`, or nothing when it is absent or fails (reported); never blocks on absence.
   std::optional<std::vector<std::uint8_t>> try_get(const std::string& key) {

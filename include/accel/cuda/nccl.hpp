@@ -162,29 +162,17 @@ class NcclCommunicator final : public comm::Communicator {
   }
   //! ncclReduceScatter (sum) of the 1-d `input` into this rank's part `out`.
   void reduce_scatter(at::Tensor& out, const at::Tensor& input) override {
-    require_cuda(out, "reduce_scatter");
-    require_cuda(input, "reduce_scatter");
-    check_parts(out, input, "reduce_scatter");
-    const at::Tensor in = input.contiguous();
-    const bool direct = out.is_contiguous();
-    at::Tensor o = direct ? out : at::empty({out.numel()}, out.options());
-    launch(begin(comm::OpKind::reduce_scatter, out.scalar_type(), out.numel()), [&] {
+    const at::Tensor in = checked_parts(out, input, input, "reduce_scatter");
+    into(out, begin(comm::OpKind::reduce_scatter, out.scalar_type(), out.numel()), [&](at::Tensor& o) {
       return ncclReduceScatter(in.data_ptr(), o.data_ptr(), size_t(o.numel()), nccl_type(o.scalar_type()), ncclSum, comm_, stream_);
     });
-    if (!direct) out.copy_(o);
   }
   //! ncclAllGather into `out` (in place when `part` is `out`'s own slice, which NCCL supports).
   void all_gather_into(at::Tensor& out, const at::Tensor& part) override {
-    require_cuda(out, "all_gather_into");
-    require_cuda(part, "all_gather_into");
-    check_parts(part, out, "all_gather_into");
-    const at::Tensor in = part.contiguous();
-    const bool direct = out.is_contiguous();
-    at::Tensor o = direct ? out : at::empty({out.numel()}, out.options());
-    launch(begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&] {
+    const at::Tensor in = checked_parts(part, out, part, "all_gather_into");
+    into(out, begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&](at::Tensor& o) {
       return ncclAllGather(in.data_ptr(), o.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
     });
-    if (!direct) out.copy_(o);
   }
   // broadcast_coalesced: the base class's packing into one ncclBroadcast of bytes.
 
@@ -202,6 +190,21 @@ class NcclCommunicator final : public comm::Communicator {
     std::shared_ptr<void> event;
   };
 
+  //! A reduce_scatter's or all_gather_into's tensors: on this GPU, `part` 1/N of `whole`; returns `input` contiguous.
+  at::Tensor checked_parts(const at::Tensor& part, const at::Tensor& whole, const at::Tensor& input, const char* op) const {
+    require_cuda(part, op);
+    require_cuda(whole, op);
+    check_parts(part, whole, op);
+    return input.contiguous();
+  }
+  //! Runs `call(o)` as collective `id` into a contiguous `o`: `out` itself, or a buffer copied into it afterwards.
+  template <class Call>
+  void into(at::Tensor& out, const comm::CollectiveId& id, Call&& call) {
+    const bool direct = out.is_contiguous();
+    at::Tensor o = direct ? out : at::empty({out.numel()}, out.options());
+    launch(id, [&] { return call(o); });
+    if (!direct) out.copy_(o);
+  }
   void require_cuda(const at::Tensor& t, const char* op) const {
     detail::require(t.is_cuda(), std::string("accel: NCCL ") + op + " needs CUDA tensors; move the tensor to the "
                                  "process's device (state.device()) first");

@@ -119,11 +119,7 @@ class ShardedOptimizer {
     c10::AutoGradMode no_grad(false);
     const at::Tensor& first = slots_.front().param;
     flat_ = at::zeros({part_ * n}, first.options().requires_grad(false));
-    for (auto& s : slots_) {
-      flat_.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
-      at::Tensor p = s.param;
-      p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
-    }
+    for (const auto& s : slots_) bind(s);
     std::vector<torch::optim::OptimizerParamGroup> mine;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       Shard s;
@@ -220,12 +216,8 @@ class ShardedOptimizer {
   //! parameter's storage with the archive's).
   void rebind() {
     c10::AutoGradMode no_grad(false);
-    for (auto& s : slots_) {
-      at::Tensor p = s.param;
-      if (p.storage().is_alias_of(flat_.storage()) && p.storage_offset() == flat_.storage_offset() + s.offset) continue;
-      flat_.narrow(0, s.offset, s.numel).copy_(p.detach().reshape({-1}));
-      p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
-    }
+    for (const auto& s : slots_)
+      if (!s.param.storage().is_alias_of(flat_.storage()) || s.param.storage_offset() != flat_.storage_offset() + s.offset) bind(s);
   }
 
  private:
@@ -254,6 +246,12 @@ class ShardedOptimizer {
     for (const auto& s : shards_)
       if (s.begin <= at && at < s.end) return s;
     throw Error("accel::ShardedOptimizer: internal error: no shard holds element " + std::to_string(at));
+  }
+  // Copies the slot's parameter into its slice of the flat buffer and makes the parameter an alias of that slice.
+  void bind(const Slot& s) {
+    flat_.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+    at::Tensor p = s.param;
+    p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
   }
   static std::vector<std::int64_t> contiguous_strides(at::IntArrayRef sizes) {
     std::vector<std::int64_t> strides(sizes.size(), 1);

@@ -109,14 +109,12 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     boundary_ = std::move(hook);
     boundary_owner_.store(owner, std::memory_order_relaxed);
-    has_boundary_.store(bool(boundary_), std::memory_order_relaxed);
   }
   void clear_step_boundary_hook(const void* owner) {
     std::lock_guard<std::mutex> lock(mu_);
     if (boundary_owner_.load(std::memory_order_relaxed) != owner) return;
     boundary_ = nullptr;
     boundary_owner_.store(nullptr, std::memory_order_relaxed);
-    has_boundary_.store(false, std::memory_order_relaxed);
   }
   [[nodiscard]] const void* step_boundary_owner() const noexcept { return boundary_owner_.load(std::memory_order_relaxed); }
   //! Whether the innermost loader's epoch needs this rank's calls recorded (`record` is a no-op otherwise:
@@ -217,7 +215,7 @@ class GradientState {
     }
     //! The loop asks for the batch after the one it holds: runs the step boundary hook if every rank is here.
     void at_step_boundary() {
-      if (!gs_ || !gs_->has_boundary_.load(std::memory_order_relaxed)) return;
+      if (!gs_ || gs_->boundary_owner_.load(std::memory_order_relaxed) == nullptr) return;
       std::function<void()> hook;
       {
         std::lock_guard<std::mutex> lock(gs_->mu_);
@@ -324,7 +322,6 @@ class GradientState {
   bool stopped_ = false;  // a repeated call ended the repeat (stop_repeating)
   std::atomic<int> recorders_{0};  // registrations that record their steps
   std::function<void()> boundary_;  // the step boundary hook (set_step_boundary_hook)
-  std::atomic<bool> has_boundary_{false};
   std::atomic<const void*> boundary_owner_{nullptr};
 };
 
