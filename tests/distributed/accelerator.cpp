@@ -32,7 +32,7 @@ struct Trainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_p
 // optimizer step; the GradScaler's overflow finding is shared by every rank.
 void accelerator(const Args&) {
   Trainer acc{accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 256,
-                             .comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)}}};
+                             .comm = options(30000).comm}};
   tally.rank = acc.process_index();
   const int N = acc.num_processes();
   const std::int64_t B = 3, steps = 4;  // 4 optimizer steps of 2 micro-batches of B rows per process
@@ -120,8 +120,7 @@ void gather_objects(Acc& acc, int64_t n, int64_t B, const std::string& what) {
     padded = padded || int64_t(objects.size()) < int64_t(mine.size()) * acc.num_processes();
     seen.insert(seen.end(), objects.begin(), objects.end());
   }
-  std::vector<std::string> all;
-  for (int64_t i = 0; i < n; ++i) all.push_back("sample-" + std::to_string(i));
+  auto all = sample_names(at::arange(n, at::kLong));
   std::sort(seen.begin(), seen.end());
   std::sort(all.begin(), all.end());
   check(as_tensors, what + "gather_for_metrics of objects keeps the samples the tensor form keeps, in its order");
@@ -141,7 +140,7 @@ void gather_objects(Acc& acc, int64_t n, int64_t B, const std::string& what) {
 // the averaged gradients equals a clamp; gather_for_metrics of objects drops the padding as the tensor form; the
 // on_* helpers run on their process only.
 void helpers(const Args&) {
-  Trainer acc{accel::Options{.comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)}}};
+  Trainer acc{accel::Options{.comm = options(30000).comm}};
   tally.rank = acc.process_index();
   const int N = acc.num_processes(), me = acc.process_index();
 

@@ -43,7 +43,7 @@ void train_until_signal(const accel::comm::CommOptions& comm, int sig, const cha
 
 // The last rank SIGKILLs itself inside a training loop (inside forward/backward's bucketed all-reduce).
 void kill_mid_training(const Args&) {
-  train_until_signal({.timeout = std::chrono::seconds(20), .rendezvous_timeout = std::chrono::seconds(20)}, SIGKILL, "dead");
+  train_until_signal(options(20000).comm, SIGKILL, "dead");
 }
 
 // The last rank SIGKILLs itself in the middle of a series of all_reduces.
@@ -85,7 +85,7 @@ void busy_peer(const Args& args) {
   check(same(t, F({float(N), float(2 * N)})), "the all_reduce after a busy peer");
 }
 
-// Ranks issue different collectives at the same point (ARG: op, kind, size or tiny); every rank must stop with an
+// Ranks issue different collectives at the same point (ARG: op, kind, reduce-scatter, size or tiny); every rank must stop with an
 // error naming both operations (an unchecked one-element all_reduce: at the next checked collective).
 void mismatch(const Args& args) {
   const std::string what = arg(args, 0, "op");
@@ -109,6 +109,14 @@ void mismatch(const Args& args) {
     comm->all_reduce(t, odd ? accel::comm::ReduceOp::max : accel::comm::ReduceOp::sum);
     auto u = F({1, 2, 3, 4});
     comm->all_reduce(u);
+  } else if (what == "reduce-scatter") {  // an all_reduce against a reduce_scatter of the same per-rank count
+    if (odd) {
+      at::Tensor part = at::zeros({4});
+      comm->reduce_scatter(part, at::ones({4 * state.num_processes()}));
+    } else {
+      auto t = F({1, 2, 3, 4});
+      comm->all_reduce(t);
+    }
   } else {  // sizes: Gloo aborts the process whose buffer is too small
     auto t = at::ones({odd ? 10 : 1000});
     comm->all_reduce(t);

@@ -29,7 +29,7 @@ void files(const Args& a) {
   namespace fs = std::filesystem;
   namespace tr = accel::tracking;
   const fs::path root = arg(a, 0, "mp_files");
-  Job acc{accel::Options{.comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)},
+  Job acc{accel::Options{.comm = options(30000).comm,
                          .log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard},
                          .logging_dir = root / "logs"}};
   tally.rank = acc.process_index();

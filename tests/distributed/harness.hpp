@@ -55,7 +55,6 @@ inline std::string arg(const Args& a, std::size_t i, std::string otherwise) { re
 // The modes, one per file.
 void collectives(const Args&);             // comm/collectives.cpp
 void sharding_collectives(const Args&);    // comm/sharding.cpp
-void sharding_mismatch(const Args&);       // comm/sharding.cpp
 void zero(const Args&);                    // optim/zero.cpp
 void zero_bench(const Args&);              // optim/zero.cpp
 void gather_for_metrics(const Args&);      // comm/gather_for_metrics.cpp

@@ -92,7 +92,7 @@ void elastic(const Args& args) {
   const Kill kill = parse_kill(arg(args, 3, ""));
   accel::detail::require(!dir.empty(), "elastic: give a checkpoint directory");
   Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
-                             .comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)}}};
+                             .comm = options(30000).comm}};
   tally.rank = acc.process_index();
   const int generation = acc.state().restart_count();
   std::cout << "elastic: rank " << tally.rank << " generation " << generation << " rendezvous at " << now_ms() << " ms"
@@ -136,7 +136,7 @@ void preemptible(const Args& args) {
   const Kill self = parse_kill(arg(args, 3, ""));  // R:S:SIGNAL (the third field is the signal here)
   accel::detail::require(!project.empty(), "preemptible: give a project directory");
   Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
-                             .comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)},
+                             .comm = options(30000).comm,
                              .project_config = {.project_dir = project, .automatic_checkpoint_naming = true, .total_limit = 2},
                              .preemption = {.enabled = true}}};
   tally.rank = acc.process_index();

@@ -2,7 +2,6 @@
 // value it receives. `accel_mp_tests MODE [ARGS...]`, the modes:
 //   collectives [SCRATCH]          comm/: gather, broadcast, reduce, padding, objects, splitting, main_process_first, RNG
 //   sharding-collectives           comm/: reduce_scatter, all_gather_into, broadcast_coalesced (small and large)
-//   sharding-mismatch              a reduce_scatter against an all_reduce (every rank must name both)
 //   zero SCRATCH                   optim/: ZeRO stage 1 equals DDP (5 optimizers), 1/N state, checkpoints, errors
 //   zero-bench [STEPS]             DDP and ZeRO stage 1 side by side: optimizer state bytes per rank, step time
 //   gather-for-metrics             comm/: gather_for_metrics with the plan's layouts (even and uneven tails)
@@ -23,7 +22,7 @@
 //   files SCRATCH                  trackers and save_model: only rank 0 writes, every rank finds its files complete
 //   resize-loaders save|resume DIR [STOP]   data/: loaders checkpointed at one size, resumed at another (resize.sh)
 //   resize-training save|resume DIR [STOP]  data/: training checkpointed at one size, resumed at another (resize.sh)
-//   mismatch op|kind|size|tiny        odd ranks issue another collective than even ones (every rank must name both)
+//   mismatch op|kind|reduce-scatter|size|tiny        odd ranks issue another collective than even ones (every rank must name both)
 //   elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
 //                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)
@@ -58,7 +57,7 @@ int main(int argc, char** argv) {
       {"job-sum", mp::job_sum},               {"store-host", mp::store_host},
       {"files", mp::files},                   {"helpers", mp::helpers},
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
-      {"sharding-collectives", mp::sharding_collectives}, {"sharding-mismatch", mp::sharding_mismatch},
+      {"sharding-collectives", mp::sharding_collectives},
       {"zero", mp::zero},                     {"zero-bench", mp::zero_bench}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);

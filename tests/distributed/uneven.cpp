@@ -53,7 +53,7 @@ bool equal_on_every_rank(accel::comm::Communicator* comm, const at::Tensor& t) {
 void train(int k, std::int64_t n, std::int64_t B) {
   using Acc = Uneven;
   Acc acc{accel::Options{.gradient_accumulation_steps = k, .bucket_bytes = 200,
-                         .comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+                         .comm = options(60000).comm}};
   const int N = acc.num_processes(), me = acc.process_index();
   const std::string what = "N=" + std::to_string(N) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + ": ";
   at::manual_seed(11);
@@ -136,7 +136,7 @@ void train(int k, std::int64_t n, std::int64_t B) {
 // had already ended), so no rank takes the optimizer step after it and parameters and momentum stay equal.
 void triggers(std::int64_t n, std::int64_t B) {
   for (int round = 0; round < 2; ++round) {
-    Uneven acc{accel::Options{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+    Uneven acc{accel::Options{.comm = options(60000).comm}};
     const int N = acc.num_processes(), me = acc.process_index();
     const std::string what = "trigger round " + std::to_string(round) + ", N=" + std::to_string(N) + ": ";
     at::manual_seed(21);
@@ -185,11 +185,10 @@ void triggers(std::int64_t n, std::int64_t B) {
 // the steps it lacks with its last batch), every sample exactly once on every rank; beside the tensor form (the
 // rank that runs out repeats its steps), the same samples as the tensors, every sample once on the longest rank.
 void evaluate_objects(std::int64_t n, std::int64_t B) {
-  Uneven acc{accel::Options{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+  Uneven acc{accel::Options{.comm = options(60000).comm}};
   const std::string what = "objects, N=" + std::to_string(acc.num_processes()) + " n=" + std::to_string(n) + ": ";
   auto eval = acc.prepare(accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)), {.batch_size = B}));
-  std::vector<std::string> all;
-  for (std::int64_t i = 0; i < n; ++i) all.push_back("sample-" + std::to_string(i));
+  auto all = sample_names(at::arange(n, at::kLong));
   std::sort(all.begin(), all.end());
   std::vector<std::string> seen;
   for (const auto& b : eval) {
@@ -215,7 +214,7 @@ void evaluate_objects(std::int64_t n, std::int64_t B) {
 // same error; the starved rank's loop is empty. Afterwards every rank meets again (nothing was left unmatched).
 void starved() {
   using Acc = Uneven;
-  Acc acc{accel::Options{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+  Acc acc{accel::Options{.comm = options(60000).comm}};
   const int N = acc.num_processes(), me = acc.process_index();
   const std::int64_t B = 4, n = B * (N - 1);  // N - 1 batches
   auto net = make_net();

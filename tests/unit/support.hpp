@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the unit tests (one header, so that the unity TUs that merge several test files see one
 // definition of each).
+#include "../support/samples.hpp"
 #include "../support/policy_matrix.hpp"
 
 #include <accel/data/loader.hpp>
@@ -33,16 +34,7 @@ using Indices = accel::data::RangeDataset<std::vector<std::int64_t>>;
 inline Batches as_batches(const nlohmann::json& j) { return j.get<Batches>(); }
 
 //! The dataset 0, 1, ..., n-1: a batch is the tensor of its indices.
-inline Indices indices(std::int64_t n) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return Indices(v);
-}
-
-inline std::vector<std::int64_t> as_vector(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
-}
+inline Indices indices(std::int64_t n) { return Indices(iota_vector(n)); }
 
 //! One epoch of a prepared loader: its batches and GradientState's end_of_dataloader after each.
 template <class Loader>

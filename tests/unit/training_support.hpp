@@ -3,6 +3,8 @@
 #include <accel/accelerator.hpp>
 #include <accel/data/loader.hpp>
 
+#include <catch2/catch.hpp>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -42,6 +44,12 @@ std::vector<at::Tensor> snapshot_of(const Holder& net) {
   std::vector<at::Tensor> out;
   for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
   return out;
+}
+
+//! Equal parameter snapshots, tensor by tensor (bit for bit).
+inline void check_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(at::equal(a[i], b[i]));
 }
 
 }  // namespace accel_test

@@ -67,23 +67,4 @@ void sharding_collectives(const Args&) {
   }
 }
 
-// Even ranks issue an all_reduce, odd ranks a reduce_scatter with the same per-rank count: every rank names both.
-void sharding_mismatch(const Args&) {
-  auto o = options(60000);
-  o.comm.heartbeat_interval = std::chrono::milliseconds(200);
-  accel::ProcessState state(o);
-  tally.rank = state.process_index();
-  auto* comm = state.comm();
-  auto warm = F({1.0f});
-  comm->all_reduce(warm);  // collective #1 agrees
-  if (tally.rank % 2 == 1) {
-    at::Tensor part = at::zeros({4});
-    comm->reduce_scatter(part, at::ones({4 * state.num_processes()}));
-  } else {
-    auto t = F({1, 2, 3, 4});
-    comm->all_reduce(t);
-  }
-  check(false, "returned from mismatched collectives");
-}
-
 }  // namespace mp

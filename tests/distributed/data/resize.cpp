@@ -12,6 +12,7 @@
 //   ... window                      with 2-step gradient accumulation (a checkpoint inside a window: resize.sh
 //                                   expects the resume at another size to be refused)
 #include "../harness.hpp"
+#include "../../support/samples.hpp"
 
 #include <accel/accelerator.hpp>
 #include <accel/checkpoint/checkpointer.hpp>
@@ -41,28 +42,8 @@ using Sharded = accel::CheckedConfig<accel::dist::gloo>;
 using Split = accel::CheckedConfig<accel::dist::gloo, accel::batches::split>;
 using Dispatched = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;
 
-std::vector<std::int64_t> iota(std::int64_t n) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-std::vector<std::int64_t> values(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
-}
-// Batches of 1 to 4 samples over a permutation of 31 samples that changes with the epoch.
-std::vector<std::vector<std::int64_t>> bucketed(std::int64_t epoch) {
-  auto perm = iota(31);
-  std::mt19937_64 g(std::uint64_t(epoch) + 3);
-  std::shuffle(perm.begin(), perm.end(), g);
-  std::vector<std::vector<std::int64_t>> out;
-  for (std::size_t i = 0; i < perm.size();) {
-    const std::size_t len = std::min<std::size_t>(1 + g() % 4, perm.size() - i);
-    out.emplace_back(perm.begin() + std::ptrdiff_t(i), perm.begin() + std::ptrdiff_t(i + len));
-    i += len;
-  }
-  return out;
-}
+using accel_test::as_vector;
+using accel_test::iota_vector;
 
 // `steps` steps of the loader's current epoch (-1: the rest); returns the real samples of every step across the job
 // (gather_for_metrics drops the padding) and this rank's batches as they came (padding included).
@@ -74,8 +55,8 @@ std::pair<std::vector<std::int64_t>, std::vector<std::vector<std::int64_t>>> tak
   if (steps == 0) return {real, mine};
   std::int64_t j = 0;
   for (const auto& b : l) {
-    mine.push_back(values(b));
-    const auto all = values(accel::gather_for_metrics(state.comm(), b, accel::GradientState::instance().layout()));
+    mine.push_back(as_vector(b));
+    const auto all = as_vector(accel::gather_for_metrics(state.comm(), b, accel::GradientState::instance().layout()));
     real.insert(real.end(), all.begin(), all.end());
     if (++j == steps) break;
   }
@@ -117,7 +98,7 @@ struct Run {
       l.set_epoch(0);
       (void)take(l, state, -1);
       l.set_epoch(1);
-      const auto [real, mine] = take(l, state, stop);
+      const auto real = take(l, state, stop).first;
       if (state.process_index() == 0) std::ofstream(file) << join(real);
       return;
     }
@@ -131,9 +112,9 @@ struct Run {
       }
       auto sorted = seen;
       std::sort(sorted.begin(), sorted.end());
-      check(sorted == iota(n), name + ": the interrupted epoch's samples over both runs are each seen exactly once (" +
+      check(sorted == iota_vector(n), name + ": the interrupted epoch's samples over both runs are each seen exactly once (" +
                                    std::to_string(seen.size()) + " seen of " + std::to_string(n) + ")");
-      if (ordered) check(seen == iota(n), name + ": in the epoch's order");
+      if (ordered) check(seen == iota_vector(n), name + ": in the epoch's order");
       l.set_epoch(2);
       const auto next = take(l, state, -1).second;
       if (!fresh_next) return;
@@ -157,8 +138,8 @@ void resize_loaders(const Args& args) {
   const bool save = arg(args, 0, "") == "save";
   Run run{state, arg(args, 1, "."), save, std::stoll(arg(args, 2, "2")), {}, {}};
   const int N = state.num_processes();
-  auto map = [](std::int64_t n, data::DataLoaderOptions o) { return data::DataLoader(Indices(iota(n)), o); };
-  static const auto items = iota(29);
+  auto map = [](std::int64_t n, data::DataLoaderOptions o) { return data::DataLoader(Indices(iota_vector(n)), o); };
+  static const auto items = iota_vector(29);
   auto seeded = [&](std::uint64_t seed, auto make) {
     return [=] {
       at::manual_seed(seed);
@@ -175,7 +156,7 @@ void resize_loaders(const Args& args) {
              seeded(44, [&] { return data::prepare_data_loader<Dispatched>(map(37, {.batch_size = 4, .shuffle = true, .seed = 5}), state); }),
              37, false, true);
   run.loader("batch-sampler",
-             seeded(45, [&] { return data::prepare_data_loader<Sharded>(map(31, {.batch_sampler = bucketed}), state); }), 31, false, true);
+             seeded(45, [&] { return data::prepare_data_loader<Sharded>(map(31, {.batch_sampler = accel_test::bucketed_batches}), state); }), 31, false, true);
   run.loader("iterable", seeded(46, [&] { return data::prepare_data_loader<Sharded>(data::DataLoader(std::views::all(items), {.batch_size = 3}), state); }),
              29, true, true);
   run.loader("iterable-dispatched",
@@ -200,7 +181,7 @@ struct ResizeTrainer : accel::Accelerator<accel::dist::from_env, accel::batches:
 void resize_training(const Args& args) {
   const bool window = arg(args, 3, "") == "window";
   ResizeTrainer acc{accel::Options{.seed = 3, .gradient_accumulation_steps = window ? 2 : 1,
-                                   .comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+                                   .comm = options(60000).comm}};
   tally.rank = acc.process_index();
   const bool save = arg(args, 0, "") == "save";
   const std::filesystem::path dir = arg(args, 1, ".");
@@ -254,11 +235,10 @@ void resize_training(const Args& args) {
     for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(start[i]);
   }
   torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto train_steps = [&](int P, std::int64_t from, std::int64_t first, std::int64_t count) {
+  auto train_steps = [&](int P, std::int64_t from, std::int64_t count) {
     std::vector<accel::plan::BatchPlan> plans;
     for (int r = 0; r < P; ++r)
-      plans.push_back(accel::plan::loader_plan({.batch_size = B, .num_processes = P, .process_index = r}, n, accel::plan::Loading::sharded, from)
-                          .skip(first));
+      plans.push_back(accel::plan::loader_plan({.batch_size = B, .num_processes = P, .process_index = r}, n, accel::plan::Loading::sharded, from));
     for (std::int64_t j = 0; j < std::min(count, plans[0].size()); ++j) {
       std::vector<std::int64_t> rows;
       for (const auto& p : plans)
@@ -270,11 +250,11 @@ void resize_training(const Args& args) {
     }
   };
   const int N = int(saved_processes), M = acc.num_processes();
-  train_steps(N, 0, 0, INT64_MAX);  // epoch 0
-  train_steps(N, 0, 0, stop);       // epoch 1, before the checkpoint
+  train_steps(N, 0, INT64_MAX);  // epoch 0
+  train_steps(N, 0, stop);       // epoch 1, before the checkpoint
   const std::int64_t position = std::min(n, stop * B * N);
-  train_steps(M, position, 0, INT64_MAX);  // epoch 1, after it
-  train_steps(M, 0, 0, INT64_MAX);         // epoch 2
+  train_steps(M, position, INT64_MAX);  // epoch 1, after it
+  train_steps(M, 0, INT64_MAX);         // epoch 2
   double worst = 0;
   auto a = net->parameters(), r = reference->parameters();
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - r[i]).abs().max().item<double>());

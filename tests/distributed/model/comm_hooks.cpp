@@ -26,7 +26,7 @@ void comm_hooks(const Args&) {
     const auto wire = hook == accel::CommHook::fp16 ? at::kHalf : at::kBFloat16;
     const std::string what = std::string(hook == accel::CommHook::fp16 ? "fp16" : "bf16") + ": ";
     Hooked acc{accel::Options{.bucket_bytes = 256, .comm_hook = hook,
-                              .comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+                              .comm = options(60000).comm}};
     tally.rank = acc.process_index();
     const int N = acc.num_processes();
     at::manual_seed(3);

@@ -44,7 +44,7 @@ void ddp_buffers(const Args& args) {
   const auto golden = nlohmann::json::parse(in);
   for (const bool broadcast : {true, false}) {
     Ddp acc{accel::Options{.gradient_accumulation_steps = 2, .broadcast_buffers = broadcast,
-                           .comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}}};
+                           .comm = options(60000).comm}};
     tally.rank = acc.process_index();
     const int N = acc.num_processes();
     const nlohmann::json* c = nullptr;

@@ -32,7 +32,7 @@ struct Zero1 : accel::Accelerator<accel::dist::from_env, accel::shard::optimizer
 
 accel::Options zero_options() {
   return accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 128,
-                        .comm = {.timeout = std::chrono::seconds(30), .rendezvous_timeout = std::chrono::seconds(30)}};
+                        .comm = options(30000).comm};
 }
 torch::nn::Sequential make_net() {
   at::manual_seed(11);
@@ -208,7 +208,7 @@ void zero_bench(const Args& args) {
     std::printf("rank %d %-6s optimizer state %10lld bytes, step %.2f ms\n", acc.process_index(), name, (long long)bytes, 1000 * seconds / steps);
     check(bytes > 0, "state measured");
   };
-  accel::Options opt{.comm = {.timeout = std::chrono::seconds(60), .rendezvous_timeout = std::chrono::seconds(60)}};
+  accel::Options opt{.comm = options(60000).comm};
   Ddp ddp{opt};
   run(ddp, "ddp");
   Zero1 zero{opt};

@@ -56,8 +56,7 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
     CHECK(std::filesystem::exists(dir / "process_0.pt"));
     CHECK(!std::filesystem::exists(accel::checkpoint::partial_dir(dir)));
     const auto resumed = train_toy(99, 4, 0, "", dir.string());  // another seed: everything must come from the checkpoint
-    REQUIRE(resumed.size() == straight.size());
-    for (std::size_t i = 0; i < straight.size(); ++i) CHECK(at::equal(resumed[i], straight[i]));
+    check_equal(resumed, straight);
   }
   // A job that prepared other objects is told what differs.
   {

@@ -65,11 +65,6 @@ std::vector<at::Tensor> train_project(accel::Options o, int epochs, bool resume,
   return snapshot_of(net);
 }
 
-void check_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(at::equal(a[i], b[i]));
-}
-
 std::vector<std::string> names_in(const fs::path& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());

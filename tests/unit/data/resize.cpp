@@ -176,15 +176,17 @@ TEST_CASE("plans resumed at another number of processes cover the rest of the ep
                                          .split_batches = split, .even_batches = even};
                 };
                 // The N-process job: the positions of its first k steps, every rank; then M processes from there.
+                std::vector<plan::BatchPlan> first;
                 std::int64_t steps = 0;
-                for (int r = 0; r < N; ++r) steps = std::max(steps, plan::loader_plan(spec(N, r), n, loading).size());
+                for (int r = 0; r < N; ++r) {
+                  first.push_back(plan::loader_plan(spec(N, r), n, loading));
+                  steps = std::max(steps, first.back().size());
+                }
                 for (std::int64_t k = 0; k <= steps; ++k) {
                   std::vector<std::int64_t> got;
                   for (std::int64_t j = 0; j < k; ++j)
-                    for (int r = 0; r < N; ++r) {
-                      const auto p = plan::loader_plan(spec(N, r), n, loading);
+                    for (const auto& p : first)
                       if (j < p.size()) for (auto x : real_positions(p, j)) got.push_back(x);
-                    }
                   const std::int64_t position = std::min(n, k * plan::per_step(spec(N, 0)));
                   REQUIRE(got.size() == std::size_t(position));
                   std::vector<plan::BatchPlan> rest;
@@ -238,22 +240,8 @@ TEST_CASE("a shuffled loader with a seed or the seedable sampler: the next epoch
 }
 
 TEST_CASE("a user's batch sampler resumes at another number of processes, whole batches", "[loader][resize]") {
-  // Batches of 1 to 4 samples over a permutation that changes with the epoch.
-  auto sampler = [](std::int64_t epoch) {
-    std::vector<std::int64_t> perm(31);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::mt19937_64 g(std::uint64_t(epoch) + 3);
-    std::shuffle(perm.begin(), perm.end(), g);
-    std::vector<std::vector<std::int64_t>> out;
-    for (std::size_t i = 0; i < perm.size();) {
-      const std::size_t len = std::min<std::size_t>(1 + g() % 4, perm.size() - i);
-      out.emplace_back(perm.begin() + std::ptrdiff_t(i), perm.begin() + std::ptrdiff_t(i + len));
-      i += len;
-    }
-    return out;
-  };
   for (auto [N, M] : kResizes) {
-    const data::DataLoaderOptions opt{.batch_sampler = sampler};
+    const data::DataLoaderOptions opt{.batch_sampler = bucketed_batches};
     auto even = [&](int P, int r) {
       return data::prepare_data_loader<Even>(data::DataLoader(indices(31), opt), data::PrepareContext{P, r, nullptr});
     };
@@ -265,7 +253,7 @@ TEST_CASE("a user's batch sampler resumes at another number of processes, whole 
     check_resize(N, M, uneven, true);
   }
   // The closed form of a resumed shard is the shard without its first rounds at a round boundary.
-  const auto batches = sampler(0);
+  const auto batches = bucketed_batches(0);
   for (int N : {1, 2, 3, 5})
     for (bool even : {true, false})
       for (bool drop_last : {false, true})
