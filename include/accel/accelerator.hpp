@@ -204,6 +204,7 @@ class Accelerator {
     // ZeRO: the flat buffers are laid out once the models are placed (placement may replace a parameter's storage).
     for (std::size_t i = first_new_optimizer; i < optimizers_.size(); ++i)
       if (optimizers_[i].sharded) optimizers_[i].sharded->build();
+    if constexpr (config::zero_stage == 2) shard_gradients();
     auto out = std::apply(
         [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; }, first);
     if constexpr (sizeof...(Ts) == 1) return std::get<0>(std::move(out));
@@ -269,6 +270,10 @@ class Accelerator {
       return nullptr;
     });
     unscale_gradients();
+    if constexpr (config::zero_stage == 2) {
+      auto [parts, whole] = gradients_of(parameters);
+      return clip_partitioned_norm(state_.comm(), parts, whole, max_norm, norm_type);
+    }
     return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
   }
   template <class M>
@@ -286,6 +291,12 @@ class Accelerator {
       return nullptr;
     });
     unscale_gradients();
+    if constexpr (config::zero_stage == 2) {
+      auto [parts, whole] = gradients_of(parameters);
+      for (auto& g : parts) g.clamp_(-clip_value, clip_value);
+      for (auto& g : whole) g.clamp_(-clip_value, clip_value);
+      return;
+    }
     torch::nn::utils::clip_grad_value_(parameters, clip_value);
   }
   template <class M>
@@ -296,7 +307,7 @@ class Accelerator {
   //! Divides every prepared optimizer's gradients by the loss scale (fp16; nothing otherwise).
   void unscale_gradients() {
     if (scaler_)
-      for (auto& o : optimizers_) scaler_->unscale_(*o.optimizer);
+      for (auto& o : optimizers_) scaler_->unscale_(o.sharded ? o.sharded->gradient_holder() : *o.optimizer);
   }
 
   //! RAII: the forward pass runs in `Options::mixed_precision` (bf16 or fp16 autocast on this process's
@@ -790,10 +801,11 @@ class Accelerator {
       if constexpr (config::zero_stage > 0 && !one_process) {
         static_assert(ShardableOptimizer<O>,
                       "accel::shard::optimizer shards optimizers whose state is per parameter and whose update is "
-                      "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad); this optimizer (LBFGS, or one of "
+                      "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad), and so does accel::shard::gradients; "
+                      "this optimizer (LBFGS, or one of "
                       "your own) is not known to be: use accel::shard::none, or specialise accel::ShardTraits for it");
         if constexpr (ShardableOptimizer<O>) {
-          sharded = std::make_shared<ShardedOptimizer>(p, state_.comm());
+          sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
           wrapped.set_sharded(sharded);
         }
       }
@@ -832,6 +844,38 @@ class Accelerator {
                               [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
                               [l](const data::LoaderState& s) { return l.state_mismatch(s); }});
     return l;
+  }
+
+  // ZeRO stage 2: each prepared model's gradients go to the partitions of the sharded optimizer that holds its
+  // parameters (models prepared before their optimizer are bound when it is prepared).
+  void shard_gradients() {
+    for (const auto& d : ddps_) {
+      if (d->shards_gradients()) continue;
+      const void* first = nullptr;
+      for (const auto& p : d->module().parameters())
+        if (p.requires_grad()) { first = p.unsafeGetTensorImpl(); break; }
+      if (!first) continue;
+      for (const auto& o : optimizers_) {
+        if (!o.sharded) continue;
+        GradientPartition layout = o.sharded->gradient_partition();
+        if (std::any_of(layout.offsets.begin(), layout.offsets.end(), [&](const auto& e) { return e.first == first; })) {
+          d->shard_gradients(std::move(layout));
+          break;
+        }
+      }
+    }
+  }
+  // ZeRO stage 2: this rank's part of the partitioned gradients of `parameters`, and the whole gradients of the
+  // others (parameters of no sharded optimizer).
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gradients_of(const std::vector<at::Tensor>& parameters) const {
+    std::vector<at::Tensor> parts, whole;
+    std::unordered_set<const void*> covered;
+    for (const auto& o : optimizers_)
+      if (o.sharded)
+        for (auto& g : o.sharded->owned_gradients(parameters, covered)) parts.push_back(std::move(g));
+    for (const auto& p : parameters)
+      if (!covered.count(p.unsafeGetTensorImpl()) && p.grad().defined()) whole.push_back(p.grad());
+    return {std::move(parts), std::move(whole)};
   }
 
   void check_optimizer_parameters(std::size_t first) const {

@@ -68,8 +68,8 @@ struct Config {
   static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
-  //! The ZeRO stage: 0 (`shard::none`) or 1 (`shard::optimizer`).
-  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::optimizer> ? 1 : 0;
+  //! The ZeRO stage: 0 (`shard::none`), 1 (`shard::optimizer`) or 2 (`shard::gradients`).
+  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::gradients> ? 2 : std::is_same_v<shard, accel::shard::optimizer> ? 1 : 0;
 };
 
 //! What is wrong with a list of policies (the first problem found), or `none`.
@@ -95,6 +95,7 @@ enum class ConfigProblem {
   dispatched_with_generator_sync,
   dispatched_without_placement,
   sharding_without_processes,
+  gradient_sharding_without_processes,
 };
 
 template <class... Ps>
@@ -125,7 +126,8 @@ consteval ConfigProblem diagnose() {
   if (C::dispatch && explicit_tail && !C::even_batches) return P::dispatched_with_uneven_tail;
   if (C::dispatch && explicit_rng && C::sync_generator) return P::dispatched_with_generator_sync;
   if (C::dispatch && !C::device_placement) return P::dispatched_without_placement;
-  if (C::zero_stage > 0 && std::is_same_v<typename C::dist, dist::none>) return P::sharding_without_processes;
+  if (C::zero_stage == 1 && std::is_same_v<typename C::dist, dist::none>) return P::sharding_without_processes;
+  if (C::zero_stage == 2 && std::is_same_v<typename C::dist, dist::none>) return P::gradient_sharding_without_processes;
   return P::none;
 }
 
@@ -189,6 +191,9 @@ struct CheckedConfig : Config<Ps...> {
   static_assert(problem != P::sharding_without_processes,
       "accel::shard::optimizer splits the optimizer state across processes, but accel::dist::none has one process; "
       "use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop accel::shard::optimizer");
+  static_assert(problem != P::gradient_sharding_without_processes,
+      "accel::shard::gradients splits the gradients and the optimizer state across processes, but accel::dist::none "
+      "has one process; use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop accel::shard::gradients");
 
 };
 

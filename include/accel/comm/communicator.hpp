@@ -72,7 +72,7 @@ struct CommOptions {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier, reduce_scatter };
+enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier, reduce_scatter, reduce };
 
 //! One collective as every rank must agree on it: its number in the job, kind, reduction, dtype, element
 //! count (per rank) and root.
@@ -95,12 +95,13 @@ struct CollectiveId {
 
   //! "all_reduce(sum) of 4 x Float", "broadcast from rank 0 of 12 x Long", "barrier".
   [[nodiscard]] std::string describe() const {
-    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier", "reduce_scatter"};
+    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier", "reduce_scatter", "reduce"};
     static constexpr const char* ops[] = {"sum", "max", "min"};
     std::string out = kinds[int(kind)];
     if (kind == OpKind::barrier) return out;
-    if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter) out += std::string("(") + ops[int(reduce)] + ")";
+    if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::reduce) out += std::string("(") + ops[int(reduce)] + ")";
     if (kind == OpKind::broadcast || kind == OpKind::scatter) out += " from rank " + std::to_string(root);
+    if (kind == OpKind::reduce) out += " to rank " + std::to_string(root);
     return out + " of " + std::to_string(numel) + " x " + c10::toString(dtype);
   }
   //! 32 bits of every field (FNV-1a), and of the unchecked collectives before it: what travels with the data.
@@ -123,7 +124,7 @@ struct CollectiveId {
     CollectiveId id;
     int kind = 0, reduce = 0, dtype = 0;
     if (!(in >> id.seq >> kind >> reduce >> dtype >> id.numel >> id.root)) return std::nullopt;
-    if (kind < 0 || kind > int(OpKind::reduce_scatter) || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
+    if (kind < 0 || kind > int(OpKind::reduce) || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
     id.kind = OpKind(kind), id.reduce = ReduceOp(reduce), id.dtype = c10::ScalarType(dtype);
     return id;
   }
@@ -220,6 +221,15 @@ class Communicator {
     at::Tensor all = input.contiguous().clone();
     all_reduce(all, ReduceOp::sum);
     out.copy_(all.narrow(0, std::int64_t(rank_) * out.numel(), out.numel()));
+  }
+  //! Starts a sum reduce of the first `payload` elements of the 1-d `buffer` to `root` and returns at once
+  //! (`finish` waits): `root`'s buffer ends with the sum, the others' are scratch. The remaining
+  //! `check_room(dtype, payload)` elements are the engine's, as in `all_reduce_start`. ZeRO stage 2 sends each
+  //! gradient bucket to the rank that owns it this way. The base class falls back to an all-reduce (N times
+  //! the traffic at the root's end); Gloo and NCCL override it with their native reduce.
+  virtual Pending reduce_start(at::Tensor& buffer, std::int64_t payload, int root) {
+    check_root(root, "reduce");
+    return all_reduce_start(buffer, payload);
   }
   //! Every rank's 1-d `part`, in rank order, into the 1-d `out` (N times `part.numel()` elements; `part` may be
   //! a view of `out`'s own slice). The base class falls back to `all_gather` and a copy.

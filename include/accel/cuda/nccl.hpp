@@ -99,22 +99,18 @@ class NcclCommunicator final : public comm::Communicator {
   // The caller keeps `t` alive until `finish` (DistributedModule's bucket does).
   Pending all_reduce_start(at::Tensor& t) override {
     require_cuda(t, "all_reduce");
-    const auto n = begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel());
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-    check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_, stream_),
-               n);
-    wait_comm(n);
-    cudaEvent_t* done = new cudaEvent_t;
-    check_cuda(cudaEventCreateWithFlags(done, cudaEventDisableTiming), "cudaEventCreate");
-    std::shared_ptr<void> event(done, [](void* e) {
-      cudaEventDestroy(*static_cast<cudaEvent_t*>(e));
-      delete static_cast<cudaEvent_t*>(e);
+    return start(begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel()), [&] {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_, stream_);
     });
-    check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
-    return {n.seq, std::make_shared<InFlight>(InFlight{n, std::move(event)})};
+  }
+  //! ncclReduce in place (ZeRO stage 2's gradient buckets), queued and finished as `all_reduce_start`.
+  Pending reduce_start(at::Tensor& buffer, std::int64_t payload, int root) override {
+    require_cuda(buffer, "reduce");
+    check_root(root, "reduce");
+    return start(begin(comm::OpKind::reduce, buffer.scalar_type(), payload, comm::ReduceOp::sum, root), [&] {
+      return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), size_t(payload), nccl_type(buffer.scalar_type()), ncclSum, root, comm_,
+                        stream_);
+    });
   }
   void finish(Pending& p) override {
     if (!p.native) return;
@@ -185,6 +181,25 @@ class NcclCommunicator final : public comm::Communicator {
   [[nodiscard]] c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
 
  private:
+  // Queues `call` (an NCCL collective on accel's stream) after the work already on the caller's stream and
+  // returns its completion event, which `finish` polls against the timeout.
+  template <class Call>
+  Pending start(const comm::CollectiveId& n, Call&& call) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_nccl(call(), n);
+    wait_comm(n);
+    cudaEvent_t* done = new cudaEvent_t;
+    check_cuda(cudaEventCreateWithFlags(done, cudaEventDisableTiming), "cudaEventCreate");
+    std::shared_ptr<void> event(done, [](void* e) {
+      cudaEventDestroy(*static_cast<cudaEvent_t*>(e));
+      delete static_cast<cudaEvent_t*>(e);
+    });
+    check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
+    return {n.seq, std::make_shared<InFlight>(InFlight{n, std::move(event)})};
+  }
   struct InFlight {
     comm::CollectiveId id;
     std::shared_ptr<void> event;

@@ -17,6 +17,7 @@
 //! - `no_sync()` (RAII) keeps gradients local: they accumulate until a step with sync.
 //! - A parameter that received no gradient in a synchronising backward is an error naming it, unless
 //!   `find_unused_parameters` (then it contributes zeros, as in DDP).
+//! - ZeRO stage 2 (`shard_gradients`): the buckets go to the ranks that own them instead (model/partition_reducer.hpp).
 //! - Buffers as DDP treats them (`broadcast_buffers`, true by default): rank 0's buffers are broadcast before a
 //!   forward when the previous forward ran with gradients enabled and outside `no_sync` (and before the first),
 //!   all of them in one collective (their bytes, packed); `PreparedModel`'s call operator brackets the forward.
@@ -24,6 +25,7 @@
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
+#include <accel/model/partition_reducer.hpp>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -119,6 +121,7 @@ class DistributedModule {
     bool buffers_due = true;        // DDP's require_forward_param_sync: broadcast the buffers before the next forward
     std::vector<at::Tensor> buffers;  // the module's buffers, in registration order
     bool callback_queued = false;
+    std::unique_ptr<PartitionReducer> zero;  // ZeRO stage 2: gradients reduced to their owners instead
     std::mutex mu;
   };
 
@@ -177,9 +180,10 @@ class DistributedModule {
   //! The user's module (for forward, state_dict, ...).
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const std::shared_ptr<torch::nn::Module>& shared() const noexcept { return module_; }
-  [[nodiscard]] std::size_t buckets() const noexcept { return state_->buckets.size(); }
+  [[nodiscard]] std::size_t buckets() const noexcept { return state_->zero ? state_->zero->buckets() : state_->buckets.size(); }
   //! Bytes of gradients one synchronising backward sends into the all-reduce (halved by a 16-bit comm hook).
   [[nodiscard]] std::int64_t gradient_bytes() const {
+    if (state_->zero) return state_->zero->gradient_bytes();
     std::int64_t n = 0;
     for (const auto& b : state_->buckets) {
       if (b.params.empty()) continue;
@@ -188,6 +192,23 @@ class DistributedModule {
     }
     return n;
   }
+
+  //! ZeRO stage 2: from now on a synchronising backward reduces each gradient to the rank that owns its
+  //! partition (`layout`, from the sharded optimizer) and releases the parameters' gradients (no bucket of
+  //! every gradient is allocated). Every trainable parameter must be in `layout`.
+  void shard_gradients(GradientPartition layout) {
+    auto& s = *state_;
+    if (!s.comm || s.comm->size() == 1) return;
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : s.params) params.emplace_back(p.name, p.tensor);
+    const auto own = layout.own.scalar_type();
+    const bool wide = own == at::kFloat || own == at::kDouble;
+    const auto wire = !wide || s.opt.comm_hook == CommHook::none ? own : s.opt.comm_hook == CommHook::fp16 ? at::kHalf : at::kBFloat16;
+    s.zero = std::make_unique<PartitionReducer>(s.comm, params, std::move(layout), s.opt.bucket_bytes, wire);
+    s.buckets.clear();
+    for (auto& p : s.params) p.bucket = 0;
+  }
+  [[nodiscard]] bool shards_gradients() const noexcept { return state_->zero != nullptr; }
 
   //! RAII: gradients stay local while the result lives (`SyncScope`).
   [[nodiscard]] SyncScope no_sync();
@@ -234,8 +255,7 @@ class DistributedModule {
     auto& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.sync || !s.comm || s.comm->size() == 1) return;
-    for (auto& p : s.params)
-      if (!p.ready) p.ready = true, ++s.buckets[p.bucket].ready;
+    mark_all_ready(s);
     complete(s);
   }
 
@@ -255,6 +275,7 @@ class DistributedModule {
     auto& p = s.params[index];
     if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
     p.ready = true;
+    if (s.zero) return s.zero->ready(index);
     ++s.buckets[p.bucket].ready;
     launch_ready(s);
   }
@@ -324,13 +345,20 @@ class DistributedModule {
       throw InvalidArgument("accel::DistributedModule: parameter(s) " + unused + " received no gradient in this backward; "
                             "every process must use every parameter, or set DistributedOptions::find_unused_parameters");
     }
-    for (auto& p : s.params)  // unused parameters contribute zeros
-      if (!p.ready) p.ready = true, ++s.buckets[p.bucket].ready;
+    mark_all_ready(s);  // unused parameters contribute zeros
     complete(s);
+  }
+  static void mark_all_ready(State& s) {
+    for (auto& p : s.params)
+      if (!p.ready) {
+        p.ready = true;
+        if (!s.zero) ++s.buckets[p.bucket].ready;
+      }
   }
   // Starts what is left and waits for every bucket: the gradients, views of the buckets, are averaged.
   static void complete(State& s) {
     try {
+      if (s.zero) s.zero->complete();
       launch_ready(s);
       for (auto& b : s.buckets) {
         s.comm->finish(b.pending);
@@ -347,6 +375,7 @@ class DistributedModule {
     for (auto& b : s.buckets) b.ready = 0;
     s.next_launch = 0;
     s.callback_queued = false;
+    if (s.zero) s.zero->reset();
   }
 
   std::shared_ptr<torch::nn::Module> module_;

@@ -79,7 +79,8 @@ class AcceleratedOptimizer {
     if (!gs.sync_gradients()) return;
     ++s_->record->steps;
     if (s_->scaler) {
-      s_->record->skipped = s_->sharded ? !s_->scaler->step(*s_->opt, [&] { s_->sharded->step(); }) : !s_->scaler->step(*s_->opt);
+      s_->record->skipped = s_->sharded ? !s_->scaler->step(s_->sharded->gradient_holder(), [&] { s_->sharded->step(); })
+                                        : !s_->scaler->step(*s_->opt);
       s_->scaler->update();
     } else {
       s_->record->skipped = false;
@@ -91,7 +92,9 @@ class AcceleratedOptimizer {
   void zero_grad(bool set_to_none = true) {
     auto& gs = GradientState::instance();
     if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, set_to_none]() mutable { return self.zero_grad(set_to_none), std::shared_ptr<void>(); });
-    if (gs.sync_gradients()) s_->opt->zero_grad(set_to_none);
+    if (!gs.sync_gradients()) return;
+    s_->opt->zero_grad(set_to_none);
+    if (s_->sharded) s_->sharded->zero_grad();
   }
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
   [[nodiscard]] bool step_was_skipped() const noexcept { return s_->record->skipped; }
@@ -117,10 +120,10 @@ class AcceleratedOptimizer {
     c10::IValue marked;
     const bool sharded = a.try_read("zero_sharded", marked);
     detail::require(sharded == bool(s_->sharded),
-                    sharded ? "accel::load_state: the checkpoint's optimizer was sharded (accel::shard::optimizer) and this job's "
-                              "is not; resume with accel::shard::optimizer and the same number of processes"
+                    sharded ? "accel::load_state: the checkpoint's optimizer was sharded (accel::shard::optimizer or accel::shard::gradients) "
+                              "and this job's is not; resume with either and the same number of processes"
                             : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
-                              "(accel::shard::optimizer); resume with the configuration that saved it");
+                              "(accel::shard::optimizer or accel::shard::gradients); resume with the configuration that saved it");
     s_->opt->load(a);
   }
 

@@ -13,11 +13,18 @@
 //!   every group's options from the user's optimizer (a scheduler changes them there), steps the inner optimizer
 //!   and all-gathers the buffer: every parameter, updated, on every rank.
 //! - Elementwise updates make this equal to stepping the whole optimizer on every rank.
+//! - Stage 2 (`shard::gradients`): the partition's gradients are kept in one buffer of P elements
+//!   (`gradient_partition()`), which the models' `PartitionReducer`s fill during backward; the parameters hold no
+//!   gradient after a synchronising backward, `step()` takes the partition as it is, `zero_grad()` clears it, and
+//!   clipping and the GradScaler work on it (`owned_gradients`, `gradient_holder`).
 
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
+#include <accel/model/partition_reducer.hpp>
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <torch/optim/adagrad.h>
@@ -28,6 +35,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,11 +53,40 @@ template <class O>
 struct ShardTraits {
   static constexpr bool per_parameter = false;
 };
-template <> struct ShardTraits<torch::optim::SGD> { static constexpr bool per_parameter = true; using Options = torch::optim::SGDOptions; };
-template <> struct ShardTraits<torch::optim::Adam> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamOptions; };
-template <> struct ShardTraits<torch::optim::AdamW> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamWOptions; };
-template <> struct ShardTraits<torch::optim::RMSprop> { static constexpr bool per_parameter = true; using Options = torch::optim::RMSpropOptions; };
-template <> struct ShardTraits<torch::optim::Adagrad> { static constexpr bool per_parameter = true; using Options = torch::optim::AdagradOptions; };
+template <> struct ShardTraits<torch::optim::SGD> { static constexpr bool per_parameter = true; using Options = torch::optim::SGDOptions; using State = torch::optim::SGDParamState; };
+template <> struct ShardTraits<torch::optim::Adam> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamOptions; using State = torch::optim::AdamParamState; };
+template <> struct ShardTraits<torch::optim::AdamW> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamWOptions; using State = torch::optim::AdamWParamState; };
+template <> struct ShardTraits<torch::optim::RMSprop> { static constexpr bool per_parameter = true; using Options = torch::optim::RMSpropOptions; using State = torch::optim::RMSpropParamState; };
+template <> struct ShardTraits<torch::optim::Adagrad> { static constexpr bool per_parameter = true; using Options = torch::optim::AdagradOptions; using State = torch::optim::AdagradParamState; };
+
+namespace detail {
+// Each tensor of a per-parameter state as (value, setter), in a fixed order; and its step count.
+template <class F> void state_tensors(torch::optim::SGDParamState& s, F&& f) {
+  f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
+}
+template <class F> void state_tensors(torch::optim::AdamParamState& s, F&& f) {
+  f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
+  f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
+  f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
+}
+template <class F> void state_tensors(torch::optim::AdamWParamState& s, F&& f) {
+  f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
+  f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
+  f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
+}
+template <class F> void state_tensors(torch::optim::RMSpropParamState& s, F&& f) {
+  f(s.square_avg(), [&](at::Tensor t) { s.square_avg(std::move(t)); });
+  f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
+  f(s.grad_avg(), [&](at::Tensor t) { s.grad_avg(std::move(t)); });
+}
+template <class F> void state_tensors(torch::optim::AdagradParamState& s, F&& f) {
+  f(s.sum(), [&](at::Tensor t) { s.sum(std::move(t)); });
+}
+inline std::int64_t state_step(const torch::optim::SGDParamState&) { return 0; }
+inline void set_state_step(torch::optim::SGDParamState&, std::int64_t) {}
+template <class S> std::int64_t state_step(const S& s) { return s.step(); }
+template <class S> void set_state_step(S& s, std::int64_t n) { s.step(n); }
+}  // namespace detail
 
 template <class O>
 concept ShardableOptimizer = ShardTraits<O>::per_parameter;
@@ -59,15 +97,45 @@ inline std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& o) {
   auto add = [&](const at::Tensor& t) {
     if (t.defined()) n += t.numel() * std::int64_t(t.element_size());
   };
+  auto each = [&](const at::Tensor& t, auto&&) { add(t); };
   for (const auto& [key, s] : o.state()) {
     (void)key;
-    if (const auto* x = dynamic_cast<const torch::optim::SGDParamState*>(s.get())) add(x->momentum_buffer());
-    else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s.get())) add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
-    else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s.get())) add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
-    else if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(s.get())) add(r->square_avg()), add(r->momentum_buffer()), add(r->grad_avg());
-    else if (const auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(s.get())) add(g->sum());
+    if (auto* x = dynamic_cast<torch::optim::SGDParamState*>(s.get())) detail::state_tensors(*x, each);
+    else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) detail::state_tensors(*a, each);
+    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s.get())) detail::state_tensors(*w, each);
+    else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s.get())) detail::state_tensors(*r, each);
+    else if (auto* g = dynamic_cast<torch::optim::AdagradParamState*>(s.get())) detail::state_tensors(*g, each);
   }
   return n;
+}
+
+// [torch:nn/utils/clip_grad.py clip_grad_norm_]
+//! `clip_grad_norm_` over gradients of which this rank holds `parts` (ZeRO stage 2: its partition's pieces; the
+//! other ranks hold the rest) and `whole` ones (the same on every rank): the total `norm_type`-norm of all of them
+//! (one all-reduce, on every rank), every gradient scaled by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
+//! Returns the norm before clipping.
+inline double clip_partitioned_norm(comm::Communicator* comm, std::vector<at::Tensor>& parts, std::vector<at::Tensor>& whole,
+                                    double max_norm, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  const auto where = comm ? comm->device() : c10::Device(c10::kCPU);
+  auto local = [&](const std::vector<at::Tensor>& gs) {  // sum of |g|^p (max |g| for inf), in double
+    if (gs.empty()) return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(where));
+    std::vector<at::Tensor> norms;
+    for (const auto& g : gs) norms.push_back(at::linalg_vector_norm(g, norm_type).to(where, at::kDouble).reshape({1}));
+    const at::Tensor n = at::cat(norms);
+    return inf ? n.max().reshape({1}) : n.pow(norm_type).sum().reshape({1});
+  };
+  at::Tensor shared = local(parts);
+  if (comm && comm->size() > 1) comm->all_reduce(shared, inf ? comm::ReduceOp::max : comm::ReduceOp::sum);
+  const at::Tensor mine = local(whole);
+  const double total = inf ? std::max(shared.item<double>(), mine.item<double>())
+                           : std::pow(shared.item<double>() + mine.item<double>(), 1.0 / norm_type);
+  const double coef = std::min(1.0, max_norm / (total + 1e-6));
+  if (coef < 1.0) {
+    for (auto& g : parts) g.mul_(coef);
+    for (auto& g : whole) g.mul_(coef);
+  }
+  return total;
 }
 
 class ShardedOptimizer {
@@ -76,13 +144,20 @@ class ShardedOptimizer {
   using Factory = std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
 
   //! Shards `user` (of a type with `ShardTraits`) across `comm`'s processes (nullptr: one process).
+  //! `stage` 1 shards the optimizer state, 2 the gradients too.
   template <ShardableOptimizer O>
-  ShardedOptimizer(std::shared_ptr<O> user, comm::Communicator* comm)
+  ShardedOptimizer(std::shared_ptr<O> user, comm::Communicator* comm, int stage = 1)
       : ShardedOptimizer(user, comm, [raw = user.get()](std::vector<torch::optim::OptimizerParamGroup> groups) {
           return std::make_shared<O>(std::move(groups), static_cast<const typename ShardTraits<O>::Options&>(raw->defaults()));
-        }) {}
-  ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make)
-      : user_(std::move(user)), comm_(comm), make_(std::move(make)) {}
+        }, stage) {
+    consolidate_ = [this](int to) { consolidate_as<typename ShardTraits<O>::State>(to); };
+  }
+  ShardedOptimizer(const ShardedOptimizer&) = delete;  // consolidate_ refers to this object
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+  ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make, int stage = 1)
+      : user_(std::move(user)), comm_(comm), make_(std::move(make)), stage_(stage) {
+    detail::require(stage == 1 || stage == 2, "accel::ShardedOptimizer: the ZeRO stage is 1 or 2, not " + std::to_string(stage));
+  }
 
   //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
   //! calls it after the models are placed). Every process calls it.
@@ -119,15 +194,17 @@ class ShardedOptimizer {
     c10::AutoGradMode no_grad(false);
     const at::Tensor& first = slots_.front().param;
     flat_ = at::zeros({part_ * n}, first.options().requires_grad(false));
+    grads_ = at::zeros({part_}, flat_.options());
     for (const auto& s : slots_) bind(s);
     std::vector<torch::optim::OptimizerParamGroup> mine;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       Shard s;
       s.begin = std::max(group_begin[g], begin_), s.end = std::min(group_end[g], end_);
+      s.group_begin = group_begin[g], s.group_end = group_end[g];
       std::vector<at::Tensor> params;
       if (s.begin < s.end) {
         s.tensor = alias(flat_, s.begin, s.end - s.begin);
-        s.tensor.mutable_grad() = at::zeros({s.end - s.begin}, flat_.options());
+        s.tensor.mutable_grad() = alias(grads_, s.begin - begin_, s.end - s.begin);
         params.push_back(s.tensor);
       }
       shards_.push_back(s);
@@ -141,6 +218,49 @@ class ShardedOptimizer {
   void step() {
     detail::require(inner_ != nullptr, "accel::ShardedOptimizer: step() before build()");
     c10::AutoGradMode no_grad(false);
+    if (stage_ == 1) take_gradients();
+    auto& theirs = user_->param_groups();
+    auto& ours = inner_->param_groups();
+    for (std::size_t g = 0; g < ours.size(); ++g) ours[g].set_options(theirs[g].options().clone());
+    inner_->step();
+    gather();
+  }
+  //! Clears the partition's gradients (stage 2; a stage 1 partition takes them afresh at each step).
+  void zero_grad() {
+    if (stage_ == 2 && grads_.defined()) grads_.zero_();
+  }
+  //! The optimizer whose parameters' gradients are the ones to unscale and check (GradScaler): the user's under
+  //! stage 1 (every gradient, averaged), the partition's under stage 2.
+  [[nodiscard]] torch::optim::Optimizer& gradient_holder() const { return stage_ == 2 && inner_ ? *inner_ : *user_; }
+  [[nodiscard]] int stage() const noexcept { return stage_; }
+
+  //! Stage 2: where the models' gradients go (every parameter's offset, P, this rank's partition of the gradients).
+  [[nodiscard]] GradientPartition gradient_partition() const {
+    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: gradient_partition() before build()");
+    GradientPartition g;
+    for (const auto& s : slots_) g.offsets.emplace_back(s.param.unsafeGetTensorImpl(), s.offset);
+    g.partition = part_;
+    g.own = grads_;
+    return g;
+  }
+  //! Stage 2: this rank's part of the gradients of those of `params` that are in this optimizer, as views of
+  //! the partition; adds each such parameter to `covered`.
+  [[nodiscard]] std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& params, std::unordered_set<const void*>& covered) const {
+    std::unordered_set<const void*> wanted;
+    for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
+    std::vector<at::Tensor> out;
+    for (const auto& s : slots_) {
+      if (!wanted.count(s.param.unsafeGetTensorImpl())) continue;
+      covered.insert(s.param.unsafeGetTensorImpl());
+      const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
+      if (lo < hi) out.push_back(grads_.narrow(0, lo - begin_, hi - lo));
+    }
+    return out;
+  }
+
+ private:
+  // Stage 1: this rank's slice of the (averaged) gradients the parameters hold, into the partition.
+  void take_gradients() {
     for (const auto& s : slots_)
       if (!s.param.grad().defined())
         throw InvalidArgument("accel::ShardedOptimizer: " + s.name + " has no gradient at this step; ZeRO steps every "
@@ -149,15 +269,11 @@ class ShardedOptimizer {
     for (const auto& s : slots_) {
       const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
       if (lo >= hi) continue;
-      const Shard& shard = shard_at(lo);
-      shard.tensor.mutable_grad().narrow(0, lo - shard.begin, hi - lo).copy_(s.param.grad().reshape({-1}).narrow(0, lo - s.offset, hi - lo));
+      grads_.narrow(0, lo - begin_, hi - lo).copy_(s.param.grad().reshape({-1}).narrow(0, lo - s.offset, hi - lo));
     }
-    auto& theirs = user_->param_groups();
-    auto& ours = inner_->param_groups();
-    for (std::size_t g = 0; g < ours.size(); ++g) ours[g].set_options(theirs[g].options().clone());
-    inner_->step();
-    gather();
   }
+
+ public:
 
   //! Every rank's partition of the parameters into the flat buffer (after a step; after loading a checkpoint).
   void gather() {
@@ -178,7 +294,7 @@ class ShardedOptimizer {
 
   //! This rank's partition of the state, with the layout it belongs to (checked by `load`).
   void save(torch::serialize::OutputArchive& a) const {
-    a.write("zero_stage", c10::IValue(std::int64_t(1)));
+    a.write("zero_stage", c10::IValue(std::int64_t(stage_)));
     a.write("zero_processes", c10::IValue(std::int64_t(processes())));
     a.write("zero_rank", c10::IValue(std::int64_t(rank())));
     a.write("zero_total", c10::IValue(total_));
@@ -194,6 +310,20 @@ class ShardedOptimizer {
     inner_->load(inner);
     rebind();
   }
+  //! Collective: every rank's partition of the state, assembled on rank `to` into the user's optimizer, as an
+  //! unsharded optimizer holds it (so `torch::save(user(), path)` there writes what an unsharded job loads with
+  //! `torch::load`); the other ranks' user optimizers stay empty. One reduce per group and state tensor, each the
+  //! size of the group. `release_consolidated()` empties the user's optimizer again (steps never read it).
+  void consolidate(int to = 0) {
+    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: consolidate() before build()");
+    detail::require(bool(consolidate_), "accel::ShardedOptimizer: consolidate() needs the optimizer's type (construct the "
+                                        "ShardedOptimizer from a std::shared_ptr of one of the types with ShardTraits)");
+    detail::require(to >= 0 && to < processes(), "accel::ShardedOptimizer: consolidate(" + std::to_string(to) + "): no such rank among " +
+                                                     std::to_string(processes()));
+    consolidate_(to);
+  }
+  void release_consolidated() { user_->state().clear(); }
+
   //! Whether `a` holds a partition of this rank and layout (an error naming both if not); changes nothing, so
   //! `load_state` checks every partition before it restores anything.
   void check(torch::serialize::InputArchive& a) const {
@@ -206,7 +336,8 @@ class ShardedOptimizer {
       return v.toInt();
     };
     const auto stage = read("zero_stage"), procs = read("zero_processes"), r = read("zero_rank"), total = read("zero_total");
-    if (stage != 1 || procs != processes() || r != rank() || total != total_)
+    // Stages 1 and 2 keep the same partition of the state: either resumes the other.
+    if ((stage != 1 && stage != 2) || procs != processes() || r != rank() || total != total_)
       throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " + std::to_string(r) + "'s partition of " +
                             std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
                             std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
@@ -229,7 +360,78 @@ class ShardedOptimizer {
   struct Shard {
     at::Tensor tensor;  // this rank's part of the group, an alias of the flat buffer (undefined: none)
     std::int64_t begin = 0, end = 0;
+    std::int64_t group_begin = 0, group_end = 0;  // the whole group's range of the flat space
   };
+
+  // consolidate() for the state type `S` of the optimizer: which state tensors exist and the step count, agreed
+  // (max) across ranks per group; each existing tensor reduced whole to `to` (every rank contributes its part,
+  // zeros elsewhere); there, each parameter's slice becomes its state.
+  template <class S>
+  void consolidate_as(int to) {
+    c10::AutoGradMode no_grad(false);
+    const std::int64_t G = std::int64_t(shards_.size());
+    std::int64_t F = 0;
+    {
+      S probe;
+      detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
+    }
+    // Per group: [step, present(tensor 0), ..., present(tensor F - 1)].
+    at::Tensor desc = at::zeros({G, 1 + F}, at::TensorOptions().dtype(at::kLong));
+    auto d = desc.accessor<std::int64_t, 2>();
+    for (std::int64_t g = 0; g < G; ++g) {
+      const Shard& sh = shards_[std::size_t(g)];
+      if (!sh.tensor.defined()) continue;
+      const auto it = inner_->state().find(sh.tensor.unsafeGetTensorImpl());
+      if (it == inner_->state().end()) continue;
+      auto& st = static_cast<S&>(*it->second);
+      d[g][0] = detail::state_step(st);
+      std::int64_t i = 0;
+      detail::state_tensors(st, [&](const at::Tensor& t, auto&&) { d[g][1 + i++] = t.defined() ? 1 : 0; });
+    }
+    if (processes() > 1) {
+      at::Tensor moving = desc.to(comm_->device());
+      comm_->all_reduce(moving, comm::ReduceOp::max);
+      desc.copy_(moving);
+    }
+    const bool root = rank() == to;
+    if (root) user_->state().clear();
+    for (std::int64_t g = 0; g < G; ++g) {
+      const Shard& sh = shards_[std::size_t(g)];
+      const std::int64_t len = sh.group_end - sh.group_begin;
+      std::vector<at::Tensor> whole(static_cast<std::size_t>(F));  // on the root: the group's state tensors, whole
+      for (std::int64_t i = 0; i < F; ++i) {
+        if (d[g][1 + i] == 0) continue;
+        const std::int64_t room = processes() > 1 ? comm_->check_room(flat_.scalar_type(), len) : 0;
+        at::Tensor buffer = at::zeros({len + room}, flat_.options());
+        if (sh.tensor.defined()) {
+          auto& st = static_cast<S&>(*inner_->state().at(sh.tensor.unsafeGetTensorImpl()));
+          std::int64_t k = 0;
+          detail::state_tensors(st, [&](const at::Tensor& t, auto&&) {
+            if (k++ == i) buffer.narrow(0, sh.begin - sh.group_begin, sh.end - sh.begin).copy_(t.reshape({-1}));
+          });
+        }
+        if (processes() > 1) {
+          auto pending = comm_->reduce_start(buffer, len, to);
+          comm_->finish(pending);
+        }
+        if (root) whole[std::size_t(i)] = buffer.narrow(0, 0, len);
+      }
+      bool any = false;
+      for (std::int64_t i = 0; i <= F; ++i) any = any || d[g][i] != 0;
+      if (!root || !any) continue;  // never stepped: no state
+      for (const auto& slot : slots_) {
+        if (slot.offset < sh.group_begin || slot.offset >= sh.group_end) continue;
+        auto st = std::make_unique<S>();
+        detail::set_state_step(*st, d[g][0]);
+        std::int64_t i = 0;
+        detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+          const at::Tensor& w = whole[std::size_t(i++)];
+          if (w.defined()) set(w.narrow(0, slot.offset - sh.group_begin, slot.numel).view(slot.param.sizes()).clone());
+        });
+        user_->state()[slot.param.unsafeGetTensorImpl()] = std::move(st);
+      }
+    }
+  }
 
   // Whether `o` has never stepped: no state, or only the state Adagrad's constructor makes (step 0).
   static bool unstepped(const torch::optim::Optimizer& o) {
@@ -242,11 +444,6 @@ class ShardedOptimizer {
   }
   [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
   [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
-  const Shard& shard_at(std::int64_t at) const {
-    for (const auto& s : shards_)
-      if (s.begin <= at && at < s.end) return s;
-    throw Error("accel::ShardedOptimizer: internal error: no shard holds element " + std::to_string(at));
-  }
   // Copies the slot's parameter into its slice of the flat buffer and makes the parameter an alias of that slice.
   void bind(const Slot& s) {
     flat_.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
@@ -273,10 +470,12 @@ class ShardedOptimizer {
   std::shared_ptr<torch::optim::Optimizer> user_;
   comm::Communicator* comm_ = nullptr;
   Factory make_;
+  std::function<void(int)> consolidate_;  // consolidate_as<the optimizer's state type> (empty: type unknown)
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::vector<Slot> slots_;
   std::vector<Shard> shards_;
-  at::Tensor flat_;
+  at::Tensor flat_, grads_;  // the parameters (N * P), this rank's partition of the gradients (P)
+  int stage_ = 1;
   std::int64_t total_ = 0, part_ = 0, begin_ = 0, end_ = 0;
 };
 

@@ -12,7 +12,11 @@ struct none { using slot = accel::slot::sharding; };
 //! only that partition, and all-gathers the updated parameters (optim/sharded.hpp). Gradients are still averaged
 //! whole, as in DDP. Needs several processes.
 struct optimizer { using slot = accel::slot::sharding; };
+//! ZeRO stage 2: stage 1, and each gradient is reduced during backward to the process that owns its partition
+//! (model/partition_reducer.hpp), so each process keeps only its partition's gradients after a synchronising
+//! backward (the parameters' own gradients are released). Needs several processes.
+struct gradients { using slot = accel::slot::sharding; };
 
-static_assert(PolicyOf<none, slot::sharding> && PolicyOf<optimizer, slot::sharding>);
+static_assert(PolicyOf<none, slot::sharding> && PolicyOf<optimizer, slot::sharding> && PolicyOf<gradients, slot::sharding>);
 
 }  // namespace accel::shard

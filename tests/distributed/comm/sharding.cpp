@@ -1,4 +1,4 @@
-// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced) on N real
+// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced, reduce_start) on N real
 // processes, small (the check's slots after the data) and large (a check collective first), value by value; and a
 // reduce-scatter against another collective, which every rank must name.
 #include "../harness.hpp"
@@ -45,6 +45,24 @@ void sharding_collectives(const Args&) {
     ok = true;
     for (int k = 0; k < N; ++k) ok = ok && same(inplace.narrow(0, k * n, n), at::full({n}, std::int64_t(k * 10 + 1), at::kLong));
     check(ok, "all_gather_into in place" + size);
+  }
+  // reduce_start (ZeRO stage 2's buckets): every root, overlapping (two in flight), with and without check room;
+  // the root ends with the sum, the room holds no payload.
+  for (const std::int64_t n : {std::int64_t(2), std::int64_t(7), std::int64_t(300000)}) {
+    std::vector<at::Tensor> buffers;
+    std::vector<accel::comm::Communicator::Pending> pending;
+    for (int root = 0; root < N; ++root) {
+      const std::int64_t room = comm->check_room(at::kFloat, n);
+      buffers.push_back(at::zeros({n + room}, at::kFloat));
+      buffers.back().narrow(0, 0, n).copy_(at::arange(n, at::kFloat) * float(r + 1) + float(root));
+      pending.push_back(comm->reduce_start(buffers.back(), n, root));
+    }
+    for (int root = 0; root < N; ++root) {
+      comm->finish(pending[std::size_t(root)]);
+      if (root != r) continue;
+      const at::Tensor want = at::arange(n, at::kFloat) * float(N * (N + 1) / 2) + float(N * root);
+      check(same(buffers[std::size_t(root)].narrow(0, 0, n), want), "reduce_start: the root holds the sum (" + std::to_string(n) + " elements)");
+    }
   }
   // broadcast_coalesced: several dtypes and shapes, one collective, from rank 0 and from the last rank.
   for (const int root : {0, N - 1}) {

@@ -1,0 +1,194 @@
+#pragma once
+//! \file
+//! `PartitionReducer`: ZeRO stage 2's gradient path (`shard::gradients`), what `DistributedModule` runs instead of
+//! its all-reduce buckets when the optimizer's state and gradients are partitioned (optim/sharded.hpp).
+//!
+//! - The optimizer lays its parameters out in one flat space of N * P elements; rank r owns [r * P, (r + 1) * P)
+//!   and holds that partition's gradient (`GradientPartition::own`), nothing more.
+//! - Each parameter's range of the flat space is cut at the partition boundaries into pieces; the pieces, taken
+//!   from the end of the flat space backwards (roughly the order backward produces them), form buckets of about
+//!   `bucket_bytes`, each with one owner.
+//! - When every piece of a bucket is ready (in bucket order: every rank issues the same collectives in the same
+//!   order), the pieces are copied into a bucket buffer, divided by N, and reduced (sum) to the owner, which adds
+//!   the result into its partition's gradient (so gradients accumulate as DDP's do until `zero_grad`). A
+//!   parameter's own gradient is released as soon as all its pieces are sent: after a synchronising backward no
+//!   rank holds more than its partition's gradients.
+//! - At most `kInFlight` buckets travel at once (the oldest is finished before another starts), so the transient
+//!   memory is a few buckets, not a second copy of the gradients.
+//! - A 16-bit comm hook sends the bucket in fp16/bf16 (cast, then divided by N, as PyTorch's compress hooks do) and
+//!   the owner adds it back in the partition's dtype.
+
+#include <accel/comm/communicator.hpp>
+#include <accel/error.hpp>
+
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+//! Where a module's gradients go under ZeRO stage 2 (built by `ShardedOptimizer::gradient_partition`).
+struct GradientPartition {
+  //! Each parameter's first element in the flat space (keyed by its TensorImpl).
+  std::vector<std::pair<const void*, std::int64_t>> offsets;
+  std::int64_t partition = 0;  //!< P: elements per rank
+  at::Tensor own;              //!< this rank's partition of the gradients (P elements, 1-d)
+
+  [[nodiscard]] const std::int64_t* offset_of(const at::Tensor& p) const {
+    for (const auto& [impl, at] : offsets)
+      if (impl == p.unsafeGetTensorImpl()) return &at;
+    return nullptr;
+  }
+};
+
+class PartitionReducer {
+ public:
+  static constexpr std::size_t kInFlight = 2;
+
+  //! `params`: the module's trainable parameters in `DistributedModule`'s order, with their names (for errors).
+  PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string, at::Tensor>>& params, GradientPartition layout,
+                   std::int64_t bucket_bytes, c10::ScalarType wire)
+      : comm_(comm), layout_(std::move(layout)), wire_(wire) {
+    const std::int64_t P = layout_.partition;
+    detail::require(P > 0 && layout_.own.defined() && layout_.own.numel() == P,
+                    "accel::PartitionReducer: the gradient partition is not laid out (build the sharded optimizer first)");
+    struct Cut {  // a parameter's elements [at, at + numel), at `flat` in the flat space
+      std::size_t param;
+      std::int64_t at, numel, flat;
+    };
+    std::vector<Cut> pieces;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const auto& [name, t] = params[k];
+      const std::int64_t* off = layout_.offset_of(t);
+      detail::require(off != nullptr, "accel::shard::gradients: parameter '" + name + "' of a prepared model is not in the sharded "
+                                      "optimizer that holds the model's other parameters, so its gradient has no owner; under "
+                                      "ZeRO stage 2 a model's trainable parameters belong to one optimizer (use parameter groups "
+                                      "for different options), or freeze it (requires_grad false)");
+      params_.push_back({t});
+      for (std::int64_t lo = *off, end = *off + t.numel(); lo < end;) {
+        const std::int64_t hi = std::min(end, (lo / P + 1) * P);
+        pieces.push_back({k, lo - *off, hi - lo, lo});
+        lo = hi;
+      }
+    }
+    std::sort(pieces.begin(), pieces.end(), [](const Cut& a, const Cut& b) { return a.flat > b.flat; });
+    const std::int64_t element = std::int64_t(layout_.own.element_size());
+    for (const auto& pc : pieces) {
+      const int owner = int(pc.flat / P);
+      if (buckets_.empty() || buckets_.back().owner != owner || (buckets_.back().numel + pc.numel) * element > bucket_bytes)
+        buckets_.push_back({{}, owner});
+      auto& b = buckets_.back();
+      b.pieces.push_back({pc.param, pc.at, pc.numel, pc.flat - std::int64_t(owner) * P, b.numel});
+      b.numel += pc.numel;
+      params_[pc.param].buckets.push_back(buckets_.size() - 1);
+    }
+    for (auto& p : params_) p.pieces = p.buckets.size();
+  }
+
+  [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
+  //! Bytes one synchronising backward sends (every piece once, in the wire type).
+  [[nodiscard]] std::int64_t gradient_bytes() const {
+    std::int64_t n = 0;
+    for (const auto& b : buckets_) n += b.numel;
+    return n * std::int64_t(c10::elementSize(wire_));
+  }
+
+  //! Parameter `k`'s gradient is complete: its buckets may go.
+  void ready(std::size_t k) {
+    for (auto b : params_[k].buckets) ++buckets_[b].ready;
+    launch_ready();
+  }
+  //! Sends every bucket not sent yet (parameters without a gradient contribute zeros) and waits for all:
+  //! the owners' partitions hold the sums.
+  void complete() {
+    try {
+      for (auto& b : buckets_) b.ready = b.pieces.size();
+      launch_ready();
+      while (!in_flight_.empty()) finish_oldest();
+    } catch (...) {
+      reset();
+      throw;
+    }
+    reset();
+  }
+  //! Forgets a backward that failed half-way (the buckets in flight are dropped).
+  void reset() {
+    for (auto& b : buckets_) b.ready = 0, b.buffer = at::Tensor(), b.pending = {};
+    for (auto& p : params_) p.pieces = p.buckets.size();
+    in_flight_.clear();
+    next_ = 0;
+  }
+
+ private:
+  struct Piece {
+    std::size_t param;
+    std::int64_t at, numel;  // elements [at, at + numel) of the parameter
+    std::int64_t own_at;     // where they go in the owner's partition
+    std::int64_t bucket_at;  // where they travel in the bucket
+  };
+  struct Bucket {
+    std::vector<Piece> pieces;
+    int owner = 0;
+    std::int64_t numel = 0;
+    std::size_t ready = 0;
+    at::Tensor buffer;  // while in flight: the pieces (wire type), then room for the collective check
+    comm::Communicator::Pending pending;
+  };
+  struct Param {
+    at::Tensor tensor;
+    std::vector<std::size_t> buckets;  // one per piece
+    std::size_t pieces = 0;            // pieces not sent yet in this backward
+  };
+
+  void launch_ready() {
+    while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].pieces.size()) {
+      if (in_flight_.size() >= kInFlight) finish_oldest();
+      launch(next_++);
+    }
+  }
+  void launch(std::size_t i) {
+    c10::AutoGradMode no_grad(false);
+    auto& b = buckets_[i];
+    const std::int64_t room = comm_->check_room(wire_, b.numel);
+    b.buffer = at::empty({b.numel + room}, layout_.own.options().dtype(wire_));
+    for (const auto& pc : b.pieces) {
+      auto& p = params_[pc.param];
+      at::Tensor dst = b.buffer.narrow(0, pc.bucket_at, pc.numel);
+      const at::Tensor& g = p.tensor.grad();
+      if (g.defined()) dst.copy_(g.reshape({-1}).narrow(0, pc.at, pc.numel));
+      else dst.zero_();
+      if (--p.pieces == 0) p.tensor.mutable_grad() = at::Tensor();  // sent whole: released
+    }
+    at::Tensor payload = b.buffer.narrow(0, 0, b.numel);
+    if (wire_ == layout_.own.scalar_type()) payload.mul_(1.0 / double(comm_->size()));  // as DDP's bucket
+    else payload.div_(comm_->size());                                                  // as the compress hooks
+    b.pending = comm_->reduce_start(b.buffer, b.numel, b.owner);
+    in_flight_.push_back(i);
+  }
+  void finish_oldest() {
+    auto& b = buckets_[in_flight_.front()];
+    in_flight_.pop_front();
+    comm_->finish(b.pending);
+    if (b.owner == comm_->rank()) {
+      c10::AutoGradMode no_grad(false);
+      for (const auto& pc : b.pieces) layout_.own.narrow(0, pc.own_at, pc.numel).add_(b.buffer.narrow(0, pc.bucket_at, pc.numel));
+    }
+    b.buffer = at::Tensor();
+  }
+
+  comm::Communicator* comm_;
+  GradientPartition layout_;
+  c10::ScalarType wire_;
+  std::vector<Bucket> buckets_;
+  std::vector<Param> params_;
+  std::deque<std::size_t> in_flight_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace accel
