@@ -2,7 +2,7 @@
 // value it receives. `accel_mp_tests MODE [ARGS...]`, the modes:
 //   collectives [SCRATCH]          comm/: gather, broadcast, reduce, padding, objects, splitting, main_process_first, RNG
 //   sharding-collectives           comm/: reduce_scatter, all_gather_into, broadcast_coalesced (small and large)
-//   zero SCRATCH                   optim/: ZeRO stage 1 equals DDP (5 optimizers), 1/N state, checkpoints, errors
+//   zero SCRATCH                   optim/: ZeRO stages 1 and 2 equal DDP (5 optimizers, scaler, comm hooks), 1/N state, consolidation, checkpoints, errors
 //   zero-bench [STEPS]             DDP and ZeRO stage 1 side by side: optimizer state bytes per rank, step time
 //   gather-for-metrics             comm/: gather_for_metrics with the plan's layouts (even and uneven tails)
 //   golden FILE [WORKERS]          data/: Accelerate's end-to-end vectors of this world size, sharded and dispatched

@@ -4,7 +4,7 @@
 // accumulation; parameters, momentum and learning rate stay equal on every rank; gather_for_metrics over an uneven
 // loader returns every real sample exactly once, as tensors and as objects; a trigger stops every rank together,
 // also when the rank that sets it runs a step the others lack; a rank with no batch at all is a clear error on
-// every rank.
+// every rank. The same training under ZeRO stage 2 equals Join too (momentum compared consolidated).
 #include "harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -30,6 +30,8 @@ namespace mp {
 namespace {
 
 struct Uneven : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::uneven> {};
+// ZeRO stage 2 under uneven tails: the rank out of batches sends zeros to each bucket's owner and steps its partition.
+struct UnevenZero2 : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::uneven, accel::shard::gradients> {};
 
 auto make_net() { return torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)); }
 
@@ -50,12 +52,14 @@ bool equal_on_every_rank(accel::comm::Communicator* comm, const at::Tensor& t) {
 
 // Trains `n` samples (batch B, no shuffling: rank r's j-th batch is global batch j*N + r) with accumulation `k`,
 // momentum SGD, a StepLR and clipping on synchronising steps, and compares with the reference.
+template <class Acc = Uneven>
 void train(int k, std::int64_t n, std::int64_t B) {
-  using Acc = Uneven;
   Acc acc{accel::Options{.gradient_accumulation_steps = k, .bucket_bytes = 200,
                          .comm = options(60000).comm}};
   const int N = acc.num_processes(), me = acc.process_index();
-  const std::string what = "N=" + std::to_string(N) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + ": ";
+  constexpr bool sharded = Acc::config::zero_stage > 0;
+  const std::string what = std::string(sharded ? "ZeRO stage 2, " : "") + "N=" + std::to_string(N) + " k=" + std::to_string(k) +
+                           " n=" + std::to_string(n) + ": ";
   at::manual_seed(11);
   const at::Tensor x = at::randn({n, 5}), y = at::randn({n, 2});
   auto net = make_net();
@@ -112,11 +116,26 @@ void train(int k, std::int64_t n, std::int64_t B) {
   check(close, what + "parameters equal Join's (the reference)");
   check(equal, what + "parameters equal on every rank");
   bool momenta = true;
-  for (const auto& p : net->parameters()) {
-    auto& state = static_cast<torch::optim::SGDParamState&>(*sgd->state().at(p.unsafeGetTensorImpl()));
-    momenta = momenta && equal_on_every_rank(acc.comm(), state.momentum_buffer());
+  if constexpr (sharded) {
+    // The partitions' momentum, consolidated on rank 0, equals the reference's.
+    opt.sharded()->consolidate(0);
+    if (me == 0) {
+      auto mine_p = net->parameters(), ref_p = reference->parameters();
+      for (std::size_t i = 0; i < mine_p.size(); ++i) {
+        auto& a = static_cast<torch::optim::SGDParamState&>(*sgd->state().at(mine_p[i].unsafeGetTensorImpl()));
+        auto& b = static_cast<torch::optim::SGDParamState&>(*ref_sgd.state().at(ref_p[i].unsafeGetTensorImpl()));
+        momenta = momenta && at::allclose(a.momentum_buffer(), b.momentum_buffer(), 1e-5, 1e-6);
+      }
+    }
+    opt.sharded()->release_consolidated();
+    check(momenta, what + "momentum (consolidated) equals Join's");
+  } else {
+    for (const auto& p : net->parameters()) {
+      auto& state = static_cast<torch::optim::SGDParamState&>(*sgd->state().at(p.unsafeGetTensorImpl()));
+      momenta = momenta && equal_on_every_rank(acc.comm(), state.momentum_buffer());
+    }
+    check(momenta, what + "momentum equal on every rank (the rank out of batches stepped too)");
   }
-  check(momenta, what + "momentum equal on every rank (the rank out of batches stepped too)");
   const double my_lr = sgd->param_groups()[0].options().get_lr();
   check(my_lr == ref_sgd.param_groups()[0].options().get_lr(), what + "learning rate follows the scheduler");
   check(equal_on_every_rank(acc.comm(), at::tensor({my_lr}, at::kDouble)), what + "learning rate equal on every rank");
@@ -250,6 +269,8 @@ void uneven(const Args&) {
   train(1, N == 2 ? 1000 : 1010, 16);
   train(3, N == 2 ? 1000 : 1010, 16);
   train(4, 7 * N + 1, 1);  // batch 1: rank 0 runs 8 steps, the others 7 (a sync only on the joined last step)
+  train<UnevenZero2>(3, N == 2 ? 1000 : 1010, 16);
+  train<UnevenZero2>(4, 7 * N + 1, 1);
   triggers(N == 2 ? 1000 : 1010, 16);
   evaluate_objects(N == 2 ? 1000 : 1010, 16);
   starved();

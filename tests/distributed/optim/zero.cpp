@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,41 @@ void exact(std::string name, Options o, const std::string& scratch) {
   }
 }
 
+// A GradScaler over ZeRO (on the CPU, where its kernels also run): stage 2 unscales and checks the partition's
+// gradients (`gradient_holder`), the inf/NaN finding is summed across ranks; an overflow on one rank at one step
+// makes every rank skip it, as under DDP; training and the scale then equal DDP's.
+template <class Zero>
+void scaled(const std::string& name) {
+  auto run = [&](auto& acc, auto& net, auto& opt, torch::optim::Optimizer& holder, auto step) {
+    accel::GradScaler scaler(c10::Device(c10::kCPU), acc.comm(), {.init_scale = 1024.0, .growth_interval = 2});
+    int skipped = 0;
+    for (int s = 0; s < 12; ++s) {
+      auto scope = acc.accumulate(net);
+      at::Tensor loss = torch::mse_loss(net(batch_x(s, acc.process_index())), batch_y(s, acc.process_index()));
+      if (s == 5 && acc.process_index() == acc.num_processes() - 1) loss = loss * std::numeric_limits<float>::infinity();
+      acc.backward(scaler.scale(loss));
+      if (!acc.sync_gradients()) continue;
+      scaler.unscale_(holder);
+      acc.clip_grad_norm_(net, 0.05);
+      skipped += scaler.step(holder, step) ? 0 : 1;
+      scaler.update();
+      opt.zero_grad();
+    }
+    return std::pair{skipped, scaler.get_scale()};
+  };
+  auto ddp_net = make_net(), zero_net = make_net();
+  Ddp ddp{zero_options()};
+  auto [dm, dopt] = ddp.prepare(ddp_net, std::make_shared<torch::optim::Adam>(ddp_net->parameters(), torch::optim::AdamOptions(0.01)));
+  const auto plain = run(ddp, dm, dopt, dopt.inner(), [&] { dopt.inner().step(); });
+  Zero zero{zero_options()};
+  auto [zm, zopt] = zero.prepare(zero_net, std::make_shared<torch::optim::Adam>(zero_net->parameters(), torch::optim::AdamOptions(0.01)));
+  const auto sharded = run(zero, zm, zopt, zopt.sharded()->gradient_holder(), [&] { zopt.sharded()->step(); });
+  check(plain.first == 1 && sharded.first == 1, name + ": the overflow on one rank skips that step on every rank");
+  check(plain.second == sharded.second, name + ": the scale follows DDP's (" + std::to_string(sharded.second) + ")");
+  const double diff = max_diff(ddp_net, zero_net);
+  check(diff < 1e-6, name + ": training with the scaler equals DDP's (max diff " + std::to_string(diff) + ")");
+}
+
 // Stage 2 with a 16-bit comm hook: the buckets travel in fp16/bf16 to their owners; training follows DDP with the
 // same hook (the sums' order may differ in 16 bits: within 1e-4 after 8 steps).
 void compressed(accel::CommHook hook, const std::string& name) {
@@ -214,6 +250,8 @@ void zero(const Args& args) {
   exact<Zero2, torch::optim::AdamW>("adamw", torch::optim::AdamWOptions(0.01).weight_decay(0.1), scratch);
   exact<Zero2, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true), scratch);
   exact<Zero2, torch::optim::Adagrad>("adagrad", torch::optim::AdagradOptions(0.1), scratch);
+  scaled<Zero1>("grad scaler, stage 1");
+  scaled<Zero2>("grad scaler, stage 2");
   compressed(accel::CommHook::fp16, "fp16 hook");
   compressed(accel::CommHook::bf16, "bf16 hook");
 
