@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots every ratio of build/bench/results.json against its goal: one horizontal bar per entry (accel / baseline,
-log scale; left of 1 is faster than the baseline), the goal marked where the entry has one. matplotlib from the
-pinned Python environment (scripts/requirements.lock).
+log scale; left of 1 is faster than the baseline, or smaller for an entry in bytes), the goal marked where the entry
+has one. matplotlib from the pinned Python environment (scripts/requirements.lock).
 
     plot.py results.json out.png
 """
@@ -30,7 +30,8 @@ def goal_of(entry):
 def main():
     results = [r for r in json.load(open(sys.argv[1])) if r.get("ratio", 0) > 0]
     results.sort(key=lambda r: r["name"])
-    labels = [f'{r["name"]}  (vs {r["baseline"]})' for r in results]
+    labels = [f'{r["name"]}  (vs {r["baseline"]})' + (f' [{r["unit"]}]' if r.get("unit", "seconds") != "seconds" else "")
+              for r in results]
     ratios = [r["ratio"] for r in results]
     fig, ax = plt.subplots(figsize=(12, 0.32 * len(results) + 1.5))
     colors = []
@@ -48,7 +49,8 @@ def main():
     ax.set_yticks(range(len(results)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("accel time / baseline time (log scale; black tick: goal; green: goal met, red: missed, grey: no goal)")
+    ax.set_xlabel("accel / baseline: time, or bytes for entries marked [bytes] (log scale; black tick: goal; green: goal met, "
+                  "red: missed, grey: no goal)")
     ax.set_title("accel side by side with its baselines (build/bench/results.json)")
     fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=110)

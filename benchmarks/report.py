@@ -2,6 +2,9 @@
 
 A benchmark named BM_<work>_accel is paired with BM_<work>_<baseline> from the same run; the entry's ratio
 is accel time / baseline time (median of the repetitions). Other fields: the counters of the accel side.
+Files holding a list are entries already in the results format (multi-process benchmarks), merged as they are.
+An entry measures seconds ("accel_seconds", "baseline_seconds") unless it names another unit: {"unit": "bytes"}
+entries carry "accel_bytes" and "baseline_bytes" instead, and their ratio is accel bytes / baseline bytes.
     python report.py BASELINE_LABELS_JSON results.json bench1.json [bench2.json ...]
 """
 import json
@@ -48,7 +51,12 @@ def main():
                     results.append(entry)
     json.dump(results, open(results_path, "w"), indent=2)
     for r in results:
-        print(f'{r["name"]:<32} accel {r["accel_seconds"]:.3e} s  {r["baseline"]:<28} {r["baseline_seconds"]:.3e} s  ratio {r["ratio"]:.3f}')
+        unit = r.get("unit", "seconds")
+        if unit == "seconds":
+            a, b, u = r["accel_seconds"], r["baseline_seconds"], "s"
+        else:
+            a, b, u = r[f"accel_{unit}"], r[f"baseline_{unit}"], {"bytes": "B"}.get(unit, unit)
+        print(f'{r["name"]:<32} accel {a:.3e} {u}  {r["baseline"]:<28} {b:.3e} {u}  ratio {r["ratio"]:.3f}')
 
 
 if __name__ == "__main__":
