@@ -56,7 +56,6 @@ inline std::string arg(const Args& a, std::size_t i, std::string otherwise) { re
 void collectives(const Args&);             // comm/collectives.cpp
 void sharding_collectives(const Args&);    // comm/sharding.cpp
 void zero(const Args&);                    // optim/zero.cpp
-void zero_bench(const Args&);              // optim/zero.cpp
 void gather_for_metrics(const Args&);      // comm/gather_for_metrics.cpp
 void golden_e2e(const Args&);              // data/golden_e2e.cpp
 void golden_e2e_stream(const Args&);       // data/golden_e2e.cpp

@@ -3,7 +3,6 @@
 //   collectives [SCRATCH]          comm/: gather, broadcast, reduce, padding, objects, splitting, main_process_first, RNG
 //   sharding-collectives           comm/: reduce_scatter, all_gather_into, broadcast_coalesced (small and large)
 //   zero SCRATCH                   optim/: ZeRO stages 1 and 2 equal DDP (5 optimizers, scaler, comm hooks), 1/N state, consolidation, checkpoints, errors
-//   zero-bench [STEPS]             DDP and ZeRO stage 1 side by side: optimizer state bytes per rank, step time
 //   gather-for-metrics             comm/: gather_for_metrics with the plan's layouts (even and uneven tails)
 //   golden FILE [WORKERS]          data/: Accelerate's end-to-end vectors of this world size, sharded and dispatched
 //   golden-stream FILE [WORKERS]   data/: the same with the data given as a stream (an iterable dataset)
@@ -58,7 +57,7 @@ int main(int argc, char** argv) {
       {"files", mp::files},                   {"helpers", mp::helpers},
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
       {"sharding-collectives", mp::sharding_collectives},
-      {"zero", mp::zero},                     {"zero-bench", mp::zero_bench}};
+      {"zero", mp::zero}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

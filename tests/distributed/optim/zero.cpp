@@ -20,8 +20,6 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -312,44 +310,6 @@ void zero(const Args& args) {
     in.load_from(file.string());
     expect_error("mismatched partitions", "mismatched partitions", [&] { b.load(in); });
   }
-}
-
-}  // namespace mp
-
-namespace mp {
-
-// Measured side by side in one run (not a test: `accel_mp_tests zero-bench [STEPS]` under accel-launch): AdamW on an
-// MLP of about 4.2 M parameters, DDP then ZeRO stage 1: optimizer state bytes per rank and the time of a step.
-void zero_bench(const Args& args) {
-  const int steps = std::stoi(arg(args, 0, "20"));
-  auto net_of = [] {
-    at::manual_seed(3);
-    return torch::nn::Sequential(torch::nn::Linear(1024, 2048), torch::nn::Tanh(), torch::nn::Linear(2048, 1024));
-  };
-  auto run = [&](auto& acc, const char* name) {
-    auto net = net_of();
-    auto [m, o] = acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4)));
-    tally.rank = acc.process_index();
-    const at::Tensor x = at::randn({32, 1024}), y = at::randn({32, 1024});
-    double seconds = 0;
-    for (int s = 0; s < steps + 2; ++s) {
-      acc.wait_for_everyone();
-      const auto t0 = std::chrono::steady_clock::now();
-      auto scope = acc.accumulate(m);
-      acc.backward(torch::mse_loss(m(x), y));
-      o.step();
-      o.zero_grad();
-      if (s >= 2) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    const std::int64_t bytes = o.sharded() ? o.sharded()->state_bytes() : accel::optimizer_state_bytes(o.inner());
-    std::printf("rank %d %-6s optimizer state %10lld bytes, step %.2f ms\n", acc.process_index(), name, (long long)bytes, 1000 * seconds / steps);
-    check(bytes > 0, "state measured");
-  };
-  accel::Options opt{.comm = options(60000).comm};
-  Ddp ddp{opt};
-  run(ddp, "ddp");
-  Zero1 zero{opt};
-  run(zero, "zero1");
 }
 
 }  // namespace mp
