@@ -811,8 +811,10 @@ class Accelerator {
       }
       checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
       if (sharded)
-        checkpointer_.add_partition({[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); },
-                                     [sharded](auto& a) { sharded->check(a); }});
+        checkpointer_.add_partition({{[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); },
+                                      [sharded](auto& a) { sharded->check(a); }},
+                                     [sharded](auto& parts) { sharded->check_resharded(parts); },
+                                     [sharded](auto& parts) { sharded->load_resharded(parts); }});
       optimizers_.push_back({p, wrapped.record(), sharded});
       return wrapped;
     } else if constexpr (kind == detail::Prepares::scheduler) {

@@ -51,6 +51,12 @@ class Checkpointer {
     std::function<void(torch::serialize::InputArchive&)> load;
     std::function<void(torch::serialize::InputArchive&)> check{};  //!< optional: refuses an archive before anything is restored
   };
+  //! A ZeRO partition (optim/sharded.hpp): this process's own archive, or at another number of processes every
+  //! saved process's archives, re-cut (`check_all` refuses them before anything is restored, `load_all` restores).
+  struct Partition {
+    Saveable own;
+    std::function<void(std::vector<torch::serialize::InputArchive>&)> check_all, load_all;
+  };
   //! A prepared loader's position; `mismatch` says what differs between a saved state's loader and this one ("" if
   //! nothing does).
   struct Loader {
@@ -70,7 +76,7 @@ class Checkpointer {
   void add_optimizer(Saveable s) { optimizers_.push_back(std::move(s)); }
   //! A state every process saves and loads its own part of (a ZeRO partition of optimizer `i`'s state), into
   //! `zero_<i>_rank<r>.pt`.
-  void add_partition(Saveable s) { partitions_.push_back(std::move(s)); }
+  void add_partition(Partition s) { partitions_.push_back(std::move(s)); }
   void add_scheduler(Saveable s) { schedulers_.push_back(std::move(s)); }
   void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
   void set_scaler(Saveable s) { scaler_ = std::move(s); }
@@ -99,7 +105,7 @@ class Checkpointer {
       if (scaler_) save_one(scaler_->save, tmp / scaler_file);
       for (std::size_t i = 0; i < custom_.size(); ++i) save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
     }
-    for (std::size_t i = 0; i < partitions_.size(); ++i) save_one(partitions_[i].save, tmp / partition_file(i, p.index));
+    for (std::size_t i = 0; i < partitions_.size(); ++i) save_one(partitions_[i].own.save, tmp / partition_file(i, p.index));
     {
       ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}, local_gradients};
       if (p.device.is_cuda()) record.rng_device = generator_bytes(at::globalContext().defaultGenerator(p.device));
@@ -173,15 +179,19 @@ class Checkpointer {
       customs.push_back(open(custom_file(i), custom_[i].on_device ? std::optional(p.device) : std::nullopt));
       restore_custom.push_back(read_custom(custom_[i], i, customs.back().archive, customs.back().path));
     }
-    // ZeRO partitions (optim/sharded.hpp): each process's own part of the optimizer state, cut for this many processes.
-    accel::detail::require(partitions_.empty() || !resized,
-                           "accel::load_state: " + dir.string() + " was saved by " + std::to_string(meta.num_processes) +
-                               " process(es) with a sharded optimizer state (shard::optimizer), whose partitions are cut per "
-                               "process; resume it with " + std::to_string(meta.num_processes) + " processes");
-    std::vector<Opened> partitions;
+    // ZeRO partitions (optim/sharded.hpp): each process's own part of the optimizer state; at another number of
+    // processes every saved part, re-cut for this many (each process reads them all).
+    std::vector<std::vector<Opened>> partitions(partitions_.size());
+    std::vector<std::vector<torch::serialize::InputArchive>> saved_parts(partitions_.size());
     for (std::size_t i = 0; i < partitions_.size(); ++i) {
-      partitions.push_back(open(partition_file(i, p.index), p.device));
-      if (partitions_[i].check) reading(partitions.back().path, [&] { partitions_[i].check(partitions.back().archive); });
+      const std::int64_t count = resized ? meta.num_processes : 1;
+      for (std::int64_t k = 0; k < count; ++k) partitions[i].push_back(open(partition_file(i, resized ? int(k) : p.index), p.device));
+      if (!resized) {
+        if (partitions_[i].own.check) reading(partitions[i][0].path, [&] { partitions_[i].own.check(partitions[i][0].archive); });
+        continue;
+      }
+      for (auto& o : partitions[i]) saved_parts[i].push_back(std::move(o.archive));
+      reading(partitions[i][0].path, [&] { partitions_[i].check_all(saved_parts[i]); });
     }
     // Rank 0's record: the loaders' global positions and the accumulation counter, for every process. This
     // process's own: its generators and gradients (a rank the saving job did not have takes rank 0's generators).
@@ -226,7 +236,11 @@ class Checkpointer {
     for (std::size_t i = 0; i < schedulers_.size(); ++i) reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
     if (scaler) reading(scaler->path, [&] { scaler_->load(scaler->archive); });
     // After the models: a partition puts the loaded parameters back into its flat buffer.
-    for (std::size_t i = 0; i < partitions_.size(); ++i) reading(partitions[i].path, [&] { partitions_[i].load(partitions[i].archive); });
+    for (std::size_t i = 0; i < partitions_.size(); ++i)
+      reading(partitions[i][0].path, [&] {
+        if (resized) partitions_[i].load_all(saved_parts[i]);
+        else partitions_[i].own.load(partitions[i][0].archive);
+      });
     for (auto& restore : restore_custom) restore();
     reading(proc.path, [&] {
       set_generator_bytes(at::detail::getDefaultCPUGenerator(), record.rng_cpu);
@@ -284,7 +298,8 @@ class Checkpointer {
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<Saveable> optimizers_, schedulers_, partitions_;
+  std::vector<Saveable> optimizers_, schedulers_;
+  std::vector<Partition> partitions_;
   std::vector<Loader> loaders_;
   std::optional<Saveable> scaler_;
   std::vector<Custom> custom_;

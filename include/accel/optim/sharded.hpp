@@ -36,6 +36,7 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -151,6 +152,7 @@ class ShardedOptimizer {
           return std::make_shared<O>(std::move(groups), static_cast<const typename ShardTraits<O>::Options&>(raw->defaults()));
         }, stage) {
     consolidate_ = [this](int to) { consolidate_as<typename ShardTraits<O>::State>(to); };
+    reshard_ = [this](std::vector<torch::serialize::InputArchive>& parts) { reshard_as<typename ShardTraits<O>::State>(parts); };
   }
   ShardedOptimizer(const ShardedOptimizer&) = delete;  // consolidate_ refers to this object
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
@@ -324,18 +326,34 @@ class ShardedOptimizer {
   }
   void release_consolidated() { user_->state().clear(); }
 
+  //! Restores this rank's partition from the partitions a job of another number of processes saved (`parts[k]`:
+  //! saved rank k's archive, every one of them): each state tensor is cut anew at this job's partition bounds.
+  //! `check_resharded` first (the archives are read, nothing is checked here).
+  void load_resharded(std::vector<torch::serialize::InputArchive>& parts) {
+    detail::require(bool(reshard_), "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
+                                    "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
+    reshard_(parts);
+    rebind();
+  }
+  //! Whether `parts` are every partition of one layout of this parameter space (an error naming the first that is
+  //! not); changes nothing.
+  void check_resharded(std::vector<torch::serialize::InputArchive>& parts) const {
+    detail::require(bool(reshard_), "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
+                                    "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const auto [stage, procs, r, total] = layout_of(parts[k]);
+      if ((stage != 1 && stage != 2) || procs != std::int64_t(parts.size()) || r != std::int64_t(k) || total != total_)
+        throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: partition file " + std::to_string(k) + " of " +
+                              std::to_string(parts.size()) + " holds rank " + std::to_string(r) + "'s partition of " + std::to_string(procs) +
+                              " processes over " + std::to_string(total) + " elements, this optimizer has " + std::to_string(total_) +
+                              "; resume with the same model and optimizer");
+    }
+  }
+
   //! Whether `a` holds a partition of this rank and layout (an error naming both if not); changes nothing, so
   //! `load_state` checks every partition before it restores anything.
   void check(torch::serialize::InputArchive& a) const {
-    auto read = [&](const char* key) {
-      c10::IValue v;
-      if (!a.try_read(key, v))
-        throw InvalidArgument(std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
-                                          "(no '") + key + "'); it was saved without accel::shard::optimizer: resume with the "
-                                          "configuration that saved it");
-      return v.toInt();
-    };
-    const auto stage = read("zero_stage"), procs = read("zero_processes"), r = read("zero_rank"), total = read("zero_total");
+    const auto [stage, procs, r, total] = layout_of(a);
     // Stages 1 and 2 keep the same partition of the state: either resumes the other.
     if ((stage != 1 && stage != 2) || procs != processes() || r != rank() || total != total_)
       throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " + std::to_string(r) + "'s partition of " +
@@ -357,11 +375,87 @@ class ShardedOptimizer {
     std::string name;
     std::int64_t offset = 0, numel = 0;
   };
+  // What a saved partition says of itself: its stage, number of processes, rank and elements of the flat space.
+  static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a) {
+    auto read = [&](const char* key) {
+      c10::IValue v;
+      if (!a.try_read(key, v))
+        throw InvalidArgument(std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
+                                          "(no '") + key + "'); it was saved without accel::shard::optimizer or shard::gradients: "
+                                          "resume with the configuration that saved it");
+      return v.toInt();
+    };
+    return {read("zero_stage"), read("zero_processes"), read("zero_rank"), read("zero_total")};
+  }
+
   struct Shard {
     at::Tensor tensor;  // this rank's part of the group, an alias of the flat buffer (undefined: none)
     std::int64_t begin = 0, end = 0;
     std::int64_t group_begin = 0, group_end = 0;  // the whole group's range of the flat space
   };
+
+  // load_resharded() for the state type `S`: each saved rank's partition is loaded into an optimizer of the user's
+  // type over that rank's shards (as it was saved), and the part of every state tensor that falls in this rank's
+  // new shard is copied there; the step count is the saved one.
+  template <class S>
+  void reshard_as(std::vector<torch::serialize::InputArchive>& parts) {
+    c10::AutoGradMode no_grad(false);
+    const std::int64_t n = std::int64_t(parts.size()), old_part = (total_ + n - 1) / n, G = std::int64_t(shards_.size());
+    std::int64_t F = 0;
+    {
+      S probe;
+      detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
+    }
+    std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(G), std::vector<at::Tensor>(static_cast<std::size_t>(F)));
+    std::vector<std::int64_t> steps(static_cast<std::size_t>(G), -1);  // -1: no saved state for the group's new shard
+    for (std::int64_t k = 0; k < n; ++k) {
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      std::vector<std::pair<std::int64_t, std::int64_t>> bounds;  // saved rank k's shard of each group
+      for (std::int64_t g = 0; g < G; ++g) {
+        const Shard& sh = shards_[std::size_t(g)];
+        const std::int64_t lo = std::max(sh.group_begin, k * old_part), hi = std::min(sh.group_end, (k + 1) * old_part);
+        bounds.emplace_back(lo, hi);
+        std::vector<at::Tensor> params;
+        if (lo < hi) params.push_back(at::zeros({hi - lo}, flat_.options()));
+        groups.emplace_back(std::move(params), user_->param_groups()[std::size_t(g)].options().clone());
+      }
+      auto saved = make_(std::move(groups));
+      torch::serialize::InputArchive inner;
+      parts[std::size_t(k)].read("partition", inner);
+      saved->load(inner);
+      for (std::int64_t g = 0; g < G; ++g) {
+        const Shard& sh = shards_[std::size_t(g)];
+        const auto [lo, hi] = bounds[std::size_t(g)];
+        const std::int64_t a = std::max(lo, sh.begin), b = std::min(hi, sh.end);
+        if (a >= b) continue;  // nothing of saved rank k's shard is in this rank's new one
+        const auto& t = saved->param_groups()[std::size_t(g)].params().front();
+        const auto it = saved->state().find(t.unsafeGetTensorImpl());
+        if (it == saved->state().end()) continue;
+        auto& st = static_cast<S&>(*it->second);
+        steps[std::size_t(g)] = std::max(steps[std::size_t(g)], detail::state_step(st));
+        std::int64_t i = 0;
+        detail::state_tensors(st, [&](const at::Tensor& v, auto&&) {
+          auto& f = fields[std::size_t(g)][std::size_t(i++)];
+          if (!v.defined()) return;
+          if (!f.defined()) f = at::zeros({sh.end - sh.begin}, v.options());
+          f.narrow(0, a - sh.begin, b - a).copy_(v.reshape({-1}).narrow(0, a - lo, b - a));
+        });
+      }
+    }
+    inner_->state().clear();
+    for (std::int64_t g = 0; g < G; ++g) {
+      const Shard& sh = shards_[std::size_t(g)];
+      if (!sh.tensor.defined() || steps[std::size_t(g)] < 0) continue;
+      auto st = std::make_unique<S>();
+      detail::set_state_step(*st, steps[std::size_t(g)]);
+      std::int64_t i = 0;
+      detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+        const at::Tensor& f = fields[std::size_t(g)][std::size_t(i++)];
+        if (f.defined()) set(f);
+      });
+      inner_->state()[sh.tensor.unsafeGetTensorImpl()] = std::move(st);
+    }
+  }
 
   // consolidate() for the state type `S` of the optimizer: which state tensors exist and the step count, agreed
   // (max) across ranks per group; each existing tensor reduced whole to `to` (every rank contributes its part,
@@ -471,6 +565,7 @@ class ShardedOptimizer {
   comm::Communicator* comm_ = nullptr;
   Factory make_;
   std::function<void(int)> consolidate_;  // consolidate_as<the optimizer's state type> (empty: type unknown)
+  std::function<void(std::vector<torch::serialize::InputArchive>&)> reshard_;  // reshard_as<the state type>
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::vector<Slot> slots_;
   std::vector<Shard> shards_;

@@ -11,6 +11,7 @@
 //                                   trained on the same global batches (computed here from the plans)
 //   ... window                      with 2-step gradient accumulation (a checkpoint inside a window: resize.sh
 //                                   expects the resume at another size to be refused)
+//   ... zero                        under ZeRO stage 2: every saved partition of the momentum, re-cut at this size
 #include "../harness.hpp"
 #include "../../support/samples.hpp"
 
@@ -177,10 +178,13 @@ void resize_loaders(const Args& args) {
 // Training: a linear model, SGD with momentum, no shuffling; the reference is one process on the global batches of
 // both runs (the padding of an even tail included, as the ranks train on it).
 struct ResizeTrainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_process> {};
+// The same under ZeRO stage 2: the partitions of the optimizer state are re-cut for the new number of processes.
+struct ResizeZeroTrainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::gradients> {};
 
-void resize_training(const Args& args) {
+template <class Trainer>
+void resize_training_with(const Args& args) {
   const bool window = arg(args, 3, "") == "window";
-  ResizeTrainer acc{accel::Options{.seed = 3, .gradient_accumulation_steps = window ? 2 : 1,
+  Trainer acc{accel::Options{.seed = 3, .gradient_accumulation_steps = window ? 2 : 1,
                                    .comm = options(60000).comm}};
   tally.rank = acc.process_index();
   const bool save = arg(args, 0, "") == "save";
@@ -257,10 +261,18 @@ void resize_training(const Args& args) {
   train_steps(M, 0, INT64_MAX);         // epoch 2
   double worst = 0;
   auto a = net->parameters(), r = reference->parameters();
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - r[i]).abs().max().item<double>());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const at::Tensor d = (a[i] - r[i]).abs().max();
+    worst = std::max(worst, d.item<double>());
+  }
   check(worst < 1e-6, "resumed " + std::to_string(N) + " -> " + std::to_string(M) +
                           " processes: the parameters of one process trained on the same global batches (max diff " + std::to_string(worst) + ")");
   acc.print("training resumed ", N, " -> ", M, " processes: max parameter difference to one process ", worst);
+}
+
+void resize_training(const Args& args) {
+  if (arg(args, 3, "") == "zero") resize_training_with<ResizeZeroTrainer>(args);
+  else resize_training_with<ResizeTrainer>(args);
 }
 
 }  // namespace mp
