@@ -27,7 +27,6 @@
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
@@ -222,18 +221,7 @@ class DistributedModule {
     auto& s = *state_;
     if (!s.buffers_due || !broadcasts_buffers()) return false;
     torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> bytes;
-    for (const auto& b : s.buffers) bytes.push_back(b.contiguous().reshape({-1}).view(at::kByte));
-    at::Tensor packed = at::cat(bytes);
-    s.comm->broadcast(packed, 0);
-    if (s.comm->rank() != 0) {
-      std::int64_t at = 0;
-      for (auto& b : s.buffers) {
-        const std::int64_t n = b.numel() * std::int64_t(b.element_size());
-        b.view({-1}).view(at::kByte).copy_(packed.narrow(0, at, n));
-        at += n;
-      }
-    }
+    s.comm->broadcast_coalesced(s.buffers, 0);  // their bytes, packed into one broadcast
     return true;
   }
   //! Whether forwards may broadcast buffers at all (the option, buffers to send, several processes).

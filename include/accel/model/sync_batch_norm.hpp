@@ -26,6 +26,7 @@
 #include <accel/model/distributed_module.hpp>
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/cloneable.h>
@@ -151,14 +152,13 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
         local.narrow(0, 1, C).copy_(m);
         local.narrow(0, 1 + C, C).copy_((xd - m.view(detail::SyncBatchNormFunction::shape(x))).pow(2).sum(d));
       }
-      const auto all = comm_->all_gather(local);
-      std::vector<double> counts;  // every rank's, read once (each read waits for the device)
-      double total = 0;
-      for (const auto& r : all) counts.push_back(r[0].item<double>()), total += counts.back();
+      // Merged on the device (Chan): one read of the total count is the only wait for it.
+      const at::Tensor all = at::stack(comm_->all_gather(local));  // [ranks, 1 + 2C]
+      const at::Tensor counts = all.select(1, 0).unsqueeze(1), means = all.narrow(1, 1, C), m2s = all.narrow(1, 1 + C, C);
+      const double total = counts.sum().item<double>();
       detail::require(total > 0, "accel::SyncBatchNorm: no rank has a sample in this batch");
-      at::Tensor total_mean = at::zeros({C}, local.options()), m2 = at::zeros({C}, local.options());
-      for (std::size_t r = 0; r < all.size(); ++r) total_mean += all[r].narrow(0, 1, C) * (counts[r] / total);
-      for (std::size_t r = 0; r < all.size(); ++r) m2 += all[r].narrow(0, 1 + C, C) + (all[r].narrow(0, 1, C) - total_mean).pow(2) * counts[r];
+      const at::Tensor total_mean = (means * (counts / total)).sum(0);
+      const at::Tensor m2 = (m2s + (means - total_mean).pow(2) * counts).sum(0);
       count = std::int64_t(total);
       mean = total_mean.to(x.scalar_type());
       var = (m2 / total).to(x.scalar_type());

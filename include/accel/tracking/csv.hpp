@@ -5,7 +5,8 @@
 //! header and the file is rewritten whole (through a temporary file renamed over it, so it is never half
 //! written), earlier rows getting an empty cell in it. A name a call leaves out is an empty cell too. Fields with
 //! a comma, a quote or a line break are quoted (RFC 4180); numbers are written in their shortest exact form.
-//! Continuing a run (a resumed job) reads the existing file back and appends to it.
+//! Continuing a run (a resumed job) reads the existing file back and appends to it. Between widenings the writer
+//! holds the file open for appending and no rows in memory (a widening reads them back from the file).
 
 #include <accel/core/files.hpp>
 #include <accel/error.hpp>
@@ -27,8 +28,9 @@ class CsvWriter final : public Writer {
 
   //! `continuing`: a resumed job's writer, which keeps the rows already in the file (if any).
   explicit CsvWriter(const std::filesystem::path& run_dir, bool continuing = false) : path_(run_dir / file_name) {
-    if (continuing && std::filesystem::exists(path_)) read_back();
-    rewrite();
+    std::vector<std::vector<std::string>> rows;
+    if (continuing && std::filesystem::exists(path_)) rows = read_back(/*header=*/true);
+    rewrite(rows);
   }
   //! The configuration is not a table row: `Trackers` writes it to config.json.
   void store_config(const Values&) override {}
@@ -43,12 +45,15 @@ class CsvWriter final : public Writer {
     std::vector<std::string> row(columns_.size() + 1);
     row[0] = std::to_string(step);
     for (const auto& [k, v] : values) row[column_.at(k) + 1] = cell(v);
-    rows_.push_back(std::move(row));
-    if (widened) return rewrite();
-    std::ofstream out(path_, std::ios::app);
-    out << line(rows_.back());
-    out.close();
-    if (!out) throw Error("accel: tracking: could not append to " + path_.string());
+    if (widened) {  // the rows so far, from the file, under the wider header
+      out_.close();
+      auto rows = read_back(/*header=*/false);
+      rows.push_back(std::move(row));
+      return rewrite(rows);
+    }
+    out_ << line(row);
+    out_.flush();
+    if (!out_) throw Error("accel: tracking: could not append to " + path_.string());
   }
   void finish() override {}
 
@@ -65,8 +70,8 @@ class CsvWriter final : public Writer {
     for (std::size_t i = 0; i <= columns_.size(); ++i) s += (i ? "," : "") + (i < row.size() ? row[i] : std::string());
     return s + "\n";
   }
-  // The existing file's columns and rows (fields kept as written; only the header's names are unquoted).
-  void read_back() {
+  // The existing file's rows (fields kept as written) and, with `header`, its columns (names unquoted).
+  std::vector<std::vector<std::string>> read_back(bool header) {
     const auto bytes = read_file(path_, std::filesystem::file_size(path_));
     const std::string all(bytes.begin(), bytes.end());
     std::vector<std::vector<std::string>> records(1);
@@ -93,7 +98,7 @@ class CsvWriter final : public Writer {
     if (records.empty() || records.front().empty() || records.front().front() != "step")
       throw Error("accel: tracking: " + path_.string() + " is not a metrics table of accel (its header does not start with "
                   "\"step\"); move it away, or log into another project");
-    for (std::size_t c = 1; c < records.front().size(); ++c) {
+    for (std::size_t c = 1; header && c < records.front().size(); ++c) {
       std::string name = records.front()[c];
       if (name.size() >= 2 && name.front() == '"') {  // "a ""b""" -> a "b"
         std::string plain;
@@ -103,20 +108,23 @@ class CsvWriter final : public Writer {
       column_.emplace(name, columns_.size());
       columns_.push_back(name);
     }
-    rows_.assign(records.begin() + 1, records.end());
+    return {records.begin() + 1, records.end()};
   }
-  void rewrite() {
+  // The whole file (header and `rows`), through a temporary renamed over it; then open for appending.
+  void rewrite(const std::vector<std::vector<std::string>>& rows) {
     std::vector<std::string> header{"step"};
     for (const auto& c : columns_) header.push_back(quoted(c));
     std::string all = line(header);
-    for (const auto& r : rows_) all += line(r);
+    for (const auto& r : rows) all += line(r);
     write_file_atomically(path_, all);
+    out_.open(path_, std::ios::app);
+    if (!out_) throw Error("accel: tracking: could not open " + path_.string() + " for appending");
   }
 
   std::filesystem::path path_;
   std::vector<std::string> columns_;           // the value columns, in the order they appeared
   std::map<std::string, std::size_t> column_;  // name -> index in columns_
-  std::vector<std::vector<std::string>> rows_;  // every row so far, for a rewrite when a column is added
+  std::ofstream out_;                          // the file, open for appending
 };
 
 }  // namespace accel::tracking
