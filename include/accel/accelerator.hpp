@@ -780,7 +780,14 @@ class Accelerator {
     if constexpr (kind == detail::Prepares::model) {
       auto module = module_of(x);
       if constexpr (config::device_placement) module->to(device());
-      set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
+      const std::size_t collective = set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
+      // A rank out of batches under uneven tails repeats the others' gradient collectives, not a forward's batch
+      // statistics (PyTorch's join does not support SyncBatchNorm either): refused here rather than hung later.
+      if constexpr (!config::even_batches && !one_process)
+        detail::require(collective == 0 || num_processes() == 1,
+                        "accel::Accelerator::prepare: the model holds " + std::to_string(collective) + " SyncBatchNorm (or other "
+                        "module that communicates in its forward); under accel::tail::uneven a rank out of batches cannot "
+                        "take part in the others' batch statistics: use accel::tail::even (the default), or BatchNorm");
       checkpointer_.add_model(module);
       if constexpr (one_process) {
         return U(std::forward<T>(x));

@@ -66,10 +66,12 @@ struct CollectiveModule {
   virtual ~CollectiveModule() = default;
   virtual void set_communicator(comm::Communicator* c) noexcept = 0;
 };
-//! Hands `c` to every `CollectiveModule` in `m` (itself included).
-inline void set_communicators(torch::nn::Module& m, comm::Communicator* c) {
+//! Hands `c` to every `CollectiveModule` in `m` (itself included); returns how many there are.
+inline std::size_t set_communicators(torch::nn::Module& m, comm::Communicator* c) {
+  std::size_t n = 0;
   for (const auto& sub : m.modules(/*include_self=*/true))
-    if (auto* x = dynamic_cast<CollectiveModule*>(sub.get())) x->set_communicator(c);
+    if (auto* x = dynamic_cast<CollectiveModule*>(sub.get())) x->set_communicator(c), ++n;
+  return n;
 }
 
 //! RAII: while it lives, the gradients of the modules it holds stay local (no all-reduce in backward); on exit

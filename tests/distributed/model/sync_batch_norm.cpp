@@ -92,6 +92,17 @@ void sync_batch_norm(const Args&) {
   auto& bn = *converted->ptr(1)->as<accel::SyncBatchNormImpl>();
   const auto means = acc.comm()->all_gather(bn.running_mean.contiguous());
   check(at::equal(means[0], means[std::size_t(N - 1)]), "prepared: the running statistics are global, equal on every rank");
+  // Under uneven tails a SyncBatchNorm is refused at prepare (a rank out of batches could not join its statistics).
+  struct Uneven : accel::Accelerator<accel::dist::from_env, accel::tail::uneven> {};
+  std::string refused;
+  try {
+    Uneven uneven;
+    auto again = uneven.prepare(converted);
+  } catch (const accel::InvalidArgument& e) {
+    refused = e.what();
+  }
+  check(refused.find("under accel::tail::uneven a rank out of batches cannot take part") != std::string::npos,
+        "a SyncBatchNorm under tail::uneven is refused at prepare, with the fix: " + refused);
   std::string error;
   try {
     (void)accel::convert_sync_batchnorm(std::make_shared<Own>());
