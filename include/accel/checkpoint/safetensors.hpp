@@ -158,7 +158,19 @@ struct Header {
 // safetensors' own limit on the header (MAX_HEADER_SIZE): a larger length is a damaged file, not a big model.
 inline constexpr std::uint64_t max_header_size = 100'000'000;
 
-inline Header read_header(const std::filesystem::path& path, std::ifstream& in) {
+// Note [JSON at the call site]: every function that touches nlohmann-json is a template whose JSON types depend
+// on its (defaulted, never named) template parameter, so that only a translation unit that calls one of them
+// compiles nlohmann's parser and writer. As inline functions they cost every translation unit that includes this
+// header about 2 s of g++'s time (benchmarks/README.md, "Compile time"). The parameter is never given.
+template <class>
+struct Json {
+  using type = nlohmann::json;
+  using ordered = nlohmann::ordered_json;
+};
+
+template <class Deferred = void>
+Header read_header(const std::filesystem::path& path, std::ifstream& in) {
+  using json = typename Json<Deferred>::type;
   std::error_code ec;
   const auto file_size = std::filesystem::file_size(path, ec);
   if (ec) fail(path, "cannot be read (" + ec.message() + ")");
@@ -180,10 +192,10 @@ inline Header read_header(const std::filesystem::path& path, std::ifstream& in) 
   in.read(text.data(), std::streamsize(n));
   if (std::uint64_t(in.gcount()) != n) fail(path, "truncated while reading the header");
   if (text.empty() || text.front() != '{') fail(path, "the header does not start with '{' (not a safetensors file)");
-  nlohmann::json j;
+  json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = json::parse(text);
+  } catch (const typename json::parse_error& e) {
     fail(path, std::string("the header is not JSON: ") + e.what());
   }
   if (!j.is_object()) fail(path, "the header is not a JSON object");
@@ -196,7 +208,7 @@ inline Header read_header(const std::filesystem::path& path, std::ifstream& in) 
       if (!v.is_object()) fail(path, "__metadata__ is not an object of strings");
       for (const auto& [k, s] : v.items()) {
         if (!s.is_string()) fail(path, "__metadata__[\"" + k + "\"] is not a string");
-        h.metadata[k] = s.get<std::string>();
+        h.metadata[k] = s.template get<std::string>();
       }
       continue;
     }
@@ -205,15 +217,15 @@ inline Header read_header(const std::filesystem::path& path, std::ifstream& in) 
       fail(path, where + ": expected an object with dtype, shape and data_offsets");
     Entry e{name};
     if (!v["dtype"].is_string()) fail(path, where + ": dtype is not a string");
-    e.dtype = dtype_named(v["dtype"].get<std::string>());
-    if (!e.dtype) fail(path, where + ": unknown dtype '" + v["dtype"].get<std::string>() + "'");
+    e.dtype = dtype_named(v["dtype"].template get<std::string>());
+    if (!e.dtype) fail(path, where + ": unknown dtype '" + v["dtype"].template get<std::string>() + "'");
     if (!v["shape"].is_array()) fail(path, where + ": shape is not an array");
     // The tensor's byte count; a count past 64 bits is a damaged header, not a tensor.
     std::uint64_t bytes = e.dtype->size;
     bool too_big = false;
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) fail(path, where + ": shape holds " + d.dump() + ", not a non-negative integer");
-      const std::uint64_t x = d.get<std::uint64_t>();
+      const std::uint64_t x = d.template get<std::uint64_t>();
       if (x > std::uint64_t(INT64_MAX)) fail(path, where + ": dimension " + d.dump() + " is out of range");
       e.shape.push_back(std::int64_t(x));
       if (x != 0 && bytes > UINT64_MAX / x) too_big = true;
@@ -222,8 +234,8 @@ inline Header read_header(const std::filesystem::path& path, std::ifstream& in) 
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       fail(path, where + ": data_offsets is not a pair of non-negative integers");
-    e.begin = off[0].get<std::uint64_t>();
-    e.end = off[1].get<std::uint64_t>();
+    e.begin = off[0].template get<std::uint64_t>();
+    e.end = off[1].template get<std::uint64_t>();
     const std::string span = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
     if (e.begin > e.end) fail(path, where + ": data_offsets " + span + " end before they begin");
     if (e.end > data_size)
@@ -270,26 +282,32 @@ inline at::Tensor read_entry(const std::filesystem::path& path, std::ifstream& i
 
 }  // namespace safetensors_detail
 
+// The public functions below are templates for Note [JSON at the call site]; they are called as functions.
+
 //! Every tensor of a safetensors file, by name, on the CPU.
-inline TensorMap read_safetensors(const std::filesystem::path& path) {
+template <class Deferred = void>
+TensorMap read_safetensors(const std::filesystem::path& path) {
   std::ifstream in;
-  const auto h = safetensors_detail::read_header(path, in);
+  const auto h = safetensors_detail::read_header<Deferred>(path, in);
   TensorMap out;
   for (const auto& e : h.entries) out.emplace(e.name, safetensors_detail::read_entry(path, in, h, e));
   return out;
 }
 
 //! The `__metadata__` of a safetensors file (empty when it has none).
-inline Metadata read_safetensors_metadata(const std::filesystem::path& path) {
+template <class Deferred = void>
+Metadata read_safetensors_metadata(const std::filesystem::path& path) {
   std::ifstream in;
-  return safetensors_detail::read_header(path, in).metadata;
+  return safetensors_detail::read_header<Deferred>(path, in).metadata;
 }
 
 //! Writes `tensors` (any device, any layout: they are copied to contiguous CPU memory) as one safetensors file,
 //! byte for byte what `safetensors.torch.save_file(tensors, path, metadata)` writes. An empty `metadata` writes
 //! no `__metadata__`.
-inline void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
-                              const Metadata& metadata = {{"format", "pt"}}) {
+template <class Deferred = void>
+void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
+                       const Metadata& metadata = {{"format", "pt"}}) {
+  using ordered_json = typename safetensors_detail::Json<Deferred>::ordered;
   struct Item {
     const std::string* name;
     const safetensors_detail::Dtype* dtype;
@@ -308,7 +326,7 @@ inline void write_safetensors(const std::filesystem::path& path, const TensorMap
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return a.dtype->rank != b.dtype->rank ? a.dtype->rank > b.dtype->rank : *a.name < *b.name;
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  ordered_json header = ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto& it : items) {
@@ -421,8 +439,10 @@ inline bool is_shard_name(const std::string& f) {
 // [accelerate:accelerator.py Accelerator.save_model]
 //! Writes `model`'s parameters and buffers into `dir` (created if needed): `model.safetensors`, or shards and
 //! their index above `max_shard_size`. Returns the plan it wrote.
-inline ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
-                            const SaveModelOptions& options = {}) {
+template <class Deferred = void>
+ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
+                     const SaveModelOptions& options = {}) {
+  using json = typename safetensors_detail::Json<Deferred>::type;
   const std::string where = "accel::save_model: " + dir.string() + ": ";
   accel::detail::require(options.max_shard_size > 0, where + "max_shard_size must be positive");
   if (std::filesystem::is_regular_file(dir)) throw InvalidArgument(where + "is a file; save_model writes a directory");
@@ -440,18 +460,18 @@ inline ShardPlan save_model(const torch::nn::Module& model, const std::filesyste
   }
   std::unordered_map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : state) by_name.emplace(name, &t);
-  nlohmann::json weight_map = nlohmann::json::object();
+  json weight_map = json::object();
   for (const auto& [file, names] : plan.files) {
     TensorMap shard;
     for (const auto& n : names) {
       shard.emplace(n, *by_name.at(n));
       weight_map[n] = file;
     }
-    write_safetensors(dir / file, shard, options.metadata);
+    write_safetensors<Deferred>(dir / file, shard, options.metadata);
   }
   if (plan.sharded()) {
     // json.dumps(index, indent=2, sort_keys=True) + "\n", as Accelerate writes it.
-    const nlohmann::json index{{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", weight_map}};
+    const json index{{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", weight_map}};
     std::ofstream out(dir / safe_weights_index_name, std::ios::trunc);
     out << index.dump(2, ' ', /*ensure_ascii=*/true) << "\n";
     out.close();
@@ -469,8 +489,10 @@ struct LoadModelOptions {
 // [accelerate:utils/modeling.py load_checkpoint_in_model]
 //! Fills `model`'s parameters and buffers by name from `path`: a directory holding `model.safetensors.index.json`
 //! (a sharded checkpoint) or `model.safetensors`, an index file, or one safetensors file.
-inline void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {}) {
+template <class Deferred = void>
+void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {}) {
   namespace fs = std::filesystem;
+  using json = typename safetensors_detail::Json<Deferred>::type;
   const std::string who = "accel::load_model: ";
   // name -> file, from the index, or every name of the one file.
   std::vector<fs::path> files;
@@ -491,10 +513,10 @@ inline void load_model(torch::nn::Module& model, const std::filesystem::path& pa
   }
   if (!index.empty()) {
     std::ifstream in(index);
-    nlohmann::json j;
+    json j;
     try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
+      j = json::parse(in);
+    } catch (const typename json::parse_error& e) {
       safetensors_detail::fail(index, std::string("the index is not JSON: ") + e.what());
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -502,7 +524,7 @@ inline void load_model(torch::nn::Module& model, const std::filesystem::path& pa
     std::set<std::string> seen;
     for (const auto& [name, f] : j["weight_map"].items()) {
       if (!f.is_string()) safetensors_detail::fail(index, "weight_map[\"" + name + "\"] is not a file name");
-      const auto file = index.parent_path() / f.get<std::string>();
+      const auto file = index.parent_path() / f.template get<std::string>();
       indexed.emplace(name, file);
       if (seen.insert(file.string()).second) files.push_back(file);
     }
@@ -518,7 +540,7 @@ inline void load_model(torch::nn::Module& model, const std::filesystem::path& pa
   for (std::size_t i = 0; i < files.size(); ++i) {
     if (!fs::exists(files[i])) safetensors_detail::fail(files[i], "is missing (named by " + index.string() + ")");
     std::ifstream in;
-    headers[i] = safetensors_detail::read_header(files[i], in);
+    headers[i] = safetensors_detail::read_header<Deferred>(files[i], in);
     for (const auto& e : headers[i].entries)
       if (!found.emplace(e.name, Found{i, &e}).second)
         safetensors_detail::fail(files[i], "tensor '" + e.name + "' is also in " + files[found.at(e.name).file].string());
