@@ -58,8 +58,10 @@ class TensorCounter final : public c10::Allocator {
 //! Routes every later CPU tensor allocation of the process through `TensorCounter` (once, before tensors are built;
 //! tensors allocated before keep their own deleter and are not counted).
 inline void count_tensor_bytes() {
-  static TensorCounter counter;
-  c10::SetCPUAllocator(&counter, /*priority=*/std::numeric_limits<std::uint8_t>::max());
+  // Never destroyed: LibTorch keeps calling the allocator it was given until the process has ended (tensors made
+  // while static objects are destroyed), and a destroyed one crashes the exit.
+  static auto* counter = new TensorCounter;
+  c10::SetCPUAllocator(counter, /*priority=*/std::numeric_limits<std::uint8_t>::max());
 }
 }  // namespace accel_bench
 
