@@ -17,14 +17,19 @@
 //!   memory is a few buckets, not a second copy of the gradients.
 //! - A 16-bit comm hook sends the bucket in fp16/bf16 (cast, then divided by N, as PyTorch's compress hooks do) and
 //!   the owner adds it back in the partition's dtype.
+//! - `clip_partitioned_norm`: clipping by the global norm of gradients that live in partitions.
 
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -190,5 +195,34 @@ class PartitionReducer {
   std::deque<std::size_t> in_flight_;
   std::size_t next_ = 0;
 };
+
+// [torch:nn/utils/clip_grad.py clip_grad_norm_]
+//! `clip_grad_norm_` over gradients of which this rank holds `parts` (ZeRO stage 2: its partition's pieces; the
+//! other ranks hold the rest) and `whole` ones (the same on every rank): the total `norm_type`-norm of all of them
+//! (one all-reduce, on every rank), every gradient scaled by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
+//! Returns the norm before clipping.
+inline double clip_partitioned_norm(comm::Communicator* comm, std::vector<at::Tensor>& parts, std::vector<at::Tensor>& whole,
+                                    double max_norm, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  const auto where = comm ? comm->device() : c10::Device(c10::kCPU);
+  auto local = [&](const std::vector<at::Tensor>& gs) {  // sum of |g|^p (max |g| for inf), in double
+    if (gs.empty()) return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(where));
+    std::vector<at::Tensor> norms;
+    for (const auto& g : gs) norms.push_back(at::linalg_vector_norm(g, norm_type).to(where, at::kDouble).reshape({1}));
+    const at::Tensor n = at::cat(norms);
+    return inf ? n.max().reshape({1}) : n.pow(norm_type).sum().reshape({1});
+  };
+  at::Tensor shared = local(parts);
+  if (comm && comm->size() > 1) comm->all_reduce(shared, inf ? comm::ReduceOp::max : comm::ReduceOp::sum);
+  const at::Tensor mine = local(whole);
+  const double total = inf ? std::max(shared.item<double>(), mine.item<double>())
+                           : std::pow(shared.item<double>() + mine.item<double>(), 1.0 / norm_type);
+  const double coef = std::min(1.0, max_norm / (total + 1e-6));
+  if (coef < 1.0) {
+    for (auto& g : parts) g.mul_(coef);
+    for (auto& g : whole) g.mul_(coef);
+  }
+  return total;
+}
 
 }  // namespace accel

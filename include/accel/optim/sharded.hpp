@@ -21,10 +21,9 @@
 #include <accel/comm/communicator.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
+#include <accel/optim/shard_traits.hpp>
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <torch/optim/adagrad.h>
@@ -37,7 +36,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,97 +45,6 @@
 #include <vector>
 
 namespace accel {
-
-//! Whether ZeRO may shard optimizer `O` (its state is per parameter, its update elementwise) and the type of its
-//! options. Specialise it for an optimizer of your own that qualifies.
-template <class O>
-struct ShardTraits {
-  static constexpr bool per_parameter = false;
-};
-template <> struct ShardTraits<torch::optim::SGD> { static constexpr bool per_parameter = true; using Options = torch::optim::SGDOptions; using State = torch::optim::SGDParamState; };
-template <> struct ShardTraits<torch::optim::Adam> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamOptions; using State = torch::optim::AdamParamState; };
-template <> struct ShardTraits<torch::optim::AdamW> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamWOptions; using State = torch::optim::AdamWParamState; };
-template <> struct ShardTraits<torch::optim::RMSprop> { static constexpr bool per_parameter = true; using Options = torch::optim::RMSpropOptions; using State = torch::optim::RMSpropParamState; };
-template <> struct ShardTraits<torch::optim::Adagrad> { static constexpr bool per_parameter = true; using Options = torch::optim::AdagradOptions; using State = torch::optim::AdagradParamState; };
-
-namespace detail {
-// Each tensor of a per-parameter state as (value, setter), in a fixed order; and its step count.
-template <class F> void state_tensors(torch::optim::SGDParamState& s, F&& f) {
-  f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
-}
-template <class F> void state_tensors(torch::optim::AdamParamState& s, F&& f) {
-  f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
-  f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
-  f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
-}
-template <class F> void state_tensors(torch::optim::AdamWParamState& s, F&& f) {
-  f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
-  f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
-  f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
-}
-template <class F> void state_tensors(torch::optim::RMSpropParamState& s, F&& f) {
-  f(s.square_avg(), [&](at::Tensor t) { s.square_avg(std::move(t)); });
-  f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
-  f(s.grad_avg(), [&](at::Tensor t) { s.grad_avg(std::move(t)); });
-}
-template <class F> void state_tensors(torch::optim::AdagradParamState& s, F&& f) {
-  f(s.sum(), [&](at::Tensor t) { s.sum(std::move(t)); });
-}
-inline std::int64_t state_step(const torch::optim::SGDParamState&) { return 0; }
-inline void set_state_step(torch::optim::SGDParamState&, std::int64_t) {}
-template <class S> std::int64_t state_step(const S& s) { return s.step(); }
-template <class S> void set_state_step(S& s, std::int64_t n) { s.step(n); }
-}  // namespace detail
-
-template <class O>
-concept ShardableOptimizer = ShardTraits<O>::per_parameter;
-
-//! Bytes of the per-parameter state tensors of an optimizer of one of the shardable types (0 for another type).
-inline std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& o) {
-  std::int64_t n = 0;
-  auto add = [&](const at::Tensor& t) {
-    if (t.defined()) n += t.numel() * std::int64_t(t.element_size());
-  };
-  auto each = [&](const at::Tensor& t, auto&&) { add(t); };
-  for (const auto& [key, s] : o.state()) {
-    (void)key;
-    if (auto* x = dynamic_cast<torch::optim::SGDParamState*>(s.get())) detail::state_tensors(*x, each);
-    else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) detail::state_tensors(*a, each);
-    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s.get())) detail::state_tensors(*w, each);
-    else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s.get())) detail::state_tensors(*r, each);
-    else if (auto* g = dynamic_cast<torch::optim::AdagradParamState*>(s.get())) detail::state_tensors(*g, each);
-  }
-  return n;
-}
-
-// [torch:nn/utils/clip_grad.py clip_grad_norm_]
-//! `clip_grad_norm_` over gradients of which this rank holds `parts` (ZeRO stage 2: its partition's pieces; the
-//! other ranks hold the rest) and `whole` ones (the same on every rank): the total `norm_type`-norm of all of them
-//! (one all-reduce, on every rank), every gradient scaled by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
-//! Returns the norm before clipping.
-inline double clip_partitioned_norm(comm::Communicator* comm, std::vector<at::Tensor>& parts, std::vector<at::Tensor>& whole,
-                                    double max_norm, double norm_type) {
-  const bool inf = std::isinf(norm_type);
-  const auto where = comm ? comm->device() : c10::Device(c10::kCPU);
-  auto local = [&](const std::vector<at::Tensor>& gs) {  // sum of |g|^p (max |g| for inf), in double
-    if (gs.empty()) return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(where));
-    std::vector<at::Tensor> norms;
-    for (const auto& g : gs) norms.push_back(at::linalg_vector_norm(g, norm_type).to(where, at::kDouble).reshape({1}));
-    const at::Tensor n = at::cat(norms);
-    return inf ? n.max().reshape({1}) : n.pow(norm_type).sum().reshape({1});
-  };
-  at::Tensor shared = local(parts);
-  if (comm && comm->size() > 1) comm->all_reduce(shared, inf ? comm::ReduceOp::max : comm::ReduceOp::sum);
-  const at::Tensor mine = local(whole);
-  const double total = inf ? std::max(shared.item<double>(), mine.item<double>())
-                           : std::pow(shared.item<double>() + mine.item<double>(), 1.0 / norm_type);
-  const double coef = std::min(1.0, max_norm / (total + 1e-6));
-  if (coef < 1.0) {
-    for (auto& g : parts) g.mul_(coef);
-    for (auto& g : whole) g.mul_(coef);
-  }
-  return total;
-}
 
 class ShardedOptimizer {
  public:
