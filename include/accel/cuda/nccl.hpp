@@ -186,11 +186,7 @@ class NcclCommunicator final : public comm::Communicator {
   template <class Call>
   Pending start(const comm::CollectiveId& n, Call&& call) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-    check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    check_nccl(call(), n);
-    wait_comm(n);
+    enqueue(n, std::forward<Call>(call));
     cudaEvent_t* done = new cudaEvent_t;
     check_cuda(cudaEventCreateWithFlags(done, cudaEventDisableTiming), "cudaEventCreate");
     std::shared_ptr<void> event(done, [](void* e) {
@@ -239,16 +235,23 @@ class NcclCommunicator final : public comm::Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  // Orders the collective after the work already queued on the caller's stream, runs it on ours, makes the
-  // caller's stream wait for it, and polls for completion against the timeout.
+  // Queues `call` on accel's stream after the work already on the caller's stream (under the caller's CUDAGuard of
+  // this device) and waits for NCCL to accept it; returns the caller's stream.
   template <class Call>
-  void launch(const comm::CollectiveId& n, Call&& call) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  cudaStream_t enqueue(const comm::CollectiveId& n, Call&& call) {
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
     check_cuda(cudaEventRecord(ready_, current), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     check_nccl(call(), n);
     wait_comm(n);
+    return current;
+  }
+  // Orders the collective after the work already queued on the caller's stream, runs it on ours, makes the
+  // caller's stream wait for it, and polls for completion against the timeout.
+  template <class Call>
+  void launch(const comm::CollectiveId& n, Call&& call) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const cudaStream_t current = enqueue(n, std::forward<Call>(call));
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
     wait_event(done_, n);
     check_cuda(cudaStreamWaitEvent(current, done_, 0), "cudaStreamWaitEvent");

@@ -12,6 +12,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace accel {
@@ -33,12 +34,9 @@ namespace detail {
 template <class F> void state_tensors(torch::optim::SGDParamState& s, F&& f) {
   f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
 }
-template <class F> void state_tensors(torch::optim::AdamParamState& s, F&& f) {
-  f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
-  f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
-  f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
-}
-template <class F> void state_tensors(torch::optim::AdamWParamState& s, F&& f) {
+template <class S, class F>
+  requires std::is_same_v<S, torch::optim::AdamParamState> || std::is_same_v<S, torch::optim::AdamWParamState>
+void state_tensors(S& s, F&& f) {
   f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
   f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
   f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
