@@ -9,6 +9,7 @@
 #include <accel/accelerator.hpp>
 
 #include <ATen/ops/randn.h>
+#include <ATen/ops/tanh.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -215,6 +216,33 @@ void scaled(const std::string& name) {
   check(diff < 1e-6, name + ": training with the scaler equals DDP's (max diff " + std::to_string(diff) + ")");
 }
 
+// Two models, each with its own optimizer (a GAN's generator and critic), the second model and its optimizer
+// prepared in two later calls: under stage 2 each model's gradients go to its own optimizer's partitions (a model
+// is bound when its optimizer is prepared), and both train as under DDP.
+void two_models() {
+  auto run = [](auto& acc, torch::nn::Sequential& a, torch::nn::Sequential& b) {
+    auto [ma, oa] = acc.prepare(a, std::make_shared<torch::optim::Adam>(a->parameters(), torch::optim::AdamOptions(0.01)));
+    auto mb = acc.prepare(b);
+    auto ob = acc.prepare(std::make_shared<torch::optim::SGD>(b->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
+    for (int s = 0; s < 6; ++s) {
+      auto scope = acc.accumulate(ma, mb);
+      const at::Tensor x = batch_x(s, acc.process_index());
+      acc.backward(torch::mse_loss(mb(at::tanh(ma(x)).narrow(1, 0, 3).repeat({1, 2}).narrow(1, 0, 5)), batch_y(s, acc.process_index())));
+      oa.step(), ob.step();
+      oa.zero_grad(), ob.zero_grad();
+    }
+    return std::pair{oa.sharded() != nullptr, ob.sharded() != nullptr};
+  };
+  auto da = make_net(), db = make_net(), za = make_net(), zb = make_net();
+  Ddp ddp{zero_options()};
+  run(ddp, da, db);
+  Zero2 zero{zero_options()};
+  const auto sharded = run(zero, za, zb);
+  check(sharded.first && sharded.second, "two models: both optimizers are sharded");
+  const double diff = std::max(max_diff(da, za), max_diff(db, zb));
+  check(diff < 1e-6, "two models, two optimizers, prepared apart: stage 2 equals DDP (max diff " + std::to_string(diff) + ")");
+}
+
 // Stage 2 with a 16-bit comm hook: the buckets travel in fp16/bf16 to their owners; training follows DDP with the
 // same hook (the sums' order may differ in 16 bits: within 1e-4 after 8 steps).
 void compressed(accel::CommHook hook, const std::string& name) {
@@ -248,6 +276,7 @@ void zero(const Args& args) {
   exact<Zero2, torch::optim::AdamW>("adamw", torch::optim::AdamWOptions(0.01).weight_decay(0.1), scratch);
   exact<Zero2, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true), scratch);
   exact<Zero2, torch::optim::Adagrad>("adagrad", torch::optim::AdagradOptions(0.1), scratch);
+  two_models();
   scaled<Zero1>("grad scaler, stage 1");
   scaled<Zero2>("grad scaler, stage 2");
   compressed(accel::CommHook::fp16, "fp16 hook");
