@@ -1,0 +1,278 @@
+#pragma once
+//! \file
+//! `ExactScheduler`: the base of accel's PyTorch-exact learning-rate schedulers (optim/schedulers.hpp): PyTorch's
+//! `LRScheduler` state (`last_epoch`, `base_lrs`, `_last_lr`, `_step_count`), its initial step, the groups' initial
+//! rates shared between schedulers of one optimizer, and `save`/`load` of the whole state (detail::StateIO).
+
+#include <accel/error.hpp>
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace accel {
+
+namespace detail {
+
+// Note [initial_lr]: PyTorch keeps each group's starting rate in the group itself (`group["initial_lr"]`, set by
+// the first scheduler built on the optimizer with `setdefault`, overwritten by OneCycleLR); every later scheduler
+// takes its `base_lrs` from it, which is what makes a cosine built after a warmup (SequentialLR) start from the
+// un-warmed rate. LibTorch's groups have no free keys, so the value lives here, one vector per optimizer, shared by
+// the schedulers of that optimizer while any of them lives (a scheduler never outlives its optimizer, so the
+// address cannot be reused under a live entry). One difference follows: PyTorch's group keeps `initial_lr` after
+// its schedulers are gone, here a scheduler built once all earlier ones are destroyed starts from the current rates.
+class InitialLrs {
+ public:
+  //! The optimizer's initial rates: taken from its groups' current rates for groups that have none yet
+  //! (`setdefault`), or all replaced by `overwrite`.
+  static std::shared_ptr<std::vector<double>> of(torch::optim::Optimizer& opt,
+                                                 const std::vector<double>* overwrite = nullptr) {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    std::erase_if(self.map_, [](const auto& kv) { return kv.second.expired(); });
+    auto& slot = self.map_[&opt];
+    auto v = slot.lock();
+    if (!v) slot = v = std::make_shared<std::vector<double>>();
+    const auto& groups = opt.param_groups();
+    if (overwrite) *v = *overwrite;
+    for (std::size_t i = v->size(); i < groups.size(); ++i) v->push_back(groups[i].options().get_lr());
+    return v;
+  }
+  //! The initial rates of an optimizer that a live scheduler registered, or none.
+  static std::shared_ptr<std::vector<double>> find(const torch::optim::Optimizer& opt) {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    auto it = self.map_.find(&opt);
+    return it == self.map_.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  static InitialLrs& instance() {
+    static InitialLrs r;
+    return r;
+  }
+  std::mutex mutex_;
+  std::map<const torch::optim::Optimizer*, std::weak_ptr<std::vector<double>>> map_;
+};
+
+inline void set_group_lrs(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
+  auto& groups = opt.param_groups();
+  if (lrs.size() != groups.size())
+    throw InvalidArgument("accel: a scheduler computed " + std::to_string(lrs.size()) +
+                          " learning rates for an optimizer of " + std::to_string(groups.size()) +
+                          " parameter groups (was a group added after the scheduler was built?)");
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
+}
+
+//! One value per parameter group: a single value is repeated (PyTorch's `_format_param`).
+inline std::vector<double> per_group(const std::vector<double>& v, std::size_t groups, const char* name) {
+  if (v.size() == 1) return std::vector<double>(groups, v[0]);
+  detail::require(v.size() == groups, std::string("accel: ") + name +
+                                          " must have one value, or one per parameter group (" +
+                                          std::to_string(groups) + "); it has " + std::to_string(v.size()));
+  return v;
+}
+
+//! Every rate times one factor (`rate * factor`, element by element).
+inline std::vector<double> scaled(std::vector<double> rates, double factor) {
+  for (auto& r : rates) r *= factor;
+  return rates;
+}
+
+//! The momentum OneCycleLR cycles: SGD's and RMSprop's `momentum`, Adam's and AdamW's first beta (PyTorch
+//! cycles `momentum` or `betas[0]`, whichever the optimizer's defaults have); nullptr for other optimizers.
+inline double* momentum_slot(torch::optim::OptimizerOptions& o) {
+  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &s->momentum();
+  if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &r->momentum();
+  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(a->betas());
+  if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(w->betas());
+  return nullptr;
+}
+
+//! A scheduler's state fields, listed once (`fields(StateIO&)`) for both directions: each call writes the field
+//! into the archive when saving, or reads it back when loading.
+class StateIO {
+ public:
+  explicit StateIO(torch::serialize::OutputArchive& a) : out_(&a) {}
+  explicit StateIO(torch::serialize::InputArchive& a) : in_(&a) {}
+  [[nodiscard]] bool reading() const noexcept { return in_ != nullptr; }
+
+  void operator()(const std::string& key, std::int64_t& v) { io(key, v, &c10::IValue::toInt); }
+  void operator()(const std::string& key, double& v) { io(key, v, &c10::IValue::toDouble); }
+  void operator()(const std::string& key, bool& v) { io(key, v, &c10::IValue::toBool); }
+  void operator()(const std::string& key, std::vector<double>& v) { io(key, v, &c10::IValue::toDoubleVector); }
+  void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
+  //! A two-valued enum, kept as the bool `v == when_true`.
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(const std::string& key, E& v, E when_true, E when_false) {
+    bool b = v == when_true;
+    (*this)(key, b);
+    if (reading()) v = b ? when_true : when_false;
+  }
+  //! An object with its own `save`/`load`, in an archive of its own under `key`.
+  template <class T>
+  void nested(const std::string& key, T& v) {
+    if (out_) {
+      torch::serialize::OutputArchive sub(out_->compilation_unit());
+      v.save(sub);
+      out_->write(key, sub);
+    } else {
+      torch::serialize::InputArchive sub;
+      in_->read(key, sub);
+      v.load(sub);
+    }
+  }
+
+ private:
+  template <class T, class Read>
+  void io(const std::string& key, T& v, Read read) {
+    if (out_) {
+      out_->write(key, c10::IValue(v));
+    } else {
+      c10::IValue x;
+      in_->read(key, x);
+      v = (x.*read)();
+    }
+  }
+  torch::serialize::OutputArchive* out_ = nullptr;
+  torch::serialize::InputArchive* in_ = nullptr;
+};
+}  // namespace detail
+
+// [torch:optim/lr_scheduler.py LRScheduler]
+//! PyTorch's `LRScheduler`: the base of every scheduler here but ReduceLROnPlateau. Derived classes supply
+//! `get_lr()` (the chainable form, read at the already advanced `last_epoch`) and, where PyTorch has one,
+//! `closed_form_lr()`, and add their state to `fields()`; their constructors end with `initial_step()`, as
+//! PyTorch's `__init__` does.
+class ExactScheduler : public torch::optim::LRScheduler {
+ public:
+  //! The rates of the last step (PyTorch's `get_last_lr()`).
+  [[nodiscard]] const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
+  //! Steps taken since construction (0 right after it; PyTorch's `last_epoch`).
+  [[nodiscard]] std::int64_t last_epoch() const noexcept { return last_epoch_; }
+  //! PyTorch's `_step_count`: 1 after construction, +1 per step.
+  [[nodiscard]] std::int64_t step_count() const noexcept { return step_count_py_; }
+  //! The groups' initial rates (PyTorch's `base_lrs`).
+  [[nodiscard]] const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
+  [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return opt_; }
+
+  //! Everything PyTorch's `state_dict()` holds for this scheduler (the hyperparameters too: PyTorch's
+  //! `load_state_dict` restores them, so a loaded scheduler goes on with the saved ones).
+  void save(torch::serialize::OutputArchive& a) const {
+    detail::StateIO io(a);
+    const_cast<ExactScheduler*>(this)->fields(io);  // saving only reads the fields
+  }
+  void load(torch::serialize::InputArchive& a) {
+    detail::StateIO io(a);
+    fields(io);
+  }
+
+ protected:
+  //! `last_epoch` -1 starts a schedule (the groups' current rates become their initial rates unless a scheduler
+  //! set them first); k >= 0 resumes one at k+1, from the initial rates an earlier scheduler of this optimizer set.
+  //! `overwrite`: the initial rates to set instead (OneCycleLR's).
+  ExactScheduler(torch::optim::Optimizer& opt, std::int64_t last_epoch,
+                 std::optional<std::vector<double>> overwrite = std::nullopt)
+      : torch::optim::LRScheduler(opt), opt_(opt) {
+    if (last_epoch == -1) {
+      initial_ = detail::InitialLrs::of(opt, overwrite ? &*overwrite : nullptr);
+    } else {
+      initial_ = detail::InitialLrs::find(opt);
+      detail::require(initial_ && initial_->size() == opt.param_groups().size(),
+              "accel: a scheduler resumed with last_epoch >= 0 needs the groups' initial rates, which a scheduler "
+              "built on this optimizer with last_epoch = -1 sets (PyTorch's 'initial_lr' KeyError); to resume, "
+              "build with -1 and load() the saved state");
+    }
+    base_lrs_ = *initial_;
+    last_epoch_ = last_epoch;
+  }
+  //! SequentialLR's: no base rates, no initial step of its own.
+  struct Bare {};
+  ExactScheduler(torch::optim::Optimizer& opt, Bare) : torch::optim::LRScheduler(opt), opt_(opt) {}
+
+  //! PyTorch's `get_lr()`: the rates at `last_epoch`, usually from the groups' current rates.
+  virtual std::vector<double> get_lr() = 0;
+  //! PyTorch's `_get_closed_form_lr()`, for the schedulers that have one (used when SequentialLR restarts one).
+  [[nodiscard]] virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
+  //! The state `save` writes and `load` reads, each field listed once; derived classes add theirs.
+  virtual void fields(detail::StateIO& io) {
+    io("last_epoch", last_epoch_);
+    io("step_count", step_count_py_);
+    io("base_lrs", base_lrs_);
+    io("last_lr", last_lr_);
+  }
+
+  // [torch:optim/lr_scheduler.py LRScheduler._initial_step]
+  void initial_step() {
+    step_count_py_ = 0;
+    is_initial_ = true;
+    struct Reset {
+      bool& b;
+      ~Reset() { b = false; }
+    } reset{is_initial_};
+    step();
+  }
+  // [torch:optim/lr_scheduler.py LRScheduler.step]
+  virtual void advance() {
+    ++step_count_py_;
+    update_lr(std::nullopt);
+  }
+  // [torch:optim/lr_scheduler.py LRScheduler._update_lr]
+  void update_lr(std::optional<std::int64_t> epoch) {
+    std::vector<double> values;
+    if (!epoch) {
+      ++last_epoch_;
+      values = get_lr();
+    } else {
+      last_epoch_ = *epoch;
+      auto closed = closed_form_lr();
+      values = closed ? std::move(*closed) : get_lr();
+    }
+    detail::set_group_lrs(opt_, values);
+    last_lr_ = std::move(values);  // what the groups now hold: set_lr keeps the double as given
+  }
+  //! SequentialLR's `recursive_undo`: the initial step of construction taken back.
+  virtual void undo_initial_step() { --last_epoch_; }
+
+  torch::optim::Optimizer& opt_;
+  std::shared_ptr<std::vector<double>> initial_;
+  std::vector<double> base_lrs_, last_lr_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_py_ = 0;
+  bool is_initial_ = false;
+
+ private:
+  friend class SequentialLR;
+  // LibTorch's `step()` calls this and then writes the rates returned into the groups: PyTorch's step has
+  // already done so (the same values), so LibTorch's write changes nothing and `step()` works through a
+  // `torch::optim::LRScheduler&` too.
+  std::vector<double> get_lrs() final {
+    advance();
+    return last_lr_;
+  }
+};
+
+
+}  // namespace accel
