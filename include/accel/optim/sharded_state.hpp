@@ -1,0 +1,139 @@
+#pragma once
+//! \file
+//! The parts of `ShardedOptimizer` (optim/sharded.hpp) that move a partition's optimizer state between processes
+//! for one optimizer's state type: `reshard_as` (a checkpoint of another number of processes, re-cut) and
+//! `consolidate_as` (every partition, assembled on one rank). Included by optim/sharded.hpp.
+
+#include <accel/optim/sharded.hpp>
+
+namespace accel {
+
+// load_resharded() and consolidate() for the state type `S` (ShardTraits<O>::State).
+template <class S>
+void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& parts) {
+  c10::AutoGradMode no_grad(false);
+  const std::int64_t n = std::int64_t(parts.size()), old_part = (total_ + n - 1) / n, G = std::int64_t(shards_.size());
+  std::int64_t F = 0;
+  {
+    S probe;
+    detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
+  }
+  std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(G), std::vector<at::Tensor>(static_cast<std::size_t>(F)));
+  std::vector<std::int64_t> steps(static_cast<std::size_t>(G), -1);  // -1: no saved state for the group's new shard
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    std::vector<std::pair<std::int64_t, std::int64_t>> bounds;  // saved rank k's shard of each group
+    for (std::int64_t g = 0; g < G; ++g) {
+      const Shard& sh = shards_[std::size_t(g)];
+      const std::int64_t lo = std::max(sh.group_begin, k * old_part), hi = std::min(sh.group_end, (k + 1) * old_part);
+      bounds.emplace_back(lo, hi);
+      std::vector<at::Tensor> params;
+      if (lo < hi) params.push_back(at::zeros({hi - lo}, flat_.options()));
+      groups.emplace_back(std::move(params), user_->param_groups()[std::size_t(g)].options().clone());
+    }
+    auto saved = make_(std::move(groups));
+    torch::serialize::InputArchive inner;
+    parts[std::size_t(k)].read("partition", inner);
+    saved->load(inner);
+    for (std::int64_t g = 0; g < G; ++g) {
+      const Shard& sh = shards_[std::size_t(g)];
+      const auto [lo, hi] = bounds[std::size_t(g)];
+      const std::int64_t a = std::max(lo, sh.begin), b = std::min(hi, sh.end);
+      if (a >= b) continue;  // nothing of saved rank k's shard is in this rank's new one
+      const auto& t = saved->param_groups()[std::size_t(g)].params().front();
+      const auto it = saved->state().find(t.unsafeGetTensorImpl());
+      if (it == saved->state().end()) continue;
+      auto& st = static_cast<S&>(*it->second);
+      steps[std::size_t(g)] = std::max(steps[std::size_t(g)], detail::state_step(st));
+      std::int64_t i = 0;
+      detail::state_tensors(st, [&](const at::Tensor& v, auto&&) {
+        auto& f = fields[std::size_t(g)][std::size_t(i++)];
+        if (!v.defined()) return;
+        if (!f.defined()) f = at::zeros({sh.end - sh.begin}, v.options());
+        f.narrow(0, a - sh.begin, b - a).copy_(v.reshape({-1}).narrow(0, a - lo, b - a));
+      });
+    }
+  }
+  inner_->state().clear();
+  for (std::int64_t g = 0; g < G; ++g) {
+    const Shard& sh = shards_[std::size_t(g)];
+    if (!sh.tensor.defined() || steps[std::size_t(g)] < 0) continue;
+    auto st = std::make_unique<S>();
+    detail::set_state_step(*st, steps[std::size_t(g)]);
+    std::int64_t i = 0;
+    detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+      const at::Tensor& f = fields[std::size_t(g)][std::size_t(i++)];
+      if (f.defined()) set(f);
+    });
+    inner_->state()[sh.tensor.unsafeGetTensorImpl()] = std::move(st);
+  }
+}
+
+template <class S>
+void ShardedOptimizer::consolidate_as(int to) {
+  c10::AutoGradMode no_grad(false);
+  const std::int64_t G = std::int64_t(shards_.size());
+  std::int64_t F = 0;
+  {
+    S probe;
+    detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
+  }
+  // Per group: [step, present(tensor 0), ..., present(tensor F - 1)].
+  at::Tensor desc = at::zeros({G, 1 + F}, at::TensorOptions().dtype(at::kLong));
+  auto d = desc.accessor<std::int64_t, 2>();
+  for (std::int64_t g = 0; g < G; ++g) {
+    const Shard& sh = shards_[std::size_t(g)];
+    if (!sh.tensor.defined()) continue;
+    const auto it = inner_->state().find(sh.tensor.unsafeGetTensorImpl());
+    if (it == inner_->state().end()) continue;
+    auto& st = static_cast<S&>(*it->second);
+    d[g][0] = detail::state_step(st);
+    std::int64_t i = 0;
+    detail::state_tensors(st, [&](const at::Tensor& t, auto&&) { d[g][1 + i++] = t.defined() ? 1 : 0; });
+  }
+  if (processes() > 1) {
+    at::Tensor moving = desc.to(comm_->device());
+    comm_->all_reduce(moving, comm::ReduceOp::max);
+    desc.copy_(moving);
+  }
+  const bool root = rank() == to;
+  if (root) user_->state().clear();
+  for (std::int64_t g = 0; g < G; ++g) {
+    const Shard& sh = shards_[std::size_t(g)];
+    const std::int64_t len = sh.group_end - sh.group_begin;
+    std::vector<at::Tensor> whole(static_cast<std::size_t>(F));  // on the root: the group's state tensors, whole
+    for (std::int64_t i = 0; i < F; ++i) {
+      if (d[g][1 + i] == 0) continue;
+      const std::int64_t room = processes() > 1 ? comm_->check_room(flat_.scalar_type(), len) : 0;
+      at::Tensor buffer = at::zeros({len + room}, flat_.options());
+      if (sh.tensor.defined()) {
+        auto& st = static_cast<S&>(*inner_->state().at(sh.tensor.unsafeGetTensorImpl()));
+        std::int64_t k = 0;
+        detail::state_tensors(st, [&](const at::Tensor& t, auto&&) {
+          if (k++ == i) buffer.narrow(0, sh.begin - sh.group_begin, sh.end - sh.begin).copy_(t.reshape({-1}));
+        });
+      }
+      if (processes() > 1) {
+        auto pending = comm_->reduce_start(buffer, len, to);
+        comm_->finish(pending);
+      }
+      if (root) whole[std::size_t(i)] = buffer.narrow(0, 0, len);
+    }
+    bool any = false;
+    for (std::int64_t i = 0; i <= F; ++i) any = any || d[g][i] != 0;
+    if (!root || !any) continue;  // never stepped: no state
+    for (const auto& slot : slots_) {
+      if (slot.offset < sh.group_begin || slot.offset >= sh.group_end) continue;
+      auto st = std::make_unique<S>();
+      detail::set_state_step(*st, d[g][0]);
+      std::int64_t i = 0;
+      detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+        const at::Tensor& w = whole[std::size_t(i++)];
+        if (w.defined()) set(w.narrow(0, slot.offset - sh.group_begin, slot.numel).view(slot.param.sizes()).clone());
+      });
+      user_->state()[slot.param.unsafeGetTensorImpl()] = std::move(st);
+    }
+  }
+}
+
+}  // namespace accel
