@@ -867,7 +867,7 @@ class Accelerator {
       for (const auto& o : optimizers_) {
         if (!o.sharded) continue;
         GradientPartition layout = o.sharded->gradient_partition();
-        if (std::any_of(layout.offsets.begin(), layout.offsets.end(), [&](const auto& e) { return e.first == first; })) {
+        if (layout.offsets.count(first)) {
           d->shard_gradients(std::move(layout));
           break;
         }

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,14 +42,13 @@ namespace accel {
 //! Where a module's gradients go under ZeRO stage 2 (built by `ShardedOptimizer::gradient_partition`).
 struct GradientPartition {
   //! Each parameter's first element in the flat space (keyed by its TensorImpl).
-  std::vector<std::pair<const void*, std::int64_t>> offsets;
+  std::unordered_map<const void*, std::int64_t> offsets;
   std::int64_t partition = 0;  //!< P: elements per rank
   at::Tensor own;              //!< this rank's partition of the gradients (P elements, 1-d)
 
   [[nodiscard]] const std::int64_t* offset_of(const at::Tensor& p) const {
-    for (const auto& [impl, at] : offsets)
-      if (impl == p.unsafeGetTensorImpl()) return &at;
-    return nullptr;
+    const auto it = offsets.find(p.unsafeGetTensorImpl());
+    return it == offsets.end() ? nullptr : &it->second;
   }
 };
 

@@ -159,6 +159,21 @@ class StateIO {
   torch::serialize::OutputArchive* out_ = nullptr;
   torch::serialize::InputArchive* in_ = nullptr;
 };
+
+//! `save`/`load` of a scheduler's whole state through its one list of fields (`Derived::fields(StateIO&)`, which
+//! the derived class makes reachable with `friend class detail::SavedFields<Derived>`).
+template <class Derived>
+class SavedFields {
+ public:
+  void save(torch::serialize::OutputArchive& a) const {
+    StateIO io(a);
+    static_cast<Derived&>(const_cast<SavedFields&>(*this)).fields(io);  // saving only reads the fields
+  }
+  void load(torch::serialize::InputArchive& a) {
+    StateIO io(a);
+    static_cast<Derived&>(*this).fields(io);
+  }
+};
 }  // namespace detail
 
 // [torch:optim/lr_scheduler.py LRScheduler]
@@ -166,7 +181,9 @@ class StateIO {
 //! `get_lr()` (the chainable form, read at the already advanced `last_epoch`) and, where PyTorch has one,
 //! `closed_form_lr()`, and add their state to `fields()`; their constructors end with `initial_step()`, as
 //! PyTorch's `__init__` does.
-class ExactScheduler : public torch::optim::LRScheduler {
+class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFields<ExactScheduler> {
+  friend class detail::SavedFields<ExactScheduler>;
+
  public:
   //! The rates of the last step (PyTorch's `get_last_lr()`).
   [[nodiscard]] const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
@@ -178,16 +195,8 @@ class ExactScheduler : public torch::optim::LRScheduler {
   [[nodiscard]] const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
   [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return opt_; }
 
-  //! Everything PyTorch's `state_dict()` holds for this scheduler (the hyperparameters too: PyTorch's
-  //! `load_state_dict` restores them, so a loaded scheduler goes on with the saved ones).
-  void save(torch::serialize::OutputArchive& a) const {
-    detail::StateIO io(a);
-    const_cast<ExactScheduler*>(this)->fields(io);  // saving only reads the fields
-  }
-  void load(torch::serialize::InputArchive& a) {
-    detail::StateIO io(a);
-    fields(io);
-  }
+  // save / load (detail::SavedFields): everything PyTorch's `state_dict()` holds for this scheduler, the
+  // hyperparameters too (PyTorch's `load_state_dict` restores them, so a loaded scheduler goes on with the saved ones).
 
  protected:
   //! `last_epoch` -1 starts a schedule (the groups' current rates become their initial rates unless a scheduler

@@ -23,7 +23,9 @@ struct PlateauOptions {
 //! Lowers the rates by `factor` once the metric passed to `step(metric)` has not improved for more than
 //! `patience` steps. Derived from `torch::optim::LRScheduler` so that `prepare` takes it; its `step()` without a
 //! metric is deleted (and throws when called through the base class).
-class ReduceLROnPlateau : public torch::optim::LRScheduler {
+class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::SavedFields<ReduceLROnPlateau> {
+  friend class detail::SavedFields<ReduceLROnPlateau>;
+
  public:
   explicit ReduceLROnPlateau(torch::optim::Optimizer& opt, PlateauOptions o = {})
       : torch::optim::LRScheduler(opt), opt_(opt), o_(std::move(o)) {
@@ -66,15 +68,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler {
   [[nodiscard]] std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
   [[nodiscard]] bool in_cooldown() const noexcept { return cooldown_counter_ > 0; }
 
-  void save(torch::serialize::OutputArchive& a) const {
-    detail::StateIO io(a);
-    const_cast<ReduceLROnPlateau*>(this)->fields(io);  // saving only reads the fields
-  }
-  void load(torch::serialize::InputArchive& a) {
-    detail::StateIO io(a);
-    fields(io);
-  }
-
+  // save / load: detail::SavedFields, through fields().
  private:
   std::vector<double> get_lrs() override {
     throw InvalidArgument("accel::ReduceLROnPlateau steps with a metric: call step(metric)");

@@ -49,6 +49,14 @@ template <class F> void state_tensors(torch::optim::RMSpropParamState& s, F&& f)
 template <class F> void state_tensors(torch::optim::AdagradParamState& s, F&& f) {
   f(s.sum(), [&](at::Tensor t) { s.sum(std::move(t)); });
 }
+//! How many tensors `state_tensors` visits for state type `S`.
+template <class S>
+std::int64_t state_tensor_count() {
+  S probe;
+  std::int64_t n = 0;
+  state_tensors(probe, [&](const at::Tensor&, auto&&) { ++n; });
+  return n;
+}
 inline std::int64_t state_step(const torch::optim::SGDParamState&) { return 0; }
 inline void set_state_step(torch::optim::SGDParamState&, std::int64_t) {}
 template <class S> std::int64_t state_step(const S& s) { return s.step(); }

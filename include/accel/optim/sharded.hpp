@@ -147,7 +147,7 @@ class ShardedOptimizer {
   [[nodiscard]] GradientPartition gradient_partition() const {
     detail::require(inner_ != nullptr, "accel::ShardedOptimizer: gradient_partition() before build()");
     GradientPartition g;
-    for (const auto& s : slots_) g.offsets.emplace_back(s.param.unsafeGetTensorImpl(), s.offset);
+    for (const auto& s : slots_) g.offsets.emplace(s.param.unsafeGetTensorImpl(), s.offset);
     g.partition = part_;
     g.own = grads_;
     return g;

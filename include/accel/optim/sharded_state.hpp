@@ -13,11 +13,7 @@ template <class S>
 void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& parts) {
   c10::AutoGradMode no_grad(false);
   const std::int64_t n = std::int64_t(parts.size()), old_part = (total_ + n - 1) / n, G = std::int64_t(shards_.size());
-  std::int64_t F = 0;
-  {
-    S probe;
-    detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
-  }
+  const std::int64_t F = detail::state_tensor_count<S>();
   std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(G), std::vector<at::Tensor>(static_cast<std::size_t>(F)));
   std::vector<std::int64_t> steps(static_cast<std::size_t>(G), -1);  // -1: no saved state for the group's new shard
   for (std::int64_t k = 0; k < n; ++k) {
@@ -73,11 +69,7 @@ template <class S>
 void ShardedOptimizer::consolidate_as(int to) {
   c10::AutoGradMode no_grad(false);
   const std::int64_t G = std::int64_t(shards_.size());
-  std::int64_t F = 0;
-  {
-    S probe;
-    detail::state_tensors(probe, [&](const at::Tensor&, auto&&) { ++F; });
-  }
+  const std::int64_t F = detail::state_tensor_count<S>();
   // Per group: [step, present(tensor 0), ..., present(tensor F - 1)].
   at::Tensor desc = at::zeros({G, 1 + F}, at::TensorOptions().dtype(at::kLong));
   auto d = desc.accessor<std::int64_t, 2>();
