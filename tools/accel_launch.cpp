@@ -6,7 +6,7 @@
 //
 // The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
 // to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). It listens on loopback for a job on one node, and on
-// the --master-addr interface alone for several (accel/comm/store.hpp, Note [Listening surface]). The job has an id
+// the --master-addr interface alone for several (accel/comm/listen.hpp, Note [Listening surface]). The job has an id
 // (--job-id, ACCEL_JOB_ID, the scheduler's, or generated) and, when ACCEL_JOB_SECRET / ACCEL_JOB_SECRET_FILE is set
 // or the job runs on one node (a secret is generated then), a secret that seals every value written to the store;
 // both reach the processes as ACCEL_JOB_ID and ACCEL_JOB_SECRET (Notes [Job keys], [Authenticated keys]).

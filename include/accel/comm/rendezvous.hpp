@@ -10,12 +10,10 @@
 //! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
 //! "<beats> <failed>" and the last collectives), and `job/...` (the engines' own: Gloo's addresses, NCCL's id).
 //!
-//! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
-//! a store op to a frozen host never returns, so nothing else may wait on one. What it learns goes into a
-//! snapshot that the waiting thread reads under a lock; a heartbeat stuck on a frozen store is seen as a
-//! snapshot that stopped ageing, and is abandoned (detached) when the process ends.
+//! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/comm/heartbeat.hpp>
 #include <accel/comm/store.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -51,45 +49,16 @@ struct RendezvousSpec {
   //! writes is scoped by it, so that a stale key of an earlier attempt can never satisfy the arrival check, the
   //! Gloo rendezvous or the NCCL id exchange of a restarted one.
   int generation = 0;
-  //! The job's id and secret (comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
+  //! The job's id and secret (comm/job_identity.hpp and comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
   JobIdentity job;
 };
 
 //! The rendezvous: the store, every rank announcing itself, and the heartbeat.
 class Rendezvous final : public Monitor {
-  static constexpr std::size_t kPublished = 8;  // collectives each rank publishes
-
-  //! What the heartbeat thread shares with the others (it outlives the Rendezvous when stuck on the store).
-  struct Beat {
-    std::string addr;
-    int port = 0, rank = 0, size = 1;
-    std::string prefix;
-    CommOptions opt;
-    c10::intrusive_ptr<JobStore> kv;  // the main connection's (the heartbeat shares its secret, report and ledger)
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stop = false, exited = false;
-    std::thread::id thread;  // the heartbeat's
-    // this rank
-    std::array<CollectiveId, kPublished> mine{};
-    std::uint64_t issued = 0, published = 0;
-    bool failed = false, failed_written = false;
-    // the others, read while `watchers` > 0
-    int watchers = 0;
-    std::uint64_t epoch = 0;        // bumped when watching starts: changes are measured from then
-    std::uint64_t rounds = 0;       // completed reads of the others
-    Clock::time_point last_ok{};    // the last beat the store answered
-    struct Peer {
-      std::int64_t beats = -1;
-      Clock::time_point changed{};
-      std::uint64_t epoch = 0;
-      std::vector<CollectiveId> published;
-      bool failed = false;
-    };
-    std::vector<Peer> peers;
-
-    [[nodiscard]] std::string key(const char* what, int r) const { return prefix + what + "/" + std::to_string(r); }
-  };
+  //! The collectives each rank publishes.
+  static constexpr std::size_t kPublished = rendezvous_detail::Heartbeat::kPublished;
+  //! What the heartbeat thread shares with the others (comm/heartbeat.hpp).
+  using Beat = rendezvous_detail::Heartbeat::Beat;
 
  public:
   Rendezvous(const RendezvousSpec& spec, const CommOptions& opt)
@@ -118,7 +87,7 @@ class Rendezvous final : public Monitor {
     beat_->kv = kv_;
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
-    heartbeat_ = std::thread([b = beat_] { run(b); });
+    heartbeat_ = std::thread([b = beat_] { rendezvous_detail::Heartbeat::run(b); });
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
@@ -384,105 +353,6 @@ class Rendezvous final : public Monitor {
   }
   [[nodiscard]] std::string host() const { return host_ ? "rank 0" : "the launcher of node 0"; }
   [[nodiscard]] std::string arrived_key(int r) const { return prefix_ + "arrived/" + std::to_string(r); }
-
-
-  static std::string encode(const std::array<CollectiveId, kPublished>& mine, std::uint64_t issued) {
-    std::string out;
-    for (std::uint64_t s = issued >= kPublished ? issued - kPublished + 1 : 1; s <= issued; ++s)
-      out += mine[s % kPublished].encode() + ";";
-    return out;
-  }
-  static std::vector<CollectiveId> decode(const std::string& s) {
-    std::vector<CollectiveId> out;
-    std::size_t start = 0, end;
-    while ((end = s.find(';', start)) != std::string::npos) {
-      if (auto id = CollectiveId::decode(s.substr(start, end - start))) out.push_back(*id);
-      start = end + 1;
-    }
-    return out;
-  }
-
-  // The heartbeat: writes this rank's beat key (its count, its failure, its last collectives), reads the others'
-  // while someone watches, and repairs this rank's one-shot keys until the engine is connected. Only `b` is
-  // touched: the thread may outlive the Rendezvous.
-  static void run(std::shared_ptr<Beat> b) {
-    c10::intrusive_ptr<JobStore> own;
-    try {
-      own = b->kv->sharing(connect_store(b->addr, b->port, b->opt.rendezvous_timeout));
-    } catch (const std::exception&) {
-    }
-    auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
-    std::int64_t beats = 0;
-    std::string published;  // the collectives last encoded
-    std::string last;       // the beat value last written
-    std::unique_lock<std::mutex> lock(b->mu);
-    while (own && !b->stop) {
-      const std::uint64_t issued = b->issued;
-      if (issued != b->published) published = encode(b->mine, issued);
-      const bool fail = b->failed;
-      const bool watch = b->watchers > 0;
-      const std::uint64_t epoch = b->epoch;
-      lock.unlock();
-      std::vector<Beat::Peer> seen;
-      try {
-        // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
-        // nobody reads the key before it is written again.
-        if (!last.empty()) own->holds(b->key("beat", b->rank), bytes(last));
-        last = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
-        own->set_volatile(b->key("beat", b->rank), bytes(last));
-        own->repair();
-        if (watch) {
-          seen.resize(std::size_t(b->size));
-          for (int r = 0; r < b->size; ++r) {
-            if (r == b->rank) continue;
-            auto& p = seen[std::size_t(r)];
-            if (const auto v = own->try_get(b->key("beat", r))) {
-              std::istringstream in(std::string(v->begin(), v->end()));
-              int failed = 0;
-              if (in >> p.beats >> failed) {
-                p.failed = failed != 0;
-                std::string rest;
-                std::getline(in, rest);  // the end of the first line
-                std::getline(in, rest);
-                p.published = decode(rest);
-              } else {
-                p.beats = -1;
-              }
-            }
-          }
-        }
-      } catch (const std::exception&) {
-        lock.lock();
-        break;  // the store is gone: the waiting thread sees `last_ok` age
-      }
-      lock.lock();
-      const auto now = Clock::now();
-      b->last_ok = now;
-      b->published = issued;
-      if (fail) b->failed_written = true;
-      if (watch) {
-        for (int r = 0; r < b->size; ++r) {
-          if (r == b->rank) continue;
-          auto& p = b->peers[std::size_t(r)];
-          auto& s = seen[std::size_t(r)];
-          if (s.beats < 0) {  // not written yet, or not authentic: what was known stands
-            if (p.epoch != epoch) p.changed = now, p.epoch = epoch;
-            continue;
-          }
-          if (p.epoch != epoch || p.beats != s.beats) p.changed = now;
-          p.beats = s.beats, p.epoch = epoch, p.published = std::move(s.published), p.failed = s.failed;
-        }
-        ++b->rounds;
-        b->cv.notify_all();
-      }
-      // Sleep a heartbeat, or less when someone starts watching, fails, or stops us.
-      const std::uint64_t e = b->epoch;
-      b->cv.wait_for(lock, b->opt.heartbeat_interval, [&] { return b->stop || b->epoch != e || (b->failed && !b->failed_written); });
-    }
-    b->exited = true;
-    b->cv.notify_all();
-  }
-
   std::string addr_;
   int port_, rank_, size_;
   bool host_;           // whether rank 0 hosts the store (else the launcher does)

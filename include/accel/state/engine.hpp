@@ -64,7 +64,7 @@ inline int visible_gpus() {
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
-//! and secret (comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
+//! and secret (comm/job_identity.hpp and comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
 inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvLookup& vars) {
   return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
           .host_store = !env.agent_store, .generation = env.restart_count,
