@@ -11,7 +11,7 @@
     model       model/                                    DistributedModule, PreparedModel, autocast
     optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
     checkpoint  checkpoint/                               checkpoint layout and orchestration
-    top         accelerator.hpp, accel.hpp                the user's surface
+    top         accelerator.hpp, accelerator/, accel.hpp  the user's surface
 
 Also checked: each folder's headers declare one namespace (besides accel::detail). Exits non-zero naming every
 back edge found.
@@ -23,10 +23,11 @@ import sys
 LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
            "cuda/nccl.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
-FOLDER = {"detail": "base", "policy": "base"}
+FOLDER = {"detail": "base", "policy": "base", "accelerator": "top"}
 # The namespace every header of a folder declares its public names in.
 NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
-             "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint"}
+             "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
+             "accelerator": "accel"}
 
 
 def layer_of(rel: str) -> str:
