@@ -8,9 +8,6 @@
 #include <accel/checkpoint/custom.hpp>
 #include <accel/core/generator_state.hpp>
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

@@ -9,8 +9,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/full_like.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/nn/utils/clip_grad.h>
 
