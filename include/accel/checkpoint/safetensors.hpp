@@ -40,14 +40,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cctype>
 #include <cstdint>
 #include <filesystem>

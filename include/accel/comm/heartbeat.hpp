@@ -93,7 +93,7 @@ struct Heartbeat {
     auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
-    std::string last;       // the beat value last written
+    std::vector<std::uint8_t> written;  // the beat key's bytes as last written (sealed)
     std::unique_lock<std::mutex> lock(b->mu);
     while (own && !b->stop) {
       const std::uint64_t issued = b->issued;
@@ -106,9 +106,9 @@ struct Heartbeat {
       try {
         // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
         // nobody reads the key before it is written again.
-        if (!last.empty()) own->holds(b->key("beat", b->rank), bytes(last));
-        last = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
-        own->set_volatile(b->key("beat", b->rank), bytes(last));
+        if (!written.empty()) own->holds(b->key("beat", b->rank), written);
+        const std::string beat = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
+        written = own->set_volatile(b->key("beat", b->rank), bytes(beat));
         own->repair();
         if (watch) {
           seen.resize(std::size_t(b->size));

@@ -37,7 +37,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,10 +120,15 @@ class JobStore final : public c10d::Store {
     }
     inner_->set(key, sealed);
   }
-  //! Like `set`, but never repaired: keys rewritten anyway (the heartbeat's).
-  void set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) { inner_->set(key, seal(key, value)); }
-  //! Whether `key` still holds `value` as this process wrote it; reports it once when another writer replaced it.
-  bool holds(const std::string& key, const std::vector<std::uint8_t>& value) { return !replaced(key, seal(key, value)); }
+  //! Like `set`, but never repaired: keys rewritten anyway (the heartbeat's). Returns the bytes written (for `holds`).
+  std::vector<std::uint8_t> set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) {
+    auto sealed = seal(key, value);
+    inner_->set(key, sealed);
+    return sealed;
+  }
+  //! Whether `key` still holds `written` (what `set_volatile` returned); reports it once when another writer
+  //! replaced it.
+  bool holds(const std::string& key, const std::vector<std::uint8_t>& written) { return !replaced(key, written); }
 
   std::vector<std::uint8_t> get(const std::string& key) override {
     if (auto o = open_or_report(key, inner_->get(key))) return std::move(*o);  // waits for the key to exist
