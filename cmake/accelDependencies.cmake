@@ -103,3 +103,15 @@ function(accel_link_dependencies target)
   target_link_libraries(${target} INTERFACE ${libs})
   target_compile_definitions(${target} INTERFACE ${defs})
 endfunction()
+
+# accel_add_separate_library(<name>): a static library that compiles accel's non-template code once (it holds
+# <accel/src.hpp>) and gives ACCEL_SEPARATE_COMPILATION to every target that links it, whose translation units then
+# see only declarations of that code (include/accel/detail/linkage.hpp, Note [Separate compilation]). Link every
+# target of one program that uses accel to the same such library; a program mixes no header-only code with it.
+function(accel_add_separate_library name)
+  set(_src "${CMAKE_CURRENT_BINARY_DIR}/${name}_src.cpp")
+  file(CONFIGURE OUTPUT "${_src}" CONTENT "// accel's non-template code, compiled once for ${name}.\n#include <accel/src.hpp>\n")
+  add_library(${name} STATIC "${_src}")
+  target_link_libraries(${name} PUBLIC accel::accel)
+  target_compile_definitions(${name} PUBLIC ACCEL_SEPARATE_COMPILATION)
+endfunction()

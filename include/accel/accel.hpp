@@ -1,7 +1,10 @@
 #pragma once
 //! \file
 //! Umbrella header: everything in accel, layer by layer (README, "Layout"). The CUDA specialisations (`cuda/`)
-//! come with the generic headers that need them whenever ACCEL_WITH_CUDA is set.
+//! come with the generic headers that need them whenever ACCEL_WITH_CUDA is set. Under ACCEL_SEPARATE_COMPILATION
+//! (detail/linkage.hpp) the implementation headers are left to <accel/src.hpp>: the engines (comm/gloo.hpp,
+//! cuda/nccl.hpp) and the trackers' writers (tracking/csv.hpp, jsonl.hpp, tensorboard.hpp); include one by name
+//! to use it directly.
 
 #include <accel/error.hpp>
 #include <accel/config.hpp>
@@ -17,9 +20,6 @@
 #include <accel/core/serialize.hpp>
 #include <accel/core/structure.hpp>
 
-#include <accel/tracking/csv.hpp>
-#include <accel/tracking/jsonl.hpp>
-#include <accel/tracking/tensorboard.hpp>
 #include <accel/tracking/tracker.hpp>
 #include <accel/tracking/trackers.hpp>
 

@@ -5,6 +5,7 @@
 #include "../support/files.hpp"
 
 #include <accel/accelerator.hpp>
+#include <accel/tracking/tensorboard.hpp>
 
 #include <ATen/ops/randn.h>
 #include <torch/nn/modules/batchnorm.h>

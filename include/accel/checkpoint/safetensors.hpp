@@ -36,6 +36,7 @@
 
 #include <accel/checkpoint/safetensors_file.hpp>
 #include <accel/checkpoint/safetensors_format.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -43,7 +44,9 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#if ACCEL_DEFINITIONS  // Note [JSON at the call site]
 #include <nlohmann/json.hpp>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -66,7 +69,53 @@ inline constexpr const char* safe_weights_name = "model.safetensors";
 inline constexpr const char* safe_weights_index_name = "model.safetensors.index.json";
 
 //! huggingface_hub's `parse_size_to_int`: "5GB", "500KB", "1.5MB" (decimal units: KB = 1000 bytes).
-inline std::int64_t parse_size(const std::string& text) {
+ACCEL_DECL std::int64_t parse_size(const std::string& text);
+
+// ---- models ---------------------------------------------------------------------------------------------------
+
+//! A module's tensors by PyTorch's `state_dict` names, in its order, tensors sharing storage kept once (under
+//! the first name), as Accelerate's `get_state_dict` + `clean_state_dict_for_safetensors` give them.
+ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model);
+
+//! How `save_model` splits a state into files (huggingface_hub's `StateDictSplit`).
+struct ShardPlan {
+  std::vector<std::pair<std::string, std::vector<std::string>>> files;  //!< file name -> tensor names, in order
+  std::int64_t total_size = 0;                                          //!< bytes of every tensor's storage
+  [[nodiscard]] bool sharded() const noexcept { return files.size() > 1; }
+};
+
+// [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
+//! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
+ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state, std::int64_t max_shard_size,
+                                 const std::string& stem = "model", const std::string& extension = ".safetensors");
+
+//! `save_model`'s settings (Accelerate's `max_shard_size`; `safe_serialization` is always true here).
+struct SaveModelOptions {
+  std::int64_t max_shard_size = default_max_shard_size;  //!< bytes per file (see `parse_size`)
+  Metadata metadata{{"format", "pt"}};                   //!< each file's `__metadata__`, as Accelerate writes it
+};
+
+// [accelerate:accelerator.py Accelerator.save_model]
+//! Writes `model`'s parameters and buffers into `dir` (created if needed): `model.safetensors`, or shards and
+//! their index above `max_shard_size`. Returns the plan it wrote.
+template <class Deferred = void>
+ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
+                     const SaveModelOptions& options = {});
+
+//! `load_model`'s settings.
+struct LoadModelOptions {
+  bool strict = true;       //!< a tensor in the files that the module lacks is an error (else it is ignored)
+  bool allow_cast = false;  //!< a tensor of another dtype than the module's is converted (else an error)
+};
+
+// [accelerate:utils/modeling.py load_checkpoint_in_model]
+//! Fills `model`'s parameters and buffers by name from `path`: a directory holding `model.safetensors.index.json`
+//! (a sharded checkpoint) or `model.safetensors`, an index file, or one safetensors file.
+template <class Deferred = void>
+void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {});
+
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::int64_t parse_size(const std::string& text) {
   const std::map<std::string, double> units{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}};
   std::string s = text;
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
@@ -86,11 +135,7 @@ inline std::int64_t parse_size(const std::string& text) {
   throw InvalidArgument("accel: size '" + text + "': expected a non-negative number followed by a unit, e.g. \"5GB\"");
 }
 
-// ---- models ---------------------------------------------------------------------------------------------------
-
-//! A module's tensors by PyTorch's `state_dict` names, in its order, tensors sharing storage kept once (under
-//! the first name), as Accelerate's `get_state_dict` + `clean_state_dict_for_safetensors` give them.
-inline std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model) {
+ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   std::set<std::tuple<int, int, const void*, std::size_t>> storages;
   auto keep = [&](const std::string& name, const at::Tensor& t) {
@@ -112,17 +157,8 @@ inline std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::
   return out;
 }
 
-//! How `save_model` splits a state into files (huggingface_hub's `StateDictSplit`).
-struct ShardPlan {
-  std::vector<std::pair<std::string, std::vector<std::string>>> files;  //!< file name -> tensor names, in order
-  std::int64_t total_size = 0;                                          //!< bytes of every tensor's storage
-  [[nodiscard]] bool sharded() const noexcept { return files.size() > 1; }
-};
-
-// [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
-//! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
-inline ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state, std::int64_t max_shard_size,
-                             const std::string& stem = "model", const std::string& extension = ".safetensors") {
+ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state, std::int64_t max_shard_size,
+                                 const std::string& stem, const std::string& extension) {
   std::vector<std::vector<std::string>> shards;
   std::vector<std::string> current;
   std::int64_t current_size = 0;
@@ -157,12 +193,6 @@ inline ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor
   return plan;
 }
 
-//! `save_model`'s settings (Accelerate's `max_shard_size`; `safe_serialization` is always true here).
-struct SaveModelOptions {
-  std::int64_t max_shard_size = default_max_shard_size;  //!< bytes per file (see `parse_size`)
-  Metadata metadata{{"format", "pt"}};                   //!< each file's `__metadata__`, as Accelerate writes it
-};
-
 namespace safetensors_detail {
 //! `model-00001-of-00003.safetensors`: a shard name of huggingface's pattern.
 inline bool is_shard_name(const std::string& f) {
@@ -175,12 +205,8 @@ inline bool is_shard_name(const std::string& f) {
 }
 }  // namespace safetensors_detail
 
-// [accelerate:accelerator.py Accelerator.save_model]
-//! Writes `model`'s parameters and buffers into `dir` (created if needed): `model.safetensors`, or shards and
-//! their index above `max_shard_size`. Returns the plan it wrote.
-template <class Deferred = void>
-ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
-                     const SaveModelOptions& options = {}) {
+template <class Deferred>
+ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir, const SaveModelOptions& options) {
   using json = typename safetensors_detail::Json<Deferred>::type;
   const std::string where = "accel::save_model: " + dir.string() + ": ";
   accel::detail::require(options.max_shard_size > 0, where + "max_shard_size must be positive");
@@ -219,17 +245,8 @@ ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path
   return plan;
 }
 
-//! `load_model`'s settings.
-struct LoadModelOptions {
-  bool strict = true;       //!< a tensor in the files that the module lacks is an error (else it is ignored)
-  bool allow_cast = false;  //!< a tensor of another dtype than the module's is converted (else an error)
-};
-
-// [accelerate:utils/modeling.py load_checkpoint_in_model]
-//! Fills `model`'s parameters and buffers by name from `path`: a directory holding `model.safetensors.index.json`
-//! (a sharded checkpoint) or `model.safetensors`, an index file, or one safetensors file.
-template <class Deferred = void>
-void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {}) {
+template <class Deferred>
+void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options) {
   namespace fs = std::filesystem;
   using json = typename safetensors_detail::Json<Deferred>::type;
   const std::string who = "accel::load_model: ";
@@ -320,5 +337,6 @@ void load_model(torch::nn::Module& model, const std::filesystem::path& path, con
     for (auto& [target, e] : per_file[i]) target.copy_(safetensors_detail::read_entry(files[i], in, headers[i], *e));
   }
 }
+#endif  // ACCEL_DEFINITIONS
 
 }  // namespace accel::checkpoint

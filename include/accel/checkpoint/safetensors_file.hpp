@@ -22,6 +22,21 @@ namespace accel::checkpoint {
 
 //! Every tensor of a safetensors file, by name, on the CPU.
 template <class Deferred = void>
+TensorMap read_safetensors(const std::filesystem::path& path);
+
+//! The `__metadata__` of a safetensors file (empty when it has none).
+template <class Deferred = void>
+Metadata read_safetensors_metadata(const std::filesystem::path& path);
+
+//! Writes `tensors` (any device, any layout: they are copied to contiguous CPU memory) as one safetensors file,
+//! byte for byte what `safetensors.torch.save_file(tensors, path, metadata)` writes. An empty `metadata` writes
+//! no `__metadata__`.
+template <class Deferred = void>
+void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
+                       const Metadata& metadata = {{"format", "pt"}});
+
+#if ACCEL_DEFINITIONS
+template <class Deferred>
 TensorMap read_safetensors(const std::filesystem::path& path) {
   std::ifstream in;
   const auto h = safetensors_detail::read_header<Deferred>(path, in);
@@ -30,19 +45,14 @@ TensorMap read_safetensors(const std::filesystem::path& path) {
   return out;
 }
 
-//! The `__metadata__` of a safetensors file (empty when it has none).
-template <class Deferred = void>
+template <class Deferred>
 Metadata read_safetensors_metadata(const std::filesystem::path& path) {
   std::ifstream in;
   return safetensors_detail::read_header<Deferred>(path, in).metadata;
 }
 
-//! Writes `tensors` (any device, any layout: they are copied to contiguous CPU memory) as one safetensors file,
-//! byte for byte what `safetensors.torch.save_file(tensors, path, metadata)` writes. An empty `metadata` writes
-//! no `__metadata__`.
-template <class Deferred = void>
-void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
-                       const Metadata& metadata = {{"format", "pt"}}) {
+template <class Deferred>
+void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata) {
   using ordered_json = typename safetensors_detail::Json<Deferred>::ordered;
   struct Item {
     const std::string* name;
@@ -82,5 +92,7 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   out.close();
   if (!out) safetensors_detail::fail(path, "could not be written completely (disk full?)");
 }
+
+#endif  // ACCEL_DEFINITIONS
 
 }  // namespace accel::checkpoint

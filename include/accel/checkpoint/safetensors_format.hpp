@@ -13,13 +13,16 @@
 //! overlapping or leaving bytes uncovered) is one `SafetensorsError` naming the file and the problem; sizes are
 //! checked against the file's size before anything is allocated.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 
+#if ACCEL_DEFINITIONS  // Note [JSON at the call site]
 #include <nlohmann/json.hpp>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -103,7 +106,10 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 // Note [JSON at the call site]: every function that touches nlohmann-json is a template whose JSON types depend
 // on its (defaulted, never named) template parameter, so that only a translation unit that calls one of them
 // compiles nlohmann's parser and writer. As inline functions they cost every translation unit that includes this
-// header about 2 s of g++'s time (benchmarks/README.md, "Compile time"). The parameter is never given.
+// header about 2 s of g++'s time (benchmarks/README.md, "Compile time"). The parameter is never given. Under
+// ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp) only their declarations are seen, not even nlohmann's header:
+// <accel/src.hpp> instantiates them once, for `void`.
+#if ACCEL_DEFINITIONS
 template <class>
 struct Json {
   using type = nlohmann::json;
@@ -211,6 +217,7 @@ Header read_header(const std::filesystem::path& path, std::ifstream& in) {
                    " belong to no tensor)");
   return h;
 }
+#endif  // ACCEL_DEFINITIONS
 
 inline at::Tensor read_entry(const std::filesystem::path& path, std::ifstream& in, const Header& h, const Entry& e) {
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype->type));

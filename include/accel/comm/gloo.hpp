@@ -5,6 +5,7 @@
 //! translation unit; only `state/engine.hpp` includes it.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/comm/connect.hpp>
 #include <accel/comm/rendezvous.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -301,7 +302,7 @@ class GlooCommunicator final : public Communicator {
 //! Rendezvous at the launcher's address and connect its processes with Gloo. The network interface is
 //! `GLOO_SOCKET_IFNAME` when set (as in PyTorch), else the address that reaches `addr` (loopback jobs stay
 //! on 127.0.0.1).
-inline std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec& spec, const CommOptions& opt) {
+ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec& spec, const CommOptions& opt) {
   const std::string& addr = spec.addr;
   const int rank = spec.rank, size = spec.size;
   auto rdzv = std::make_unique<Rendezvous>(spec, opt);

@@ -13,6 +13,7 @@
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/comm/connect.hpp>
 #include <accel/comm/heartbeat.hpp>
 #include <accel/comm/store.hpp>
 
@@ -34,22 +35,6 @@
 #include <vector>
 
 namespace accel::comm {
-
-//! Where the processes of a job meet: the store's address (rank 0 hosts it unless `host_store` is false), this
-//! process's rank and the number of processes.
-struct RendezvousSpec {
-  std::string addr = "127.0.0.1";
-  int port = 29500;
-  int rank = 0;
-  int size = 1;
-  bool host_store = true;  //!< rank 0 starts the store (false: the launcher, accel-launch or torchrun's agent, hosts it)
-  //! The restart generation (torchrun's and accel-launch's `TORCHELASTIC_RESTART_COUNT`): every key this job
-  //! writes is scoped by it, so that a stale key of an earlier attempt can never satisfy the arrival check, the
-  //! Gloo rendezvous or the NCCL id exchange of a restarted one.
-  int generation = 0;
-  //! The job's id and secret (comm/job_identity.hpp and comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
-  JobIdentity job;
-};
 
 //! The rendezvous: the store, every rank announcing itself, and the heartbeat.
 class Rendezvous final : public Monitor {

@@ -14,6 +14,7 @@
 
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/rendezvous.hpp>
+#include <accel/cuda/connect.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
@@ -310,9 +311,8 @@ class NcclCommunicator final : public comm::Communicator {
   ncclComm_t comm_ = nullptr;
 };
 
-//! Connects the job's processes with NCCL, this one on GPU `device`.
-inline std::unique_ptr<comm::Communicator> make_nccl_communicator(const comm::RendezvousSpec& spec, const comm::CommOptions& opt,
-                                                                  int device) {
+ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const comm::RendezvousSpec& spec,
+                                                                      const comm::CommOptions& opt, int device) {
   auto rdzv = std::make_unique<comm::Rendezvous>(spec, opt);
   return std::make_unique<NcclCommunicator>(std::move(rdzv), spec, opt, device);
 }

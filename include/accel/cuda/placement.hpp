@@ -12,11 +12,47 @@
 
 #include <accel/core/structure.hpp>
 #include <accel/data/placement.hpp>
+#include <accel/detail/linkage.hpp>
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/FunctionRef.h>
+
+#include <optional>
+#include <utility>
+
+#if ACCEL_DEFINITIONS  // the CUDA runtime's headers stay out of user code under ACCEL_SEPARATE_COMPILATION
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace accel::cuda {
+
+//! Runs `copies` with a side stream of `device` (one from the pool) as the current stream, then waits until what
+//! they queued on it has landed: an event recorded on the side stream, synchronised.
+ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies);
+//! The tensor is used on the current stream of `device` from now on (the caching allocator waits for it).
+ACCEL_DECL void record_on_current_stream(at::Tensor& t, c10::Device device);
+
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies) {
+  c10::cuda::CUDAGuard guard(device.index());
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  c10::cuda::CUDAStreamGuard on_side(side);
+  copies();
+  at::cuda::CUDAEvent landed;
+  landed.record(side);
+  landed.synchronize();  // the hand-off: the batch is on the device before the loop can see it
+}
+
+ACCEL_DECL void record_on_current_stream(at::Tensor& t, c10::Device device) {
+  t.record_stream(c10::cuda::getCurrentCUDAStream(device.index()));
+}
+#endif
+
+}  // namespace accel::cuda
 
 namespace accel::data {
 
@@ -31,17 +67,14 @@ struct Placement<place::async> {
       return b;
     } else {
       if (!device.is_cuda()) return b;
-      c10::cuda::CUDAGuard guard(device.index());
-      const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-      c10::cuda::CUDAStreamGuard on_side(side);
-      Batch out = map_tensors(b, [&](const at::Tensor& t) {
-        const at::Tensor staged = t.is_pinned() ? t : t.pin_memory();
-        return staged.to(device, /*non_blocking=*/true);
+      std::optional<Batch> out;
+      cuda::on_side_stream(device, [&] {
+        out.emplace(map_tensors(b, [&](const at::Tensor& t) {
+          const at::Tensor staged = t.is_pinned() ? t : t.pin_memory();
+          return staged.to(device, /*non_blocking=*/true);
+        }));
       });
-      at::cuda::CUDAEvent landed;
-      landed.record(side);
-      landed.synchronize();  // the hand-off: the batch is on the device before the loop can see it
-      return out;
+      return std::move(*out);
     }
   }
 
@@ -50,9 +83,8 @@ struct Placement<place::async> {
   void hand_over(Batch& b) const {
     if constexpr (TensorStructure<Batch>) {
       if (!device.is_cuda()) return;
-      const auto current = c10::cuda::getCurrentCUDAStream(device.index());
       for_each_tensor(b, [&](at::Tensor& t) {
-        if (t.is_cuda()) t.record_stream(current);
+        if (t.is_cuda()) cuda::record_on_current_stream(t, device);
       });
     }
   }

@@ -10,13 +10,15 @@
 //! | `dist::from_env` | one process: `none`; several: `nccl` when the build has CUDA and the process sees a GPU, else `gloo` |
 //!
 //! There is no registry and no static initialisation: this header includes the NCCL engine itself whenever
-//! ACCEL_WITH_CUDA is set, so every public header gives the same engine for the same policy on the same
-//! machine, whatever else a translation unit includes. Naming `Engine<dist::nccl>` in a build without CUDA is
+//! ACCEL_WITH_CUDA is set (under ACCEL_SEPARATE_COMPILATION its declaration; <accel/src.hpp> compiles it), so
+//! every public header gives the same engine for the same policy on the same machine, whatever else a
+//! translation unit includes. Naming `Engine<dist::nccl>` in a build without CUDA is
 //! one `static_assert` (`Accelerator<dist::nccl>` reports it through its configuration check instead).
 
 #include <accel/comm/communicator.hpp>
-#include <accel/comm/gloo.hpp>
+#include <accel/comm/connect.hpp>
 #include <accel/detail/cuda_build.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/policy/dist.hpp>
 #include <accel/state/launch_env.hpp>
 
@@ -24,8 +26,16 @@
 #include <c10/core/Device.h>
 
 #if ACCEL_WITH_CUDA
+#include <accel/cuda/connect.hpp>
+#endif
+
+// The engines' definitions; under ACCEL_SEPARATE_COMPILATION only <accel/src.hpp> sees them (detail/linkage.hpp).
+#if ACCEL_DEFINITIONS
+#include <accel/comm/gloo.hpp>
+#if ACCEL_WITH_CUDA
 #include <accel/cuda/nccl.hpp>
 #include <c10/cuda/CUDAFunctions.h>
+#endif
 #endif
 
 #include <algorithm>
@@ -54,13 +64,16 @@ struct Connection {
 };
 
 //! GPUs this process sees: the CUDA device count in a build with CUDA, 0 otherwise.
-inline int visible_gpus() {
+ACCEL_DECL int visible_gpus();
+#if ACCEL_DEFINITIONS
+ACCEL_DECL int visible_gpus() {
 #if ACCEL_WITH_CUDA
   return int(c10::cuda::device_count());
 #else
   return 0;
 #endif
 }
+#endif
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id

@@ -18,12 +18,16 @@
 //! every event file of the folder). A step left out is the number of `log` calls
 //! before this one.
 
-#include <accel/core/files.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
+#include <accel/tracking/tracker.hpp>
+
+#if ACCEL_DEFINITIONS  // the writers; under ACCEL_SEPARATE_COMPILATION only <accel/src.hpp> compiles them
+#include <accel/core/files.hpp>
 #include <accel/tracking/csv.hpp>
 #include <accel/tracking/jsonl.hpp>
 #include <accel/tracking/tensorboard.hpp>
-#include <accel/tracking/tracker.hpp>
+#endif
 
 #include <filesystem>
 #include <memory>
@@ -40,21 +44,8 @@ class Trackers {
   Trackers() = default;
   //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`. `continuing`: a
   //! resumed job, whose files are appended to.
-  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config, bool continuing = false) {
-    check_names(config, "init_trackers");
-    for (std::size_t i = 0; i < kinds.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (kinds[i] == kinds[j]) throw InvalidArgument("accel: Options::log_with names a tracker twice");
-    if (kinds.empty()) return;
-    std::filesystem::create_directories(dir);
-    for (const auto k : kinds) {
-      if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, continuing));
-      else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, continuing));
-      else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
-    }
-    write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
-    for (auto& w : writers_) w->store_config(config);
-  }
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
+           bool continuing = false);
   Trackers(Trackers&&) = default;
   Trackers& operator=(Trackers&&) = default;
   ~Trackers() { finish(); }
@@ -82,5 +73,24 @@ class Trackers {
   std::vector<std::unique_ptr<Writer>> writers_;
   std::int64_t calls_ = 0;
 };
+
+#if ACCEL_DEFINITIONS
+ACCEL_DECL Trackers::Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
+                              bool continuing) {
+  check_names(config, "init_trackers");
+  for (std::size_t i = 0; i < kinds.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (kinds[i] == kinds[j]) throw InvalidArgument("accel: Options::log_with names a tracker twice");
+  if (kinds.empty()) return;
+  std::filesystem::create_directories(dir);
+  for (const auto k : kinds) {
+    if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, continuing));
+    else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, continuing));
+    else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
+  }
+  write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
+  for (auto& w : writers_) w->store_config(config);
+}
+#endif
 
 }  // namespace accel::tracking

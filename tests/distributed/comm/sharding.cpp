@@ -5,6 +5,7 @@
 
 #include <accel/comm/communicator.hpp>
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
