@@ -3,10 +3,10 @@
 
 Compiles (g++ -O2 -std=c++20, the project's include directories and definitions, no ccache) a TU that
 includes <torch/torch.h> alone, one that adds <accel/accel.hpp>, <accel/accel.hpp> alone, and the loader's headers
-alone (what a plan/loader test includes: no c10d), the user TU of a CPU-only build, and c10d's ProcessGroupGloo.hpp
-(the Gloo engine's dependency) alone, each `--repeat` times, keeping the fastest. Writes a JSON list of
+alone (what a plan/loader test includes: no c10d), the user TU of a CPU-only build, the user TU and accel/src.hpp in
+ACCEL_SEPARATE_COMPILATION, and c10d's ProcessGroupGloo.hpp (the Gloo engine's dependency) alone, each `--repeat` times, keeping the fastest. Writes a JSON list of
 {"name", "accel_seconds", "baseline", "baseline_seconds", "ratio"} (the ratio against torch.h alone; goal <= 1.3 for
-torch.h + accel.hpp).
+torch.h + accel.hpp, header-only or ACCEL_SEPARATE_COMPILATION).
 
     compile_time.py FLAGS_FILE OUT.json [--repeat N]
 FLAGS_FILE: one flag per line (build/tests/fail_torch_flags.txt: -isystem dirs and -D definitions of the tests).
@@ -26,6 +26,11 @@ TUS = {
     "loader headers (data/prepare.hpp)": "#include <accel/data/prepare.hpp>\n",
     # The same user TU in a CPU-only build (LibTorch without CUDA: no NCCL engine, no CUDA headers).
     "torch.h + accel.hpp, CPU-only build": "#undef ACCEL_WITH_CUDA\n#define ACCEL_WITH_CUDA 0\n#include <torch/torch.h>\n#include <accel/accel.hpp>\n",
+    # The same user TU in a program built with ACCEL_SEPARATE_COMPILATION (include/accel/detail/linkage.hpp): the
+    # engines, the safetensors JSON, the trackers' writers and the CUDA copies are declarations only.
+    "torch.h + accel.hpp, ACCEL_SEPARATE_COMPILATION": "#define ACCEL_SEPARATE_COMPILATION\n#include <torch/torch.h>\n#include <accel/accel.hpp>\n",
+    # ... and the one TU of that program that compiles them (its cost is paid once per program, not per TU).
+    "src.hpp (once per program)": "#define ACCEL_SEPARATE_COMPILATION\n#include <accel/src.hpp>\n",
     # What the Gloo engine's one dependency costs by itself: c10d's ProcessGroupGloo.hpp (with Gloo's headers).
     "torch.h + c10d ProcessGroupGloo.hpp": "#include <torch/torch.h>\n#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>\n",
 }

@@ -16,3 +16,4 @@ cmake -S "$src/tests/packaging/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD
       -DCMAKE_PREFIX_PATH="$work/install;$torch_prefix" >/dev/null
 cmake --build "$work/build"
 "$work/build/accel_consumer"
+"$work/build/accel_consumer_separate"

@@ -5,13 +5,15 @@
     core        core/                                     tensor structures, serialisation, generator state
     tracking    tracking/                                 experiment trackers: JSONL, CSV, TensorBoard event files
     plan        plan/                                     sharding plans: pure index math
-    comm        comm/, cuda/nccl.hpp, cuda/rng.hpp        communicator interface, engines' collectives, RNG sync
+    comm        comm/, cuda/nccl.hpp, cuda/connect.hpp,   communicator interface, engines' collectives, RNG sync
+                cuda/rng.hpp
     state       state/                                    launch environment, engines, ProcessState, GradientState
     data        data/, cuda/placement.hpp                 loaders: step sources, transports, placement
     model       model/                                    DistributedModule, PreparedModel, autocast
     optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
     checkpoint  checkpoint/                               checkpoint layout and orchestration
-    top         accelerator.hpp, accelerator/, accel.hpp  the user's surface
+    top         accelerator.hpp, accelerator/, accel.hpp  the user's surface; src.hpp compiles the separate
+                src.hpp                                   compilation mode's code (detail/linkage.hpp)
 
 Also checked: each folder's headers declare one namespace (besides accel::detail). Exits non-zero naming every
 back edge found.
@@ -22,7 +24,8 @@ import sys
 
 LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
-           "cuda/nccl.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
+           "src.hpp": "top",
+           "cuda/nccl.hpp": "comm", "cuda/connect.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
 FOLDER = {"detail": "base", "policy": "base", "accelerator": "top"}
 # The namespace every header of a folder declares its public names in.
 NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",

@@ -21,6 +21,7 @@
 //! source record's bracket nesting (an archive written by accel nests a handful). LibTorch deflates some source
 //! records; those are bounded in size (`max_source_bytes`) but their nesting is left to LibTorch's parser.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <c10/util/Exception.h>
@@ -52,7 +53,9 @@ inline std::uint64_t le(std::span<const std::uint8_t> b, std::size_t at, std::si
 
 //! Checks the pickle `p` (a member of the archive `path`) opcode by opcode: every opcode one that LibTorch's
 //! unpickler knows, every length inside the pickle, every memo index no larger than the memo so far.
-inline void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member) {
+ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member) {
   auto fail = [&](const std::string& what) { detail::damaged(path, std::string(member) + ": " + what); };
   std::size_t i = 0;
   std::uint64_t memo = 0;
@@ -114,12 +117,15 @@ inline void check_pickle(std::span<const std::uint8_t> p, const std::string& pat
     }
   }
 }
+#endif
 
 //! The largest TorchScript source record accepted: an archive written by accel holds a few hundred bytes each.
 inline constexpr std::uint64_t max_source_bytes = 1u << 20;
 
 //! Checks the zip structure of the archive `bytes` (named `path` in errors): see the note above.
-inline void check_zip(std::span<const std::uint8_t> b, const std::string& path) {
+ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& path);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& path) {
   using detail::le;
   const std::size_t n = b.size();
   if (n < 22 || le(b, 0, 4) != 0x04034b50) detail::damaged(path, "no zip header (truncated, or not a .pt archive)");
@@ -196,6 +202,7 @@ inline void check_zip(std::span<const std::uint8_t> b, const std::string& path) 
     c += 46 + name_len + extra_len + comment_len;
   }
 }
+#endif
 
 //! Runs `f` (which reads the file `path`), turning LibTorch's and the standard library's errors into one
 //! `FileError` naming the file; accel's own errors pass through (those about the file already name it).
@@ -222,20 +229,27 @@ inline void load_archive(torch::serialize::InputArchive& a, std::span<const std:
 }
 
 //! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's").
-inline void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
-                         const at::Tensor& want) {
+ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
+                             const at::Tensor& want);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
+                             const at::Tensor& want) {
   if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) return;
   throw FileError(path, "holds " + what + " of shape " + c10::str(got.sizes()) + " and dtype " +
                             std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " + c10::str(want.sizes()) +
                             " " + std::string(c10::toString(want.scalar_type())));
 }
+#endif
 
 //! LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
 //! dtype: a damaged archive would load into a model of another shape. This checks every parameter and buffer of
 //! `m` that the archive `a` (read from `path`) holds, submodules included (each a nested archive, as Module::save
 //! writes them), before `m.load(a)`.
-inline void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
-                         const std::string& prefix = "") {
+ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
+                             const std::string& prefix = "");
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
+                             const std::string& prefix) {
   auto check = [&](const std::string& key, const at::Tensor& want) {
     at::Tensor got;
     if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
@@ -249,5 +263,6 @@ inline void check_module(const torch::nn::Module& m, torch::serialize::InputArch
     check_module(*child.value(), sub, path, prefix + child.key() + ".");
   }
 }
+#endif
 
 }  // namespace accel::checkpoint

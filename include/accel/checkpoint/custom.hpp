@@ -15,6 +15,7 @@
 //! order, fails to load with a message naming both. Loading is two-phase: `read` parses (and may throw) without
 //! touching the object; the returned `commit` restores it.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/checkpoint/archive.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/core/serialize.hpp>
@@ -123,7 +124,9 @@ inline void save_custom(const Custom& c, torch::serialize::OutputArchive& a) {
 }
 
 //! Parses a custom object's archive for `c` (registered at position `i`); returns what restores it.
-inline std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a, const std::string& path) {
+ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a, const std::string& path);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a, const std::string& path) {
   c10::IValue type;
   reading(path, [&] { a.read("type", type); });
   if (!type.isString()) throw FileError(path, "damaged custom state: 'type' is not a string");
@@ -133,5 +136,6 @@ inline std::function<void()> read_custom(const Custom& c, std::size_t i, torch::
                           " there; register_for_checkpointing the same objects, in the same order, as the job that saved it");
   return c.read(a, path);
 }
+#endif
 
 }  // namespace accel::checkpoint

@@ -28,6 +28,7 @@
 //! whole). Loading verifies each file against the manifest before reading it, and every file is read by the
 //! functions below, which check what they read and throw one `accel::FileError` naming the file.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/checkpoint/archive.hpp>
 #include <accel/core/serialize.hpp>
 #include <accel/data/loader_state.hpp>
@@ -119,7 +120,9 @@ inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
 }
 
 //! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
-inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
+ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
   torch::serialize::InputArchive a;
   load_archive(a, bytes, path);
   Meta m;
@@ -137,13 +140,17 @@ inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& pa
     throw FileError(path, "damaged checkpoint description: a negative count or an unknown scaler flag");
   return m;
 }
+#endif
 
 //! Parses a process record's bytes (the "record" tensor of `process_<r>.pt`, the file `path`, of checkpoint format
 //! `version`): deserialised whole, every generator state of the size this LibTorch's CPU generator has
 //! (`generator_state_bytes`). A format-2 record's loader states have no position (-1: they resume after their
 //! batches, with the same number of processes).
-inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
-                                          std::int64_t version = format_version) {
+ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
+                                              std::int64_t version = format_version);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
+                                              std::int64_t version) {
   ProcessRecord r;
   if (version == 2) {
     detail::ProcessRecordV2 old;
@@ -170,10 +177,14 @@ inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, cons
   }
   return r;
 }
+#endif
 
 //! Reads the record of `process_<r>.pt` (opened into `a`).
-inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
-                                         std::int64_t version = format_version) {
+ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
+                                             std::int64_t version = format_version);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
+                                             std::int64_t version) {
   at::Tensor blob;
   reading(path, [&] { a.read("record", blob); });
   if (blob.scalar_type() != at::kByte || blob.dim() != 1 || !blob.is_contiguous() || !blob.device().is_cpu())
@@ -181,5 +192,6 @@ inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, cons
   return parse_process_record(std::span<const std::uint8_t>(blob.data_ptr<std::uint8_t>(), std::size_t(blob.numel())), path,
                               generator_state_bytes, version);
 }
+#endif
 
 }  // namespace accel::checkpoint

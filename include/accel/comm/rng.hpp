@@ -4,6 +4,7 @@
 //! broadcast to every rank. One specialisation of `sync_rng` per kind of generator; `rng::cuda`'s lives in
 //! `accel/cuda/rng.hpp`, which this header includes itself in a CUDA build.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/detail/cuda_build.hpp>
 #include <accel/policy/rng.hpp>
@@ -25,7 +26,9 @@ struct sync_rng {
 };
 
 namespace detail {
-inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g) {
+ACCEL_DECL void broadcast_generator_state(comm::Communicator& comm, at::Generator& g);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void broadcast_generator_state(comm::Communicator& comm, at::Generator& g) {
   at::Tensor state;
   {
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -36,6 +39,7 @@ inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g
   std::lock_guard<std::mutex> lock(g.mutex());
   g.set_state(moving.cpu());
 }
+#endif
 }  // namespace detail
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "cpu"/"torch")

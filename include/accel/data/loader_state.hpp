@@ -25,7 +25,9 @@ namespace accel::data {
 enum class LoaderKind : std::int64_t { sharded = 0, dispatched = 1, batch_sampler = 2, stream_sharded = 3, stream_dispatched = 4 };
 
 //! The path's name in messages.
-inline std::string kind_name(std::int64_t kind) {
+ACCEL_DECL std::string kind_name(std::int64_t kind);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::string kind_name(std::int64_t kind) {
   switch (kind) {
     case 0: return "loading::sharded";
     case 1: return "loading::dispatched";
@@ -35,6 +37,7 @@ inline std::string kind_name(std::int64_t kind) {
     default: return "an unknown loading path (" + std::to_string(kind) + ")";
   }
 }
+#endif
 
 struct LoaderState {
   std::int64_t epoch = 0;                      //!< the epoch in progress (or the next one)

@@ -14,6 +14,7 @@
 #include <accel/core/serialize.hpp>
 #include <accel/core/structure.hpp>
 #include <accel/data/loader_core.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/state/gradient_state.hpp>
 
 #include <ATen/ops/empty.h>
@@ -74,13 +75,16 @@ struct DispatchPayload {
 
 //! Every rank learns rank 0's description of the step (a typed broadcast); rank 0's loading error stops every rank
 //! with its message. Returns whether there is a step (false: the end of a stream).
-inline bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
+ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
   if (ctx.comm && ctx.num_processes > 1) step = broadcast_object(ctx.comm, step, 0);
   if (!step.error.empty())
     throw Error(ctx.process_index == 0 ? step.error
                                        : "accel: rank " + std::to_string(ctx.process_index) + ": dispatched loading stopped: " + step.error);
   return step.has_step;
 }
+#endif
 
 //! Rank 0 sends the step's description (typed broadcast), then every tensor leaf of the global batch is cut into
 //! per-rank chunks (padded to one size) and scattered, and every rank keeps its `size[me]` rows. Returns this

@@ -35,6 +35,7 @@
 //! ```
 
 
+#include <accel/detail/linkage.hpp>
 #include <accel/optim/exact_scheduler.hpp>
 #include <accel/optim/one_cycle.hpp>
 #include <accel/optim/plateau.hpp>
@@ -299,8 +300,11 @@ class SequentialLR : public ExactScheduler {
 
 // [transformers:optimization.py get_constant_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then the initial rate.
-inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                               std::int64_t last_epoch = -1) {
+ACCEL_DECL std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                   std::int64_t last_epoch = -1);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                   std::int64_t last_epoch) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup](std::int64_t step) {
@@ -309,11 +313,15 @@ inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Opt
       },
       last_epoch);
 }
+#endif
 
 // [transformers:optimization.py get_linear_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then a linear decay to 0 at `total`.
-inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                             std::int64_t total, std::int64_t last_epoch = -1) {
+ACCEL_DECL std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                 std::int64_t total, std::int64_t last_epoch = -1);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                 std::int64_t total, std::int64_t last_epoch) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup, total](std::int64_t step) {
@@ -322,13 +330,18 @@ inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optim
       },
       last_epoch);
 }
+#endif
 
 // [transformers:optimization.py get_cosine_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then `num_cycles` cosine waves down to 0 at `total` (0.5: one
 //! half-wave from the initial rate to 0).
-inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                             std::int64_t total, double num_cycles = 0.5,
-                                                             std::int64_t last_epoch = -1) {
+ACCEL_DECL std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                 std::int64_t total, double num_cycles = 0.5,
+                                                                 std::int64_t last_epoch = -1);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                                 std::int64_t total, double num_cycles,
+                                                                 std::int64_t last_epoch) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup, total, num_cycles](std::int64_t step) {
@@ -341,6 +354,7 @@ inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optim
       },
       last_epoch);
 }
+#endif
 
 // What Accelerator::prepare asks of a scheduler (TorchScheduler, optim/accelerated.hpp).
 static_assert(std::derived_from<ExactScheduler, torch::optim::LRScheduler>);

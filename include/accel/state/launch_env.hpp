@@ -25,6 +25,7 @@
 //!
 //! `TORCHELASTIC_RESTART_COUNT` (torchrun's and accel-launch's restart generation) is `LaunchEnv::restart_count`.
 
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <array>
@@ -74,7 +75,9 @@ inline std::optional<std::string> process_env(std::string_view name) {
 
 namespace detail {
 
-inline int parse_int(std::string_view name, const std::string& value, std::string_view hint) {
+ACCEL_DECL int parse_int(std::string_view name, const std::string& value, std::string_view hint);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL int parse_int(std::string_view name, const std::string& value, std::string_view hint) {
   int out = 0;
   const char* first = value.data();
   const char* last = first + value.size();
@@ -85,9 +88,12 @@ inline int parse_int(std::string_view name, const std::string& value, std::strin
                           "' is not an integer; " + std::string(hint));
   return out;
 }
+#endif
 
 //! The first host of a SLURM node list: "node[01-04,07],gpu9" -> "node01"; "a,b" -> "a".
-inline std::string first_slurm_host(std::string_view list) {
+ACCEL_DECL std::string first_slurm_host(std::string_view list);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::string first_slurm_host(std::string_view list) {
   std::string host;
   for (std::size_t i = 0; i < list.size(); ++i) {
     const char c = list[i];
@@ -101,11 +107,14 @@ inline std::string first_slurm_host(std::string_view list) {
   }
   return host;
 }
+#endif
 
 }  // namespace detail
 
 //! Reads the launcher's variables (see the file comment for the precedence) and validates them.
-inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const LaunchOverrides& over = {}) {
+ACCEL_DECL LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const LaunchOverrides& over = {});
+#if ACCEL_DEFINITIONS
+ACCEL_DECL LaunchEnv detect_launch_env(const EnvLookup& env, const LaunchOverrides& over) {
   LaunchEnv out;
   auto get_int = [&](std::string_view name, std::string_view hint) -> std::optional<int> {
     auto v = env(name);
@@ -234,5 +243,6 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
                                       " must be at least 0 (the launcher counts its restarts from 0)");
   return out;
 }
+#endif
 
 }  // namespace accel
