@@ -24,16 +24,20 @@
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
+
+#if ACCEL_DEFINITIONS  // the autograd engine (its callback queue) is needed by `ready` alone
+#include <torch/csrc/autograd/engine.h>
+#endif
 
 #include <functional>
 #include <memory>
@@ -250,25 +254,7 @@ class DistributedModule {
   }
 
  private:
-  static void ready(const std::shared_ptr<State>& sp, std::size_t index) {
-    auto& s = *sp;
-    std::lock_guard<std::mutex> lock(s.mu);
-    ++s.hook_calls;
-    if (!s.sync) return;
-    if (!s.callback_queued) {
-      s.callback_queued = true;
-      std::weak_ptr<State> weak = sp;
-      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-        if (auto st = weak.lock()) finalize(*st);
-      });
-    }
-    auto& p = s.params[index];
-    if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
-    p.ready = true;
-    if (s.zero) return s.zero->ready(index);
-    ++s.buckets[p.bucket].ready;
-    launch_ready(s);
-  }
+  static void ready(const std::shared_ptr<State>& sp, std::size_t index);
   // Starts every complete bucket, in index order only.
   static void launch_ready(State& s) {
     while (s.next_launch < s.buckets.size() && s.buckets[s.next_launch].ready == s.buckets[s.next_launch].params.size()) {
@@ -371,6 +357,30 @@ class DistributedModule {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<State> state_;
 };
+
+#if ACCEL_DEFINITIONS
+// A parameter's gradient is accumulated (its post-accumulate-grad hook): the first queues the end-of-backward
+// callback, and its bucket starts once complete.
+ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::size_t index) {
+  auto& s = *sp;
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.hook_calls;
+  if (!s.sync) return;
+  if (!s.callback_queued) {
+    s.callback_queued = true;
+    std::weak_ptr<State> weak = sp;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto st = weak.lock()) finalize(*st);
+    });
+  }
+  auto& p = s.params[index];
+  if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
+  p.ready = true;
+  if (s.zero) return s.zero->ready(index);
+  ++s.buckets[p.bucket].ready;
+  launch_ready(s);
+}
+#endif  // ACCEL_DEFINITIONS
 
 inline SyncScope::~SyncScope() {
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) it->first->set_sync(it->second);

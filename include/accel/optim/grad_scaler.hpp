@@ -17,6 +17,7 @@
 //! `Accelerator` creates one under `Precision::fp16`, which (as in Accelerate) needs a GPU.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -56,42 +57,7 @@ class GradScaler {
   [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_.to(loss.device(), /*non_blocking=*/true); }
 
   //! Divides the optimizer's gradients by the scale and records inf/NaN (summed across processes).
-  void unscale_(torch::optim::Optimizer& optimizer) {
-    auto& st = per_optimizer_[&optimizer];
-    detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
-                                  "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
-    detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
-    const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-    at::Tensor found = at::zeros({1}, scale_.options());
-    // One fused call per (device, dtype) group, as PyTorch does.
-    std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> groups;  // (a gradient of the group, its members)
-    for (const auto& group : optimizer.param_groups())
-      for (const auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        detail::require(p.grad().scalar_type() != at::kHalf,
-                        "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
-                        "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
-        detail::require(!p.grad().is_sparse(), "accel::GradScaler: sparse gradients are not supported");
-        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
-          return e.first.device() == p.grad().device() && e.first.scalar_type() == p.grad().scalar_type();
-        });
-        if (g == groups.end()) groups.push_back({p.grad(), {}}), g = std::prev(groups.end());
-        g->second.push_back(p.grad());
-      }
-    for (auto& [first, grads] : groups) {
-      const c10::Device where = first.device();
-      at::Tensor found_here = where == found.device() ? found : at::zeros({1}, scale_.options().device(where));
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv.to(where));
-      if (!found_here.is_same(found)) found.add_(found_here.to(found.device()));
-    }
-    if (comm_ && comm_->size() > 1) {
-      at::Tensor moving = found.to(comm_->device());
-      comm_->all_reduce(moving, comm::ReduceOp::sum);
-      found.copy_(moving);
-    }
-    st.found_inf = found;
-    st.unscaled = true;
-  }
+  void unscale_(torch::optim::Optimizer& optimizer);
 
   //! Unscales if not done yet, then steps `optimizer` unless inf/NaN was found. Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer) {
@@ -111,14 +77,7 @@ class GradScaler {
   }
 
   //! Adjusts the scale from the inf/NaN findings since the last update.
-  void update() {
-    at::Tensor found;
-    for (auto& [opt, st] : per_optimizer_)
-      if (st.found_inf.defined()) found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
-    detail::require(found.defined(), "accel::GradScaler: update() without an unscale_() or step() since the last update()");
-    at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval);
-    per_optimizer_.clear();
-  }
+  void update();
 
   [[nodiscard]] double get_scale() const { return scale_.item<double>(); }
   [[nodiscard]] std::int64_t growth_tracker() const { return growth_tracker_.item<std::int64_t>(); }
@@ -128,14 +87,7 @@ class GradScaler {
     a.write("scale", scale_.cpu());
     a.write("growth_tracker", growth_tracker_.cpu());
   }
-  void load(torch::serialize::InputArchive& a) {
-    at::Tensor s, g;
-    a.read("scale", s);
-    a.read("growth_tracker", g);
-    scale_.copy_(s);
-    growth_tracker_.copy_(g);
-    per_optimizer_.clear();
-  }
+  void load(torch::serialize::InputArchive& a);
 
  private:
   struct PerOptimizer {
@@ -147,5 +99,62 @@ class GradScaler {
   at::Tensor scale_, growth_tracker_;
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
 };
+
+#if ACCEL_DEFINITIONS
+ACCEL_DECL void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  auto& st = per_optimizer_[&optimizer];
+  detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
+                                "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
+  detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
+  const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  at::Tensor found = at::zeros({1}, scale_.options());
+  // One fused call per (device, dtype) group, as PyTorch does.
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> groups;  // (a gradient of the group, its members)
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      detail::require(p.grad().scalar_type() != at::kHalf,
+                      "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
+                      "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
+      detail::require(!p.grad().is_sparse(), "accel::GradScaler: sparse gradients are not supported");
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
+        return e.first.device() == p.grad().device() && e.first.scalar_type() == p.grad().scalar_type();
+      });
+      if (g == groups.end()) groups.push_back({p.grad(), {}}), g = std::prev(groups.end());
+      g->second.push_back(p.grad());
+    }
+  for (auto& [first, grads] : groups) {
+    const c10::Device where = first.device();
+    at::Tensor found_here = where == found.device() ? found : at::zeros({1}, scale_.options().device(where));
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv.to(where));
+    if (!found_here.is_same(found)) found.add_(found_here.to(found.device()));
+  }
+  if (comm_ && comm_->size() > 1) {
+    at::Tensor moving = found.to(comm_->device());
+    comm_->all_reduce(moving, comm::ReduceOp::sum);
+    found.copy_(moving);
+  }
+  st.found_inf = found;
+  st.unscaled = true;
+}
+
+ACCEL_DECL void GradScaler::update() {
+  at::Tensor found;
+  for (auto& [opt, st] : per_optimizer_)
+    if (st.found_inf.defined()) found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
+  detail::require(found.defined(), "accel::GradScaler: update() without an unscale_() or step() since the last update()");
+  at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval);
+  per_optimizer_.clear();
+}
+
+ACCEL_DECL void GradScaler::load(torch::serialize::InputArchive& a) {
+  at::Tensor s, g;
+  a.read("scale", s);
+  a.read("growth_tracker", g);
+  scale_.copy_(s);
+  growth_tracker_.copy_(g);
+  per_optimizer_.clear();
+}
+#endif  // ACCEL_DEFINITIONS
 
 }  // namespace accel
