@@ -86,10 +86,11 @@ class Checkpointer {
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
   //! window, so each process's gradients gathered so far are saved too.
-  void save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients) const;
+  ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
+                       bool local_gradients) const;
 
   //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter.
-  std::int64_t load(const std::filesystem::path& given, const Process& p);
+  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p);
 
  private:
   // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or

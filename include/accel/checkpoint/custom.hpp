@@ -124,9 +124,11 @@ inline void save_custom(const Custom& c, torch::serialize::OutputArchive& a) {
 }
 
 //! Parses a custom object's archive for `c` (registered at position `i`); returns what restores it.
-ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a, const std::string& path);
+ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
+                              const std::string& path);
 #if ACCEL_DEFINITIONS
-ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a, const std::string& path) {
+ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
+                              const std::string& path) {
   c10::IValue type;
   reading(path, [&] { a.read("type", type); });
   if (!type.isString()) throw FileError(path, "damaged custom state: 'type' is not a string");

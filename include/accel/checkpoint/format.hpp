@@ -146,10 +146,12 @@ ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string
 //! `version`): deserialised whole, every generator state of the size this LibTorch's CPU generator has
 //! (`generator_state_bytes`). A format-2 record's loader states have no position (-1: they resume after their
 //! batches, with the same number of processes).
-ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
+ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
+                                              std::size_t generator_state_bytes,
                                               std::int64_t version = format_version);
 #if ACCEL_DEFINITIONS
-ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path, std::size_t generator_state_bytes,
+ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
+                                              std::size_t generator_state_bytes,
                                               std::int64_t version) {
   ProcessRecord r;
   if (version == 2) {
@@ -180,10 +182,12 @@ ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, 
 #endif
 
 //! Reads the record of `process_<r>.pt` (opened into `a`).
-ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
+ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
+                                             std::size_t generator_state_bytes,
                                              std::int64_t version = format_version);
 #if ACCEL_DEFINITIONS
-ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path, std::size_t generator_state_bytes,
+ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
+                                             std::size_t generator_state_bytes,
                                              std::int64_t version) {
   at::Tensor blob;
   reading(path, [&] { a.read("record", blob); });

@@ -137,11 +137,12 @@ class Communicator {
   }
   //! In place: every rank ends with `root`'s `tensors` (shapes and dtypes must already agree), in one collective:
   //! their bytes packed into one buffer (PyTorch's `_broadcast_coalesced`), so any mix of dtypes travels at once.
-  virtual void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0);
+  ACCEL_DECL virtual void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0);
 
  protected:
   //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
-  CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce = ReduceOp::sum, int root = 0);
+  ACCEL_DECL CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel,
+                                ReduceOp reduce = ReduceOp::sum, int root = 0);
 
   //! Waits for `id`: `done(slice)` waits up to `slice` and says whether the collective completed (throwing
   //! the engine's error). A collective that takes longer than a second is watched (Note [Frozen peers]).
@@ -166,13 +167,13 @@ class Communicator {
   }
 
   //! Throws the CommunicationError for `id`, with the census of the other ranks; the group is broken after.
-  [[noreturn]] void fail(const CollectiveId& id, std::string msg, bool census = true);
+  [[noreturn]] ACCEL_DECL void fail(const CollectiveId& id, std::string msg, bool census = true);
   //! Throws the CollectiveMismatch for `id`; `others` names what the other ranks issued.
-  [[noreturn]] void fail_mismatch(const CollectiveId& id, const std::string& others);
+  [[noreturn]] ACCEL_DECL void fail_mismatch(const CollectiveId& id, const std::string& others);
   //! A mismatch the engine's data revealed, at `id` or at one of the unchecked collectives before it: names
   //! the first collective where another rank's operation differs, from what the heartbeats published (waiting
   //! up to three heartbeats for them).
-  [[noreturn]] void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects);
+  [[noreturn]] ACCEL_DECL void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects);
   //! Takes the unchecked collectives' fingerprints into `id` (it carries a check).
   void carry_unchecked(CollectiveId& id) noexcept {
     id.unchecked = unchecked_, id.unchecked_from = unchecked_from_;
@@ -190,17 +191,17 @@ class Communicator {
   //! (0, N) when every rank agrees, a max or min (1, 0) or (0, 1): the same room for every reduction, so a sum and a
   //! max of the same data stay the same size); 0 where the dtype cannot count to N exactly (bool, complex, bf16
   //! beyond 256 ranks, ...).
-  [[nodiscard]] std::int64_t slots(c10::ScalarType dtype) const;
+  [[nodiscard]] ACCEL_DECL std::int64_t slots(c10::ScalarType dtype) const;
   //! Writes this rank's fingerprint of `id` into `s` (a CPU 1-d tensor of `slots(...)` elements).
-  static void write_check(at::Tensor s, const CollectiveId& id);
+  ACCEL_DECL static void write_check(at::Tensor s, const CollectiveId& id);
   //! Whether the slots `s` that came back say that every rank issued `id`: each pair holds `copies` times this
   //! rank's bits (a sum: N copies; a max, a min or a sender's own slots: 1).
-  static bool read_check(const at::Tensor& s, const CollectiveId& id, int copies);
+  ACCEL_DECL static bool read_check(const at::Tensor& s, const CollectiveId& id, int copies);
 
   //! `part` is one of N equal parts of the 1-d `whole` (same dtype and device).
-  void check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const;
+  ACCEL_DECL void check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const;
   //! The bytes of `tensors`, one after the other, into the byte tensor `packed`.
-  static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed);
+  ACCEL_DECL static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed);
   [[nodiscard]] Monitor* monitor() const noexcept { return monitor_; }
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +

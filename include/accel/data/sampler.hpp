@@ -115,10 +115,10 @@ class RandomSampler {
   }
 
   //! The next epoch's order (advances the generator).
-  IndexOrder next_epoch();
+  ACCEL_DECL IndexOrder next_epoch();
 
  private:
-  void settle();
+  ACCEL_DECL void settle();
   std::int64_t n_, num_samples_;
   bool replacement_, advance_;
   at::Generator generator_;

@@ -254,7 +254,7 @@ class DistributedModule {
   }
 
  private:
-  static void ready(const std::shared_ptr<State>& sp, std::size_t index);
+  ACCEL_DECL static void ready(const std::shared_ptr<State>& sp, std::size_t index);
   // Starts every complete bucket, in index order only.
   static void launch_ready(State& s) {
     while (s.next_launch < s.buckets.size() && s.buckets[s.next_launch].ready == s.buckets[s.next_launch].params.size()) {

@@ -58,7 +58,8 @@ class PartitionReducer {
   static constexpr std::size_t kInFlight = 2;
 
   //! `params`: the module's trainable parameters in `DistributedModule`'s order, with their names (for errors).
-  PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string, at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire);
+  ACCEL_DECL PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string,
+                              at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire);
 
   [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
   //! Bytes one synchronising backward sends (every piece once, in the wire type).
@@ -75,7 +76,7 @@ class PartitionReducer {
   }
   //! Sends every bucket not sent yet (parameters without a gradient contribute zeros) and waits for all:
   //! the owners' partitions hold the sums.
-  void complete();
+  ACCEL_DECL void complete();
   //! Forgets a backward that failed half-way (the buckets in flight are dropped).
   void reset() {
     for (auto& b : buckets_) b.ready = 0, b.buffer = at::Tensor(), b.pending = {};
@@ -111,8 +112,8 @@ class PartitionReducer {
       launch(next_++);
     }
   }
-  void launch(std::size_t i);
-  void finish_oldest();
+  ACCEL_DECL void launch(std::size_t i);
+  ACCEL_DECL void finish_oldest();
 
   comm::Communicator* comm_;
   GradientPartition layout_;
@@ -124,7 +125,8 @@ class PartitionReducer {
 };
 
 #if ACCEL_DEFINITIONS
-ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string, at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire) : comm_(comm), layout_(std::move(layout)), wire_(wire) {
+ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string,
+                                              at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire) : comm_(comm), layout_(std::move(layout)), wire_(wire) {
   const std::int64_t P = layout_.partition;
   detail::require(P > 0 && layout_.own.defined() && layout_.own.numel() == P,
                   "accel::PartitionReducer: the gradient partition is not laid out (build the sharded optimizer first)");

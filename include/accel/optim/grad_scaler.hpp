@@ -57,7 +57,7 @@ class GradScaler {
   [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_.to(loss.device(), /*non_blocking=*/true); }
 
   //! Divides the optimizer's gradients by the scale and records inf/NaN (summed across processes).
-  void unscale_(torch::optim::Optimizer& optimizer);
+  ACCEL_DECL void unscale_(torch::optim::Optimizer& optimizer);
 
   //! Unscales if not done yet, then steps `optimizer` unless inf/NaN was found. Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer) {
@@ -77,7 +77,7 @@ class GradScaler {
   }
 
   //! Adjusts the scale from the inf/NaN findings since the last update.
-  void update();
+  ACCEL_DECL void update();
 
   [[nodiscard]] double get_scale() const { return scale_.item<double>(); }
   [[nodiscard]] std::int64_t growth_tracker() const { return growth_tracker_.item<std::int64_t>(); }
@@ -87,7 +87,7 @@ class GradScaler {
     a.write("scale", scale_.cpu());
     a.write("growth_tracker", growth_tracker_.cpu());
   }
-  void load(torch::serialize::InputArchive& a);
+  ACCEL_DECL void load(torch::serialize::InputArchive& a);
 
  private:
   struct PerOptimizer {

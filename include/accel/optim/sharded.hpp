@@ -71,11 +71,11 @@ class ShardedOptimizer {
 
   //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
   //! calls it after the models are placed). Every process calls it.
-  void build();
+  ACCEL_DECL void build();
 
   //! One step of this rank's partition, then every rank's parameters, all-gathered. Call it where the optimizer
   //! would step (after the gradients are averaged).
-  void step();
+  ACCEL_DECL void step();
   //! Clears the partition's gradients (stage 2; a stage 1 partition takes them afresh at each step).
   void zero_grad() {
     if (stage_ == 2 && grads_.defined()) grads_.zero_();
@@ -86,14 +86,15 @@ class ShardedOptimizer {
   [[nodiscard]] int stage() const noexcept { return stage_; }
 
   //! Stage 2: where the models' gradients go (every parameter's offset, P, this rank's partition of the gradients).
-  [[nodiscard]] GradientPartition gradient_partition() const;
+  [[nodiscard]] ACCEL_DECL GradientPartition gradient_partition() const;
   //! Stage 2: this rank's part of the gradients of those of `params` that are in this optimizer, as views of
   //! the partition; adds each such parameter to `covered`.
-  [[nodiscard]] std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& params, std::unordered_set<const void*>& covered) const;
+  [[nodiscard]] ACCEL_DECL std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& params,
+                                                                   std::unordered_set<const void*>& covered) const;
 
  private:
   // Stage 1: this rank's slice of the (averaged) gradients the parameters hold, into the partition.
-  void take_gradients();
+  ACCEL_DECL void take_gradients();
 
  public:
 
@@ -115,7 +116,7 @@ class ShardedOptimizer {
   [[nodiscard]] std::int64_t state_bytes() const { return inner_ ? optimizer_state_bytes(*inner_) : 0; }
 
   //! This rank's partition of the state, with the layout it belongs to (checked by `load`).
-  void save(torch::serialize::OutputArchive& a) const;
+  ACCEL_DECL void save(torch::serialize::OutputArchive& a) const;
   //! Restores a partition `save` wrote for the same rank of the same layout; anything else is an error.
   void load(torch::serialize::InputArchive& a) {
     check(a);
@@ -128,7 +129,7 @@ class ShardedOptimizer {
   //! unsharded optimizer holds it (so `torch::save(user(), path)` there writes what an unsharded job loads with
   //! `torch::load`); the other ranks' user optimizers stay empty. One reduce per group and state tensor, each the
   //! size of the group. `release_consolidated()` empties the user's optimizer again (steps never read it).
-  void consolidate(int to = 0);
+  ACCEL_DECL void consolidate(int to = 0);
   void release_consolidated() { user_->state().clear(); }
 
   //! Restores this rank's partition from the partitions a job of another number of processes saved (`parts[k]`:
@@ -142,11 +143,11 @@ class ShardedOptimizer {
   }
   //! Whether `parts` are every partition of one layout of this parameter space (an error naming the first that is
   //! not); changes nothing.
-  void check_resharded(std::vector<torch::serialize::InputArchive>& parts) const;
+  ACCEL_DECL void check_resharded(std::vector<torch::serialize::InputArchive>& parts) const;
 
   //! Whether `a` holds a partition of this rank and layout (an error naming both if not); changes nothing, so
   //! `load_state` checks every partition before it restores anything.
-  void check(torch::serialize::InputArchive& a) const;
+  ACCEL_DECL void check(torch::serialize::InputArchive& a) const;
   //! Makes every parameter an alias of its slice again, keeping its values (loading a model's state replaces a
   //! parameter's storage with the archive's).
   void rebind() {
@@ -162,7 +163,7 @@ class ShardedOptimizer {
     std::int64_t offset = 0, numel = 0;
   };
   // What a saved partition says of itself: its stage, number of processes, rank and elements of the flat space.
-  static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a);
+  ACCEL_DECL static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a);
 
   struct Shard {
     at::Tensor tensor;  // this rank's part of the group, an alias of the flat buffer (undefined: none)
@@ -182,7 +183,7 @@ class ShardedOptimizer {
   void consolidate_as(int to);
 
   // Whether `o` has never stepped: no state, or only the state Adagrad's constructor makes (step 0).
-  static bool unstepped(const torch::optim::Optimizer& o);
+  ACCEL_DECL static bool unstepped(const torch::optim::Optimizer& o);
   [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
   [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
   // Copies the slot's parameter into its slice of the flat buffer and makes the parameter an alias of that slice.
@@ -294,7 +295,8 @@ ACCEL_DECL GradientPartition ShardedOptimizer::gradient_partition() const {
   return g;
 }
 
-ACCEL_DECL std::vector<at::Tensor> ShardedOptimizer::owned_gradients(const std::vector<at::Tensor>& params, std::unordered_set<const void*>& covered) const {
+ACCEL_DECL std::vector<at::Tensor> ShardedOptimizer::owned_gradients(const std::vector<at::Tensor>& params,
+                                                                     std::unordered_set<const void*>& covered) const {
   std::unordered_set<const void*> wanted;
   for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
   std::vector<at::Tensor> out;

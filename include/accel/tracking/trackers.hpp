@@ -41,7 +41,7 @@ class Trackers {
  public:
   static constexpr const char* config_file = "config.json";
 
-  Trackers() = default;
+  ACCEL_DECL Trackers() = default;
   //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`. `continuing`: a
   //! resumed job, whose files are appended to.
   Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
