@@ -12,7 +12,7 @@
 
 #if defined(ACCEL_DECL)
 #error "accel: <accel/src.hpp> must come before any other accel header of its translation unit (it compiles their definitions)"
-#endif
+#else
 #define ACCEL_SOURCE 1
 
 #include <accel/accel.hpp>
@@ -26,3 +26,5 @@ template void write_safetensors<void>(const std::filesystem::path&, const Tensor
 template ShardPlan save_model<void>(const torch::nn::Module&, const std::filesystem::path&, const SaveModelOptions&);
 template void load_model<void>(torch::nn::Module&, const std::filesystem::path&, const LoadModelOptions&);
 }  // namespace accel::checkpoint
+
+#endif
