@@ -15,8 +15,9 @@
     top         accelerator.hpp, accelerator/, accel.hpp  the user's surface; src.hpp compiles the separate
                 src.hpp                                   compilation mode's code (detail/linkage.hpp)
 
-Also checked: each folder's headers declare one namespace (besides accel::detail). Exits non-zero naming every
-back edge found.
+Also checked: each folder's headers declare one namespace (besides accel::detail), and every function declared
+`ACCEL_DECL` is defined under `#if ACCEL_DEFINITIONS` (include/accel/detail/linkage.hpp). Exits non-zero naming every
+problem found.
 """
 import pathlib
 import re
@@ -40,6 +41,27 @@ def layer_of(rel: str) -> str:
     return FOLDER.get(folder, folder)
 
 
+def unguarded_definitions(rel: str, text: str) -> list:
+    """A function declared ACCEL_DECL is defined only under `#if ACCEL_DEFINITIONS` (detail/linkage.hpp): in separate
+    compilation a definition outside it would be a non-inline definition in every translation unit that includes the
+    header (duplicate symbols)."""
+    out, depth, guarded = [], 0, []
+    lines = text.split("\n")
+    for n, line in enumerate(lines, 1):
+        if line.startswith("#if"):
+            guarded.append("ACCEL_DEFINITIONS" in line)
+        elif line.startswith("#endif") and guarded:
+            guarded.pop()
+        elif re.match(r"^\s*(\[\[\w+\]\] )*ACCEL_DECL ", line) and not any(guarded):
+            # the declaration's lines, up to its ';' or '{'
+            k = n - 1
+            while not re.search(r"[;{]\s*$", lines[k]) and k + 1 < len(lines):
+                k += 1
+            if lines[k].rstrip().endswith("{"):
+                out.append(f"{rel}:{n}: an ACCEL_DECL function defined outside #if ACCEL_DEFINITIONS")
+    return out
+
+
 def main(root: str) -> int:
     inc = pathlib.Path(root) / "include" / "accel"
     problems = []
@@ -60,6 +82,7 @@ def main(root: str) -> int:
                 full = ns if ns.startswith("accel") else None
                 if full and not re.fullmatch(NAMESPACE[folder] + r"(::detail)?", full):
                     problems.append(f"{rel}: namespace {full} in folder {folder}/ (expected {NAMESPACE[folder]})")
+        problems += unguarded_definitions(rel, text)
     for p in problems:
         print(p)
     print(f"{len(list(inc.rglob('*.hpp')))} headers checked, {len(problems)} problem(s)")

@@ -299,6 +299,7 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> backend_;
 };
 
+#if ACCEL_DEFINITIONS  // under ACCEL_SEPARATE_COMPILATION, <accel/src.hpp> alone defines it (comm/connect.hpp)
 //! Rendezvous at the launcher's address and connect its processes with Gloo. The network interface is
 //! `GLOO_SOCKET_IFNAME` when set (as in PyTorch), else the address that reaches `addr` (loopback jobs stay
 //! on 127.0.0.1).
@@ -338,5 +339,6 @@ ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous
   Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);
 }
+#endif
 
 }  // namespace accel::comm
