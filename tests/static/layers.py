@@ -15,8 +15,9 @@
     top         accelerator.hpp, accelerator/, accel.hpp  the user's surface; src.hpp compiles the separate
                 src.hpp                                   compilation mode's code (detail/linkage.hpp)
 
-Also checked: each folder's headers declare one namespace (besides accel::detail), and every function declared
-`ACCEL_DECL` is defined under `#if ACCEL_DEFINITIONS` (include/accel/detail/linkage.hpp). Exits non-zero naming every
+Also checked: each folder's headers declare one namespace (besides accel::detail), every function declared
+`ACCEL_DECL` is defined under `#if ACCEL_DEFINITIONS`, and a member so defined is declared `ACCEL_DECL` in its class
+too (include/accel/detail/linkage.hpp). Exits non-zero naming every
 problem found.
 """
 import pathlib
@@ -41,10 +42,10 @@ def layer_of(rel: str) -> str:
     return FOLDER.get(folder, folder)
 
 
-def unguarded_definitions(rel: str, text: str) -> list:
-    """A function declared ACCEL_DECL is defined only under `#if ACCEL_DEFINITIONS` (detail/linkage.hpp): in separate
-    compilation a definition outside it would be a non-inline definition in every translation unit that includes the
-    header (duplicate symbols)."""
+def linkage_problems(rel: str, text: str) -> list:
+    """How ACCEL_DECL is used (detail/linkage.hpp). A function declared ACCEL_DECL is defined only under
+    `#if ACCEL_DEFINITIONS`: in separate compilation a definition outside it would be a non-inline definition in every
+    translation unit that includes the header (duplicate symbols)."""
     out, depth, guarded = [], 0, []
     lines = text.split("\n")
     for n, line in enumerate(lines, 1):
@@ -59,6 +60,13 @@ def unguarded_definitions(rel: str, text: str) -> list:
                 k += 1
             if lines[k].rstrip().endswith("{"):
                 out.append(f"{rel}:{n}: an ACCEL_DECL function defined outside #if ACCEL_DEFINITIONS")
+    # A member defined out of class carries ACCEL_DECL on its declaration in the class too: header-only, an
+    # out-of-class `inline` virtual would otherwise become the key function and emit the class's vtable and every
+    # virtual function in each translation unit (Note [Separate compilation]).
+    for cls, name in re.findall(r"^(?:\[\[\w+\]\] )*ACCEL_DECL .*?\b(\w+)::(~?\w+)\(", text, flags=re.M):
+        body = re.search(r"^(?:class|struct) " + cls + r"\b[^;]*?\{\n(.*?)^\};", text, flags=re.M | re.S)
+        if body and not re.search(r"^ +(?:\[\[\w+\]\] )*ACCEL_DECL .*\b" + re.escape(name) + r"\(", body.group(1), flags=re.M):
+            out.append(f"{rel}: {cls}::{name} is ACCEL_DECL out of class but not on its declaration in the class")
     return out
 
 
@@ -82,7 +90,7 @@ def main(root: str) -> int:
                 full = ns if ns.startswith("accel") else None
                 if full and not re.fullmatch(NAMESPACE[folder] + r"(::detail)?", full):
                     problems.append(f"{rel}: namespace {full} in folder {folder}/ (expected {NAMESPACE[folder]})")
-        problems += unguarded_definitions(rel, text)
+        problems += linkage_problems(rel, text)
     for p in problems:
         print(p)
     print(f"{len(list(inc.rglob('*.hpp')))} headers checked, {len(problems)} problem(s)")

@@ -15,10 +15,10 @@
 //! order, fails to load with a message naming both. Loading is two-phase: `read` parses (and may throw) without
 //! touching the object; the returned `commit` restores it.
 
-#include <accel/detail/linkage.hpp>
 #include <accel/checkpoint/archive.hpp>
 #include <accel/comm/collectives.hpp>
 #include <accel/core/serialize.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <torch/serialize/archive.h>
@@ -125,10 +125,10 @@ inline void save_custom(const Custom& c, torch::serialize::OutputArchive& a) {
 
 //! Parses a custom object's archive for `c` (registered at position `i`); returns what restores it.
 ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
-                              const std::string& path);
+                                             const std::string& path);
 #if ACCEL_DEFINITIONS
 ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
-                              const std::string& path) {
+                                             const std::string& path) {
   c10::IValue type;
   reading(path, [&] { a.read("type", type); });
   if (!type.isString()) throw FileError(path, "damaged custom state: 'type' is not a string");

@@ -28,10 +28,10 @@
 //! whole). Loading verifies each file against the manifest before reading it, and every file is read by the
 //! functions below, which check what they read and throw one `accel::FileError` naming the file.
 
-#include <accel/detail/linkage.hpp>
 #include <accel/checkpoint/archive.hpp>
 #include <accel/core/serialize.hpp>
 #include <accel/data/loader_state.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
 #include <ATen/core/Tensor.h>

@@ -246,7 +246,7 @@ ACCEL_DECL void Communicator::broadcast_coalesced(std::vector<at::Tensor>& tenso
 }
 
 ACCEL_DECL CollectiveId Communicator::begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce,
-                                           int root) {
+                                            int root) {
   CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
   if (broken_)
     throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +

@@ -4,9 +4,9 @@
 //! broadcast to every rank. One specialisation of `sync_rng` per kind of generator; `rng::cuda`'s lives in
 //! `accel/cuda/rng.hpp`, which this header includes itself in a CUDA build.
 
-#include <accel/detail/linkage.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/detail/cuda_build.hpp>
+#include <accel/detail/linkage.hpp>
 #include <accel/policy/rng.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>

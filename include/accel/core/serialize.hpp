@@ -6,7 +6,6 @@
 //! `torch::data::Example`, and structs with `accel_fields` (see structure.hpp).
 //! Host byte order: every process of a job runs the same binary on the same kind of machine.
 
-#include <accel/detail/linkage.hpp>
 #include <accel/core/structure.hpp>
 #include <accel/error.hpp>
 
@@ -55,16 +54,13 @@ inline void put_size(std::size_t n, std::vector<std::uint8_t>& out) {
   const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
   out.insert(out.end(), p, p + sizeof v);
 }
-ACCEL_DECL std::size_t get_size(std::span<const std::uint8_t>& in);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::size_t get_size(std::span<const std::uint8_t>& in) {
+inline std::size_t get_size(std::span<const std::uint8_t>& in) {
   std::uint64_t v = 0;
   detail::require(in.size() >= sizeof v, "accel: broadcast_object: truncated data (do all ranks use the same type?)");
   std::memcpy(&v, in.data(), sizeof v);
   in = in.subspan(sizeof v);
   return static_cast<std::size_t>(v);
 }
-#endif
 
 // The fewest bytes one serialised T takes. A count read from the data is checked against what is left before
 // anything is allocated for it, so damaged bytes (a checkpoint's record) cannot ask for 2^62 elements.
@@ -80,20 +76,15 @@ constexpr std::size_t min_bytes() {
     }(std::make_index_sequence<std::tuple_size_v<T>>{});
   else return 1;  // optionals (their flag) and described structs: at least one byte (a field's own check catches the rest)
 }
-ACCEL_DECL std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes) {
+inline std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes) {
   const auto n = get_size(in);
   detail::require(n <= in.size() / std::max<std::size_t>(element_bytes, 1),
                   "accel: broadcast_object: a count of " + std::to_string(n) + " elements, more than the " +
                       std::to_string(in.size()) + " bytes left can hold (damaged data?)");
   return n;
 }
-#endif
 // The element types a serialised tensor may declare: an unknown code is damage, not a dtype to guess at.
-ACCEL_DECL bool serialisable_dtype(std::int8_t code);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL bool serialisable_dtype(std::int8_t code) {
+inline bool serialisable_dtype(std::int8_t code) {
   switch (at::ScalarType(code)) {
     case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kHalf: case at::kFloat:
     case at::kDouble: case at::kComplexHalf: case at::kComplexFloat: case at::kComplexDouble: case at::kBool:
@@ -103,7 +94,6 @@ ACCEL_DECL bool serialisable_dtype(std::int8_t code) {
       return false;
   }
 }
-#endif
 }  // namespace detail
 
 template <class T>

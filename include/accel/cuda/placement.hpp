@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 #include <c10/util/FunctionRef.h>
 
 #include <optional>
@@ -33,8 +34,8 @@ namespace accel::cuda {
 //! Runs `copies` with a side stream of `device` (one from the pool) as the current stream, then waits until what
 //! they queued on it has landed: an event recorded on the side stream, synchronised.
 ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies);
-//! The tensor is used on the current stream of `device` from now on (the caching allocator waits for it).
-ACCEL_DECL void record_on_current_stream(at::Tensor& t, c10::Device device);
+//! The current stream of `device` (the loop's), on which a batch's tensors are recorded as used.
+ACCEL_DECL c10::Stream current_stream(c10::Device device);
 
 #if ACCEL_DEFINITIONS
 ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies) {
@@ -47,8 +48,8 @@ ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> cop
   landed.synchronize();  // the hand-off: the batch is on the device before the loop can see it
 }
 
-ACCEL_DECL void record_on_current_stream(at::Tensor& t, c10::Device device) {
-  t.record_stream(c10::cuda::getCurrentCUDAStream(device.index()));
+ACCEL_DECL c10::Stream current_stream(c10::Device device) {
+  return c10::cuda::getCurrentCUDAStream(device.index());
 }
 #endif
 
@@ -83,8 +84,9 @@ struct Placement<place::async> {
   void hand_over(Batch& b) const {
     if constexpr (TensorStructure<Batch>) {
       if (!device.is_cuda()) return;
+      const c10::Stream current = cuda::current_stream(device);
       for_each_tensor(b, [&](at::Tensor& t) {
-        if (t.is_cuda()) cuda::record_on_current_stream(t, device);
+        if (t.is_cuda()) t.record_stream(current);
       });
     }
   }

@@ -8,31 +8,18 @@
 #endif
 
 #include <accel/comm/rng.hpp>
-#include <accel/detail/linkage.hpp>
 
-#include <ATen/core/Generator.h>
-
-#if ACCEL_DEFINITIONS  // the CUDA runtime's headers stay out of user code under ACCEL_SEPARATE_COMPILATION
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
+#include <ATen/Context.h>
+#include <c10/core/Device.h>
 
 namespace accel {
-
-namespace cuda {
-//! The default generator of the current GPU.
-ACCEL_DECL at::Generator current_default_generator();
-#if ACCEL_DEFINITIONS
-ACCEL_DECL at::Generator current_default_generator() {
-  return at::cuda::detail::getDefaultCUDAGenerator(c10::cuda::current_device());
-}
-#endif
-}  // namespace cuda
 
 template <>
 struct sync_rng<rng::cuda> {
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {
-    at::Generator g = cuda::current_default_generator();
+    // The current GPU's default generator (device index -1: the current device), through ATen's generic entry,
+    // as the checkpointer reads it: no CUDA header needed.
+    at::Generator g = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA));
     detail::broadcast_generator_state(comm, g);
   }
 };
