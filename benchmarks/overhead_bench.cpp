@@ -7,6 +7,7 @@
 //     copy back). The same model, data, initial weights and batch order on both sides; the small MLP (where
 //     overhead shows) and the 14.7 M MLP, each with and without 2-step gradient accumulation; rounds alternate and
 //     each side keeps its best.
+//     The replica check (Options::check_replicas_every 100 and 1) against the same loop without it.
 //  2. Per-call costs (ns) of what a loop calls every step, each beside the raw LibTorch call it wraps.
 //  3. Rendezvous: 10 rounds of accel's (store, arrival check, heartbeat, Gloo mesh) against a bare TCPStore +
 //     ProcessGroupGloo, each on fresh ports, both sides released together from a side store; order alternates.
@@ -60,8 +61,9 @@ Data make_data(const Size& z, int processes, int accum) {
 // ---- 1. the training loop, through accel and by hand ---------------------------------------------------------
 
 // Seconds per optimizer step through the Accelerator.
-double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook = accel::CommHook::none) {
-  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes, .comm_hook = hook}};
+double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook = accel::CommHook::none, std::int64_t check_every = 0) {
+  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes, .comm_hook = hook,
+                         .check_replicas_every = check_every}};
   at::manual_seed(0);
   auto net = make_net(z);
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-3));
@@ -73,7 +75,7 @@ double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook
   for (const auto& b : loader) {
     if (i++ == z.warmup) acc.wait_for_everyone(), t0 = Clock::now();
     auto step = acc.accumulate(model);
-    acc.backward(torch::nn::functional::cross_entropy(model->forward(b.data), b.target));
+    acc.backward(torch::nn::functional::cross_entropy(model(b.data), b.target));
     opt.step();
     sched.step();
     opt.zero_grad();
@@ -176,7 +178,7 @@ void release_together(c10d::Store& side, const std::string& key, int world) {
 
 int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
-  // Sections to run (train, calls, hooks, buffers, rendezvous): all by default.
+  // Sections to run (train, replicas, calls, hooks, buffers, rendezvous): all by default.
   const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
   const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
   Acc acc;
@@ -206,6 +208,21 @@ int main(int argc, char** argv) try {
            {"processes", N}, {"batch_per_process", z.batch}, {"accumulation_steps", accum}});
     }
   }
+
+  // 1b. The replica check (Options::check_replicas_every): the same accel loop with the check every 100 and every
+  // step, against it without the check.
+  if (wanted("replicas"))
+    for (const std::int64_t every : {100, 1}) {
+      const auto data = make_data(kSmall, N, 1);
+      double with = std::numeric_limits<double>::max(), without = with;
+      for (int round = 0; round < 5; ++round) {
+        without = std::min(without, accel_steps(kSmall, 1, data));
+        with = std::min(with, accel_steps(kSmall, 1, data, accel::CommHook::none, every));
+      }
+      add({{"name", "replica_check_every_" + std::to_string(every) + "_small"}, {"accel_seconds", with},
+           {"baseline", "the same accel loop without the check"}, {"baseline_seconds", without}, {"ratio", with / without},
+           {"goal", every == 100 ? 1.01 : 1.5}, {"processes", N}, {"batch_per_process", kSmall.batch}});
+    }
 
   // 2. Per-call costs on a tiny model: each accel call beside the raw call it wraps.
   if (wanted("calls")) {

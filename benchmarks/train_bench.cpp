@@ -50,7 +50,7 @@ double train_steps(const Size& z, std::int64_t bucket_bytes) {
   for (const auto& b : loader) {
     if (i++ == warmup) acc.wait_for_everyone(), t0 = Clock::now();
     auto step = acc.accumulate(model);
-    acc.backward(torch::nn::functional::cross_entropy(model->forward(b.data), b.target));
+    acc.backward(torch::nn::functional::cross_entropy(model(b.data), b.target));
     opt.step();
     opt.zero_grad();
   }

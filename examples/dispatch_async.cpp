@@ -56,7 +56,7 @@ int main(int argc, char** argv) try {
     std::int64_t batches = 0;
     for (const auto& batch : train) {
       auto step = acc.accumulate(model);
-      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
       acc.backward(loss);
       opt.step();
       opt.zero_grad();
@@ -72,7 +72,7 @@ int main(int argc, char** argv) try {
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0, seen = 0;
   for (const auto& batch : test) {
-    const auto hits = acc.gather_for_metrics(at::eq(at::argmax(model->forward(batch.data), 1), batch.target).to(at::kLong));
+    const auto hits = acc.gather_for_metrics(at::eq(at::argmax(model(batch.data), 1), batch.target).to(at::kLong));
     correct += hits.sum().item<std::int64_t>();
     seen += hits.size(0);
   }

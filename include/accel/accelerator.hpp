@@ -12,7 +12,7 @@
 //! for (const auto& batch : loader) {
 //!   auto step = acc.accumulate(model);                 // sync decision; no_sync on accumulation steps
 //!   auto ac = acc.autocast();                           // bf16/fp16 forward under Options::mixed_precision
-//!   acc.backward(loss_fn(model->forward(batch.data), batch.target));
+//!   acc.backward(loss_fn(model(batch.data), batch.target));  // model(x): the prepared model's door
 //!   opt.step(); sched.step(); opt.zero_grad();          // real steps only when gradients are synchronised
 //! }
 //! acc.save_state("checkpoints/last");
@@ -36,6 +36,7 @@
 #include <accel/data/prepare.hpp>
 #include <accel/model/autocast.hpp>
 #include <accel/model/prepared_model.hpp>
+#include <accel/model/replicas.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
@@ -79,8 +80,12 @@ class Accelerator {
       detail::require(o.preemption.check_every >= 1, "accel: PreemptionOptions::check_every is " + std::to_string(o.preemption.check_every) +
                                                           "; agree on signals every 1 or more optimizer steps");
       signals_ = detail::SignalWatch(o.preemption.signals);
-      bind_boundary_hook();
     }
+    detail::require(o.check_replicas_every >= 0, "accel: Options::check_replicas_every is " + std::to_string(o.check_replicas_every) +
+                                                     "; use 0 (no check) or a number of optimizer steps");
+    detail::require(o.gradient_accumulation_steps >= 1, "accel: Options::gradient_accumulation_steps is " +
+                                                            std::to_string(o.gradient_accumulation_steps) + "; use 1 (no accumulation) or more");
+    bind_boundary_hook();
     if (o.seed) set_seed(*o.seed, state_.process_index(), o.device_specific_seed);
     if (o.mixed_precision == Precision::fp16) {
       detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
@@ -128,7 +133,11 @@ class Accelerator {
   [[nodiscard]] SyncScope no_sync(const Models&... models);
 
   // [accelerate:accelerator.py Accelerator.backward]
-  //! `loss / gradient_accumulation_steps` (always, as in Accelerate), scaled under fp16, then backward.
+  //! `loss / gradient_accumulation_steps` (always, as in Accelerate), scaled under fp16, then backward. Warns once
+  //! (main process) when accumulation is configured but no `accumulate` scope decided this step (every step would
+  //! then synchronise and step), when a prepared model's parameters changed inside an accumulation window without a
+  //! step of a prepared optimizer (an optimizer accel did not prepare stepped them on local gradients: the replicas
+  //! drift apart), and when the window's gradients were cleared (that optimizer's zero_grad).
   void backward(const at::Tensor& loss);
 
   // [accelerate:accelerator.py Accelerator.clip_grad_norm_]
@@ -261,10 +270,12 @@ class Accelerator {
   //! over exactly the samples that job had not consumed; a rank it did not have takes rank 0's generators; one
   //! saved inside an accumulation window resumes only with its own number of processes. Under automatic naming,
   //! the next `save_state()` numbers after the project's latest checkpoint.
-  void load_state(const std::filesystem::path& dir);
+  //! Refuses, naming both values, a checkpoint saved under another `mixed_precision` or
+  //! `gradient_accumulation_steps` unless `options.allow_changed_settings` (README, "What load_state checks").
+  void load_state(const std::filesystem::path& dir, const LoadOptions& options = {});
   //! `load_state` of the project's latest complete checkpoint (automatic naming; a checkpoint being written is
   //! never chosen). Returns its directory. Every process calls it.
-  std::filesystem::path load_state();
+  std::filesystem::path load_state(const LoadOptions& options = {});
   //! The project's latest complete checkpoint, if any, as the main process sees it (every process calls it,
   //! so that all take the same decision, e.g. whether to `load_state()`).
   [[nodiscard]] std::optional<std::filesystem::path> latest_checkpoint() const;
@@ -340,7 +351,17 @@ class Accelerator {
   [[nodiscard]] checkpoint::Checkpointer::Process checkpoint_process() const;
   //! `load_state(dir)`; `latest`: the project's latest checkpoint number under automatic naming (the next
   //! `save_state()` numbers after it).
-  void restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest);
+  void restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest, const LoadOptions& options);
+  //! The training settings a checkpoint records and `load_state` compares (checkpoint::Settings).
+  [[nodiscard]] checkpoint::Settings settings() const;
+  //! The largest number of synchronising steps any prepared optimizer has taken in this process.
+  [[nodiscard]] std::uint64_t optimizer_steps() const;
+  //! Every prepared model's trainable parameters, named ("model 1: fc.weight" when there are several models).
+  [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> replica_parameters() const;
+  //! The checks of `backward` (its documentation): warnings, once each, on the main process.
+  void check_before_backward();
+  //! Prints `message` once per `which` on the main process.
+  void warn_once(unsigned which, const std::string& message);
   //! The trackers' files closed (end_training, preemption).
   void stop_tracking();
   //! `v` reduced over the processes (a flag: set_trigger's, a preemption signal).
@@ -389,6 +410,12 @@ class Accelerator {
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
   std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
   bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files
+  std::uint64_t training_steps_ = 0;       // synchronising steps with a backward, counted at step boundaries
+  std::uint64_t backwards_ = 0, backwards_at_boundary_ = 0;  // backward() calls: in all, at the last step boundary
+  std::uint64_t replicas_agreed_ = 0;      // training_steps_ at the last replica check that passed
+  bool accumulating_ = false;              // accumulate() decided the step that the next backward runs
+  std::uint64_t steps_at_backward_ = 0;    // optimizer steps at the last backward (parameter changes since)
+  unsigned warned_ = 0;                    // warn_once's bits
   std::int64_t trigger_ = 0;               // set_trigger's flag, until check_trigger finds it
 };
 

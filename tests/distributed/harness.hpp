@@ -64,6 +64,7 @@ void distributed_module(const Args&);      // model/distributed_module.cpp
 void ddp_buffers(const Args&);             // model/ddp_buffers.cpp
 void comm_hooks(const Args&);              // model/comm_hooks.cpp
 void sync_batch_norm(const Args&);         // model/sync_batch_norm.cpp
+void replicas(const Args&);                // model/replicas.cpp
 void accelerator(const Args&);             // accelerator.cpp
 void helpers(const Args&);                 // accelerator.cpp
 void kill_mid_collective(const Args&);     // faults.cpp

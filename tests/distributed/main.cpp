@@ -11,6 +11,8 @@
 //   ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
 //   comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
 //   sync-bn                        model/: SyncBatchNorm equals BatchNorm on the concatenated batch
+//   replicas                       model/: the door (model(x)), an unprepared optimizer, backward without
+//                                  accumulate, and replicas that drift, each found
 //   training                       the Accelerator: prepare + accumulate + backward, the scheduler, the GradScaler
 //   helpers                        the Accelerator's helpers: triggers, clip_grad_value_, gather_for_metrics of objects, on_*
 //   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
       {"files", mp::files},                   {"helpers", mp::helpers},
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
       {"sharding-collectives", mp::sharding_collectives},
-      {"zero", mp::zero}};
+      {"zero", mp::zero},                     {"replicas", mp::replicas}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

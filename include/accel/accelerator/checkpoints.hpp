@@ -23,7 +23,13 @@ namespace accel {
 
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
-  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients());
+  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(), settings());
+}
+
+template <class... Policies>
+checkpoint::Settings Accelerator<Policies...>::settings() const {
+  return {.mixed_precision = opt_.mixed_precision == Precision::fp16 ? "fp16" : opt_.mixed_precision == Precision::bf16 ? "bf16" : "no",
+          .gradient_accumulation_steps = opt_.gradient_accumulation_steps};
 }
 
 template <class... Policies>
@@ -40,16 +46,16 @@ std::filesystem::path Accelerator<Policies...>::save_state() {
 }
 
 template <class... Policies>
-void Accelerator<Policies...>::load_state(const std::filesystem::path& dir) {
-  restore(dir, opt_.project_config.automatic_checkpoint_naming ? latest_checkpoint_number() : std::nullopt);
+void Accelerator<Policies...>::load_state(const std::filesystem::path& dir, const LoadOptions& options) {
+  restore(dir, opt_.project_config.automatic_checkpoint_naming ? latest_checkpoint_number() : std::nullopt, options);
 }
 
 template <class... Policies>
-std::filesystem::path Accelerator<Policies...>::load_state() {
+std::filesystem::path Accelerator<Policies...>::load_state(const LoadOptions& options) {
   agree_on_main("load_state", [&] { (void)checkpoint::checkpoint_to_resume(opt_.project_config); });
   const auto latest = latest_checkpoint_number();  // there is one: the main process found it
   const auto dir = checkpoint::numbered_dir(opt_.project_config, *latest);
-  restore(dir, latest);
+  restore(dir, latest, options);
   return dir;
 }
 
@@ -122,9 +128,12 @@ checkpoint::Checkpointer::Process Accelerator<Policies...>::checkpoint_process()
 }
 
 template <class... Policies>
-void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest) {
-  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
+void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest,
+                                       const LoadOptions& options) {
+  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings));
   resumed_ = true;
+  for (const auto& d : ddps_) d->forget_versions();  // the checkpoint's weights: not a step outside accel
+  replicas_agreed_ = training_steps_;
   if (latest) opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
 }
 
@@ -188,12 +197,22 @@ void Accelerator<Policies...>::register_one(T&& object) {
 
 template <class... Policies>
 void Accelerator<Policies...>::bind_boundary_hook() {
-  if (signals_.active() && GradientState::instance().step_boundary_owner() != this)
+  if ((signals_.active() || opt_.check_replicas_every > 0) && GradientState::instance().step_boundary_owner() != this)
     GradientState::instance().set_step_boundary_hook(this, [this] { at_step_boundary(); });
 }
 
 template <class... Policies>
 void Accelerator<Policies...>::at_step_boundary() {
+  if (opt_.check_replicas_every > 0) {  // Note [Replica check]
+    // Counted here rather than by the prepared optimizers: an optimizer accel never saw steps too.
+    if (sync_gradients() && backwards_ != backwards_at_boundary_) ++training_steps_;
+    backwards_at_boundary_ = backwards_;
+    if (training_steps_ >= replicas_agreed_ + std::uint64_t(opt_.check_replicas_every)) {
+      check_replicas(comm(), replica_parameters(), training_steps_, replicas_agreed_);
+      replicas_agreed_ = training_steps_;
+    }
+  }
+  if (!signals_.active()) return;
   std::uint64_t steps = 0;
   for (const auto& o : optimizers_) steps += o.record->steps;
   if (steps < boundary_steps_ + std::uint64_t(opt_.preemption.check_every)) return;  // not a step boundary, or not yet

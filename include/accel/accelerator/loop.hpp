@@ -15,10 +15,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,7 @@ template <class... Policies>
 template <class... Models>
 SyncScope Accelerator<Policies...>::accumulate(const Models&... models) {
   bind_boundary_hook();
+  accumulating_ = true;
   accumulation_.begin_step();
   SyncScope scope;
   if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models).get()), ...);
@@ -43,6 +46,7 @@ SyncScope Accelerator<Policies...>::no_sync(const Models&... models) {
 
 template <class... Policies>
 void Accelerator<Policies...>::backward(const at::Tensor& loss) {
+  check_before_backward();
   auto& gs = GradientState::instance();
   if (std::any_of(ddps_.begin(), ddps_.end(), [](const auto& d) { return d->sync(); })) refuse_starved("backward (the gradient all-reduce)");
   const bool recording = gs.recording();
@@ -52,6 +56,8 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
   const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
   if (scaler_) scaler_->scale(l).backward();
   else l.backward();
+  for (const auto& d : ddps_)
+    if (!d->sync()) d->snapshot_gradients();  // inside an accumulation window: the next backward adds to these
   if (!recording) return;
   Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
   for (std::size_t i = 0; i < ddps_.size(); ++i)
@@ -60,6 +66,59 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
     for (const auto& d : through) d->synchronize();
     return nullptr;
   });
+}
+
+template <class... Policies>
+void Accelerator<Policies...>::check_before_backward() {
+  ++backwards_;
+  const bool accumulated = std::exchange(accumulating_, false);
+  if (opt_.gradient_accumulation_steps > 1 && !accumulated)
+    warn_once(1, "gradient_accumulation_steps is " + std::to_string(opt_.gradient_accumulation_steps) +
+                     " but backward() ran outside an accumulate() scope: nothing decides the accumulation window, so "
+                     "every step synchronises and the optimizer steps on every batch (with the loss divided by " +
+                     std::to_string(opt_.gradient_accumulation_steps) + "). Open `auto step = acc.accumulate(model);` "
+                     "before each batch's forward, or set gradient_accumulation_steps = 1");
+  const std::uint64_t steps = optimizer_steps();
+  if (steps == steps_at_backward_)  // no prepared optimizer stepped since the last backward
+    for (std::size_t m = 0; m < ddps_.size(); ++m)
+      if (const auto name = ddps_[m]->changed_parameter(); !name.empty())
+        warn_once(2, "parameter '" + name + "' of prepared model " + std::to_string(m) + " changed inside an accumulation "
+                     "window, where its gradients are this process's alone, but no optimizer that prepare() returned has "
+                     "stepped: an optimizer accel did not prepare (or the raw one behind a prepared optimizer) stepped it, "
+                     "and the processes' weights drift apart. Step the optimizer prepare() returned "
+                     "(opt.step(), which steps only when gradients are synchronised). If the loop changes the weights on "
+                     "purpose, identically on every process, ignore this; Options::check_replicas_every verifies it");
+  for (std::size_t m = 0; m < ddps_.size(); ++m)
+    if (const auto name = ddps_[m]->cleared_gradient(); !name.empty())
+      warn_once(3, "the gradient of parameter '" + name + "' of prepared model " + std::to_string(m) + " was cleared inside an "
+                   "accumulation window (an optimizer's zero_grad that prepare() did not return): the window's earlier "
+                   "batches are lost from the step. Call zero_grad() on the optimizer prepare() returned, which clears only "
+                   "after a synchronising step");
+  steps_at_backward_ = steps;
+  for (const auto& d : ddps_) d->snapshot_versions();
+}
+
+template <class... Policies>
+void Accelerator<Policies...>::warn_once(unsigned which, const std::string& message) {
+  if (warned_ & (1u << which)) return;
+  warned_ |= 1u << which;
+  if (is_main_process()) std::fprintf(stderr, "accel: warning: %s\n", message.c_str());
+}
+
+template <class... Policies>
+std::uint64_t Accelerator<Policies...>::optimizer_steps() const {
+  std::uint64_t steps = 0;
+  for (const auto& o : optimizers_) steps = std::max(steps, o.record->steps);
+  return steps;
+}
+
+template <class... Policies>
+std::vector<std::pair<std::string, at::Tensor>> Accelerator<Policies...>::replica_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (std::size_t m = 0; m < ddps_.size(); ++m)
+    for (auto& [name, t] : ddps_[m]->named_parameters())
+      out.emplace_back(ddps_.size() == 1 ? name : "model " + std::to_string(m) + ": " + name, std::move(t));
+  return out;
 }
 
 template <class... Policies>

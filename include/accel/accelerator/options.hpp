@@ -51,6 +51,17 @@ struct Options {
                                                //!< project's logging_dir, else its project_dir)
   ProjectConfiguration project_config{};       //!< checkpoint folder, automatic naming, total_limit (checkpoint/project.hpp)
   PreemptionOptions preemption{};              //!< save and stop on SIGTERM / SIGUSR1 (state/preemption.hpp)
+  //! Compare a fingerprint of every prepared model's parameters across the processes every this many optimizer
+  //! steps, at a step boundary, and stop every process with `ReplicaDivergence` naming the first parameter that
+  //! differs (0: never; Note [Replica check] in model/replicas.hpp). About one all-gather of 16 bytes per parameter.
+  std::int64_t check_replicas_every = 0;
+};
+
+//! How `Accelerator::load_state` treats a checkpoint saved under other training settings.
+struct LoadOptions {
+  //! Resume a checkpoint saved under another `Options::mixed_precision` or `gradient_accumulation_steps` on
+  //! purpose (the trajectory then differs from the saving job's); by default that is an error naming both values.
+  bool allow_changed_settings = false;
 };
 
 namespace detail {

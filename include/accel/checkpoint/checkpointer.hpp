@@ -85,12 +85,14 @@ class Checkpointer {
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
-  //! window, so each process's gradients gathered so far are saved too.
+  //! window, so each process's gradients gathered so far are saved too; `settings`: the job's training settings.
   ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                       bool local_gradients) const;
+                       bool local_gradients, const Settings& settings = {}) const;
 
-  //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter.
-  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p);
+  //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter. A
+  //! checkpoint that records other training settings than `settings` is refused unless `allow_changed_settings`.
+  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p, const Settings& settings = {},
+                               bool allow_changed_settings = false);
 
  private:
   // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or
@@ -140,7 +142,7 @@ class Checkpointer {
 
 #if ACCEL_DEFINITIONS
 ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                                   bool local_gradients) const {
+                                   bool local_gradients, const Settings& settings) const {
   const auto tmp = partial_dir(dir);
   const bool main = p.index == 0;
   if (main) {
@@ -153,6 +155,7 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
       write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
                      std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
                      std::int64_t(custom_.size())});
+      write_settings(a, settings);
     }, tmp / meta_file);
     for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
     for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
@@ -183,7 +186,8 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
   p.barrier();
 }
 
-ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p) {
+ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p, const Settings& settings,
+                                           bool allow_changed_settings) {
   // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
   const auto aside = std::filesystem::path(given.string() + ".old");
   const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
@@ -192,7 +196,9 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   const auto manifest = Manifest::read(dir);
   manifest.check_sizes(dir);
   const auto meta_path = (dir / meta_file).string();
-  const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
+  const auto meta_bytes = manifest.read(dir, meta_file);
+  const Meta meta = read_meta(meta_bytes, meta_path);
+  const auto saved_settings = read_settings(meta_bytes, meta_path);
   const bool resized = meta.num_processes != p.count;
   accel::detail::require(!resized || meta.format_version >= 3,
                          "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +
@@ -284,6 +290,20 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
         grads[m].push_back(g);
       }
   });
+  // Last of the checks (every file is whole and fits): the training settings that shape the trajectory; another
+  // value is refused unless the caller allows it.
+  if (const auto& saved = saved_settings; saved && !allow_changed_settings) {
+    auto differ = [&](const char* name, const std::string& was, const std::string& is, const char* option) {
+      if (was == is) return;
+      throw InvalidArgument("accel::load_state: " + meta_path + " was saved with " + name + " = " + was + ", this job has " + is +
+                            ": resuming would not continue the saved run's trajectory. Use the same Options::" + option +
+                            ", or pass accel::LoadOptions{.allow_changed_settings = true} to load_state to resume with " + is +
+                            " on purpose");
+    };
+    differ("mixed_precision", saved->mixed_precision, settings.mixed_precision, "mixed_precision");
+    differ("gradient_accumulation_steps", std::to_string(saved->gradient_accumulation_steps),
+           std::to_string(settings.gradient_accumulation_steps), "gradient_accumulation_steps");
+  }
   // Restoring: an archive of other keys or shapes than the object it is loaded into still names its file.
   for (std::size_t i = 0; i < models_.size(); ++i) reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
   for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });

@@ -5,7 +5,8 @@
 //! ```
 //! <dir>/
 //!   accel_checkpoint.pt       what the checkpoint holds: format version, number of processes, how many models,
-//!                             optimizers, schedulers and loaders were prepared, whether a GradScaler runs
+//!                             optimizers, schedulers and loaders were prepared, whether a GradScaler runs, and
+//!                             the training settings that shape the trajectory (mixed precision, accumulation steps)
 //!   model.pt, model_1.pt ...  each prepared model's parameters and buffers, by name (main process)
 //!   optimizer.pt, ...         each optimizer's parameter groups (learning rates included) and buffers (main)
 //!   scheduler.pt, ...         each scheduler's step counter (main)
@@ -41,6 +42,8 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -105,6 +108,14 @@ struct Meta {
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0,
                custom = 0;
 };
+//! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
+//! Written as optional keys of `accel_checkpoint.pt` (a checkpoint written before them compares nothing).
+struct Settings {
+  std::string mixed_precision = "no";           //!< "no", "fp16" or "bf16" (Options::mixed_precision)
+  std::int64_t gradient_accumulation_steps = 1;
+};
+inline constexpr std::array<const char*, 3> precision_names{"no", "fp16", "bf16"};
+
 //! Meta's fields under their archive keys: the one list that writing and reading follow.
 template <class M>  // Meta or const Meta
 auto meta_fields(M& m) {
@@ -118,6 +129,38 @@ auto meta_fields(M& m) {
 inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
   for (const auto& [key, field] : meta_fields(m)) write(a, key, *field);
 }
+inline void write_settings(torch::serialize::OutputArchive& a, const Settings& s) {
+  std::int64_t code = 0;
+  while (code < std::int64_t(precision_names.size()) && s.mixed_precision != precision_names[std::size_t(code)]) ++code;
+  write(a, "mixed_precision", code);
+  write(a, "gradient_accumulation_steps", s.gradient_accumulation_steps);
+}
+
+//! Reads the settings of `accel_checkpoint.pt` from its bytes, when it records them (`path` names it in errors);
+//! every value is checked against what `Options` accepts.
+ACCEL_DECL std::optional<Settings> read_settings(std::span<const std::uint8_t> bytes, const std::string& path);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL std::optional<Settings> read_settings(std::span<const std::uint8_t> bytes, const std::string& path) {
+  torch::serialize::InputArchive a;
+  load_archive(a, bytes, path);
+  c10::IValue precision, steps;
+  bool has_precision = false, has_steps = false;
+  reading(path, [&] {
+    has_precision = a.try_read("mixed_precision", precision);
+    has_steps = a.try_read("gradient_accumulation_steps", steps);
+  });
+  if (!has_precision && !has_steps) return std::nullopt;
+  if (!has_precision || !has_steps || !precision.isInt() || !steps.isInt())
+    throw FileError(path, "damaged training settings: 'mixed_precision' and 'gradient_accumulation_steps' must both be integers");
+  const std::int64_t code = precision.toInt(), n = steps.toInt();
+  if (code < 0 || code >= std::int64_t(precision_names.size()))
+    throw FileError(path, "damaged training settings: 'mixed_precision' is " + std::to_string(code) + " (0 no, 1 fp16, 2 bf16)");
+  if (n < 1 || n > std::numeric_limits<int>::max())
+    throw FileError(path, "damaged training settings: 'gradient_accumulation_steps' is " + std::to_string(n) + " (1 to " +
+                              std::to_string(std::numeric_limits<int>::max()) + ")");
+  return Settings{precision_names[std::size_t(code)], n};
+}
+#endif
 
 //! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
 ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path);

@@ -11,6 +11,24 @@
 //! "<beats> <failed>" and the last collectives), and `job/...` (the engines' own: Gloo's addresses, NCCL's id).
 //!
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
+//!
+//! Note [Exit]
+//! ~~~~~~~~~~~
+//! A process that ends normally (`main` returns, `std::exit`, a `Preempted` caught and returned from) runs its exit
+//! handlers in the reverse order of their registration, interleaved with the destructors of static objects. accel's
+//! threads must not outlive what they use: the heartbeat signs every beat with OpenSSL's HMAC, and OpenSSL frees its
+//! state in an exit handler of its own; the engine (c10d's ProcessGroupGloo, NCCL) has threads and sockets of its own.
+//! So accel decides what runs at exit, before any library it uses cleans up:
+//! 1. `ProcessState`'s handler, registered once the process state is connected (after every library the connection
+//!    initialised registered its own), releases the process state: the communicator is destroyed (the engine's
+//!    threads joined, the heartbeat stopped and joined, the store left) while every library is whole.
+//! 2. The rendezvous' handler, registered after OpenSSL's (the job's `Seal` initialises OpenSSL first), stops every
+//!    heartbeat still running (a process state someone still holds) and closes the seal (comm/store.hpp): a
+//!    heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
+//! An exception that leaves `main` ends the process through `std::terminate` and `abort`: no destructor runs,
+//! nothing is freed, and the terminate handler publishes the failure (`Rendezvous::on_terminate`); preemption's
+//! `std::_Exit` likewise runs nothing. Checked by `mp.soak.*` (the example started many times in a row beside a
+//! CPU hog: no abnormal exit).
 
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/connect.hpp>
@@ -26,6 +44,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -71,6 +90,7 @@ class Rendezvous final : public Monitor {
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { rendezvous_detail::Heartbeat::run(b); });
+    enlist(beat_);
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
@@ -303,6 +323,43 @@ class Rendezvous final : public Monitor {
         if (c.seq == own.seq && !(c == own)) out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
     }
     return out;
+  }
+  // ---- exit (Note [Exit]) ----
+
+  // The heartbeats of this process, for the exit handler; the handler is registered with the first.
+  static void enlist(const std::shared_ptr<Beat>& b) {
+    static const bool registered = std::atexit(&Rendezvous::at_exit) == 0;
+    (void)registered;
+    std::lock_guard<std::mutex> lock(exit_mutex());
+    auto& beats = live_beats();
+    std::erase_if(beats, [](const std::weak_ptr<Beat>& w) { return w.expired(); });
+    beats.push_back(b);
+  }
+  // Stops every heartbeat still running (each waits at most two beats and a second: one stuck on a frozen store
+  // is left behind), then closes the seal.
+  static void at_exit() noexcept {
+    std::vector<std::shared_ptr<Beat>> beats;
+    {
+      std::lock_guard<std::mutex> lock(exit_mutex());
+      for (const auto& w : live_beats())
+        if (auto b = w.lock()) beats.push_back(std::move(b));
+    }
+    for (const auto& b : beats) {
+      std::unique_lock<std::mutex> lock(b->mu);
+      b->stop = true;
+      b->cv.notify_all();
+      b->cv.wait_for(lock, b->opt.heartbeat_interval * 2 + std::chrono::seconds(1), [&] { return b->exited; });
+    }
+    Seal::close_for_exit();
+  }
+  // Never destroyed: the exit handler runs among the destructors of static objects.
+  static std::mutex& exit_mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::vector<std::weak_ptr<Beat>>& live_beats() {
+    static auto* v = new std::vector<std::weak_ptr<Beat>>;
+    return *v;
   }
   static std::atomic<Rendezvous*>& active() {
     static std::atomic<Rendezvous*> r{nullptr};

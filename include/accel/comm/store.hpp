@@ -37,6 +37,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,10 +47,22 @@ namespace accel::comm {
 // ---- authenticated values (Note [Authenticated keys]) -------------------------------------------------------
 
 //! HMAC-SHA256 of a key and its value under the job secret: `seal` appends the tag, `open` checks and strips it.
+//! After `close_for_exit` (Note [Exit] in comm/rendezvous.hpp) every tag is refused with an `Error`: OpenSSL frees
+//! its state in its own exit handler, and a thread still running then must not call into it.
 class Seal {
  public:
   static constexpr std::size_t tag_size = 32;
-  explicit Seal(std::string secret) : secret_(std::move(secret)) {}
+  explicit Seal(std::string secret) : secret_(std::move(secret)) {
+    // OpenSSL registers its exit handler here at the latest, so that the handler accel registers after a
+    // connection (Note [Exit]) runs before it.
+    OPENSSL_init_crypto(0, nullptr);
+  }
+  //! From now on no thread of this process computes a tag: waits for those computing one, then refuses every
+  //! later call. Run by the process's exit handler, before OpenSSL's.
+  static void close_for_exit() noexcept {
+    std::unique_lock<std::shared_mutex> lock(gate());
+    closed() = true;
+  }
 
   [[nodiscard]] std::vector<std::uint8_t> seal(const std::string& key, const std::vector<std::uint8_t>& value) const {
     std::vector<std::uint8_t> out(value);
@@ -72,9 +85,20 @@ class Seal {
     std::vector<std::uint8_t> msg(key.begin(), key.end());
     msg.push_back(0);
     msg.insert(msg.end(), value, value + n);
+    std::shared_lock<std::shared_mutex> lock(gate());
+    if (closed()) throw Error("accel: the process is exiting: no more authenticated store values");
     unsigned int len = 0;
     if (!HMAC(EVP_sha256(), secret_.data(), int(secret_.size()), msg.data(), msg.size(), out, &len) || len != tag_size)
       throw Error("accel: HMAC-SHA256 failed (OpenSSL)");
+  }
+  // Never destroyed: a thread left behind on a frozen store may reach them during the process's exit.
+  static std::shared_mutex& gate() {
+    static auto* m = new std::shared_mutex;
+    return *m;
+  }
+  static bool& closed() {
+    static auto* b = new bool(false);
+    return *b;
   }
   std::string secret_;
 };

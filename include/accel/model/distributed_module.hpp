@@ -21,6 +21,12 @@
 //! - Buffers as DDP treats them (`broadcast_buffers`, true by default): rank 0's buffers are broadcast before a
 //!   forward when the previous forward ran with gradients enabled and outside `no_sync` (and before the first),
 //!   all of them in one collective (their bytes, packed); `PreparedModel`'s call operator brackets the forward.
+//! - The bracket is the one door into the model (DESIGN.md, "Containers"): where it matters (buffers to broadcast),
+//!   a backward through the module whose forward did not go through it (`model->forward(x)`, LibTorch's habit) is
+//!   an error at its first gradient that says to call `model(x)`, never a silently different run.
+//! - Parameters changed between two backwards with no step of a prepared optimizer in between (the raw optimizer
+//!   stepped inside an accumulation window, where gradients are this rank's own) are found by their version
+//!   counters (`changed_parameter`); the accelerator warns.
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
@@ -124,6 +130,9 @@ class DistributedModule {
     std::uint64_t hook_calls = 0;  // gradients accumulated so far (whether a backward went through the module)
     bool sync = true;
     bool buffers_due = true;        // DDP's require_forward_param_sync: broadcast the buffers before the next forward
+    bool entered = false;           // a forward with gradients went through the door since the last backward
+    std::vector<std::uint32_t> versions;  // the parameters' version counters at `snapshot_versions` (empty: none)
+    std::vector<std::int64_t> grads;      // after a backward under no_sync: each gradient's version (-1: none)
     std::vector<at::Tensor> buffers;  // the module's buffers, in registration order
     bool callback_queued = false;
     std::unique_ptr<PartitionReducer> zero;  // ZeRO stage 2: gradients reduced to their owners instead
@@ -236,7 +245,67 @@ class DistributedModule {
     return s.opt.broadcast_buffers && !s.buffers.empty() && s.comm && s.comm->size() > 1;
   }
   //! After a forward: the next one broadcasts the buffers only if this one ran with gradients outside `no_sync`.
-  void after_forward(bool grad_enabled) { state_->buffers_due = grad_enabled && state_->sync; }
+  void after_forward(bool grad_enabled) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->buffers_due = grad_enabled && state_->sync;
+    if (grad_enabled) state_->entered = true;
+  }
+  //! Whether a forward must go through the prepared model's call operator for a backward to be right: it broadcasts
+  //! buffers (DDP's `broadcast_buffers`). A backward after a forward that did not is an error naming the fix.
+  [[nodiscard]] bool needs_door() const noexcept { return broadcasts_buffers(); }
+
+  //! Records the parameters' version counters (every in-place change, an optimizer's step too, moves them).
+  void snapshot_versions() {
+    auto& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.versions.clear();
+    for (const auto& p : s.params) s.versions.push_back(p.tensor._version());
+  }
+  //! Forgets the snapshots (a checkpoint was loaded into the parameters and gradients).
+  void forget_versions() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->versions.clear();
+    state_->grads.clear();
+  }
+  //! After a backward under `no_sync` (inside an accumulation window): records the gradients it left, which the
+  //! window's next backward adds to (`cleared_gradient` finds one that something cleared or zeroed meanwhile).
+  void snapshot_gradients() {
+    auto& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.grads.clear();
+    for (const auto& p : s.params) s.grads.push_back(p.tensor.grad().defined() ? std::int64_t(p.tensor.grad()._version()) : -1);
+  }
+  //! The first parameter whose gradient of `snapshot_gradients` is gone or was changed in place since (an
+  //! optimizer's zero_grad inside the window); empty: none, or no snapshot. Forgets the snapshot.
+  [[nodiscard]] std::string cleared_gradient() {
+    auto& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::string out;
+    if (s.grads.size() == s.params.size())
+      for (std::size_t k = 0; k < s.params.size() && out.empty(); ++k) {
+        const auto& g = s.params[k].tensor.grad();
+        if (s.grads[k] >= 0 && (!g.defined() || std::int64_t(g._version()) != s.grads[k])) out = s.params[k].name;
+      }
+    s.grads.clear();
+    return out;
+  }
+  //! The first parameter changed in place since `snapshot_versions` while the last backward's gradients were
+  //! local (it ran under `no_sync`: `snapshot_gradients`), if any; empty: none, or no such window. A change after a
+  //! synchronising backward used averaged gradients and keeps the replicas equal.
+  [[nodiscard]] std::string changed_parameter() const {
+    auto& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.versions.size() != s.params.size() || s.grads.size() != s.params.size()) return {};
+    for (std::size_t k = 0; k < s.params.size(); ++k)
+      if (s.params[k].tensor._version() != s.versions[k]) return s.params[k].name;
+    return {};
+  }
+  //! The trainable parameters, by name, in registration order.
+  [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> named_parameters() const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& p : state_->params) out.emplace_back(p.name, p.tensor);
+    return out;
+  }
   //! Gradients accumulated into the parameters so far: it moves when a backward goes through the module.
   [[nodiscard]] std::uint64_t backward_count() const {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -311,6 +380,19 @@ class DistributedModule {
     const auto t = s.params[b.params.front()].tensor.scalar_type();
     return t == at::kFloat || t == at::kDouble;
   }
+  // The end of a backward through the module: the next backward needs a forward through the door again; a
+  // synchronising one completes the all-reduce.
+  static void end_of_backward(State& s) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.entered = false;
+      if (!s.sync) {
+        s.callback_queued = false;
+        return;
+      }
+    }
+    finalize(s);
+  }
   static void finalize(State& s) {
     std::lock_guard<std::mutex> lock(s.mu);
     std::string unused;
@@ -364,15 +446,22 @@ class DistributedModule {
 ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::size_t index) {
   auto& s = *sp;
   std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.entered && s.opt.broadcast_buffers && !s.buffers.empty())
+    throw InvalidArgument(
+        "accel: a backward through the prepared model followed a forward that did not go through it (model->forward(x), "
+        "or a submodule called directly): the prepared model brackets its forward as DDP does, broadcasting rank 0's "
+        "buffers (BatchNorm's running statistics) first, and without it the processes' buffers drift apart. Call the "
+        "prepared model itself, model(x), for every forward; or set Options::broadcast_buffers = false to keep each "
+        "process's own buffers");
   ++s.hook_calls;
-  if (!s.sync) return;
-  if (!s.callback_queued) {
+  if (!s.callback_queued) {  // once per backward: the end of backward (finalize) closes the door again
     s.callback_queued = true;
     std::weak_ptr<State> weak = sp;
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto st = weak.lock()) finalize(*st);
+      if (auto st = weak.lock()) end_of_backward(*st);
     });
   }
+  if (!s.sync) return;
   auto& p = s.params[index];
   if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
   p.ready = true;

@@ -58,7 +58,8 @@ class PreparedModel {
   [[nodiscard]] auto* operator->() const noexcept { return get(); }
   [[nodiscard]] auto& operator*() const noexcept { return *get(); }
   //! `model(x...)` is `model->forward(x...)`, bracketed as DDP brackets it: rank 0's buffers first when due
-  //! (`DistributedOptions::broadcast_buffers`). Call it this way, not `model->forward(x)`, for DDP's buffers.
+  //! (`DistributedOptions::broadcast_buffers`). The one door into the model: call it this way, not
+  //! `model->forward(x)`; where the bracket matters, a backward after a forward that bypassed it is an error.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     const bool grad = at::GradMode::is_enabled();

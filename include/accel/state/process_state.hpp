@@ -28,6 +28,7 @@
 #include <c10/core/Device.h>
 
 #include <concepts>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -68,6 +69,10 @@ class ProcessState {
       s->env = detect_launch_env(opt.env, opt.launch);
       s->conn = Engine<Dist>::connect(s->env, opt);
       global = std::move(s);
+      // After the connection: its libraries (OpenSSL, c10d, Gloo) registered their exit handlers first, so this
+      // one runs before them (Note [Exit] in comm/rendezvous.hpp).
+      static const bool registered = std::atexit(&ProcessState::release_at_exit) == 0;
+      (void)registered;
     }
     s_ = global;
   }
@@ -239,6 +244,16 @@ class ProcessState {
                           ", so the valid indices are 0 to " + std::to_string(count - 1) + "; pass an index below " + bound);
   }
 
+  // The process is exiting (Note [Exit]): the process state goes now, while every library it uses is whole; a
+  // handle still held elsewhere keeps it until that handle goes (its heartbeat is stopped by the rendezvous' handler).
+  static void release_at_exit() noexcept {
+    std::shared_ptr<Shared> s;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      s = std::move(instance());
+    }
+    s.reset();
+  }
   static std::mutex& mutex() {
     static std::mutex m;
     return m;

@@ -132,13 +132,15 @@ void exact(std::string name, Options o, const std::string& scratch) {
         accel::detail::state_tensors(sb, [&](const at::Tensor& t, auto&&) { tb.push_back(t); });
         for (std::size_t k = 0; k < ta.size(); ++k) {
           if (ta[k].defined() != tb[k].defined()) return 1e9;
-          if (ta[k].defined()) worst = std::max(worst, (ta[k] - tb[k]).abs().max().item<double>());
+          // allclose's rule (atol 1e-6 below, rtol 1e-4): centered RMSprop's momentum (about 10 here) divides by the
+          // root of a small variance, so the reductions' float rounding reaches it relative to its size (1.6e-5 seen).
+          if (ta[k].defined()) worst = std::max(worst, ((ta[k] - tb[k]).abs() - 1e-4 * tb[k].abs()).max().item<double>());
         }
       }
       return worst;
     };
     const double sd = state_diff(zopt.inner(), dopt.inner(), zero_net->parameters(), ddp_net->parameters());
-    check(sd < 1e-6, name + ": the consolidated state equals DDP's optimizer state (max diff " + std::to_string(sd) + ")");
+    check(sd < 1e-6, name + ": the consolidated state equals DDP's optimizer state (max diff beyond 1e-4 relative " + std::to_string(sd) + ")");
     const auto file = std::filesystem::path(scratch) / ("consolidated_" + name + ".pt");
     torch::save(zopt.inner(), file.string());
     auto plain_net = make_net();

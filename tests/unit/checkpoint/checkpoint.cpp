@@ -4,7 +4,9 @@
 #include "../training_support.hpp"
 
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <catch2/catch.hpp>
 #include <unistd.h>
@@ -13,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
+#include <tuple>
 
 using namespace accel_test;
 
@@ -68,6 +72,114 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
     CHECK_THROWS_WITH(acc.load_state(dir / "nowhere"), Catch::Contains("is not a checkpoint directory"));
   }
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+// Loads `dir` into a job like train_toy's, under `o`.
+void load_like_toy(const std::filesystem::path& dir, accel::Options o, accel::LoadOptions l = {}) {
+  Solo acc{o};
+  Net net;
+  auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+  (void)acc.prepare(net, adam, accel::data::DataLoader(toy_data(70), {.batch_size = 8, .shuffle = true}),
+                    std::make_shared<torch::optim::StepLR>(*adam, 3, 0.5));
+  acc.load_state(dir, l);
+}
+}  // namespace
+
+TEST_CASE("resume: a checkpoint of other training settings is refused naming both values, unless allowed", "[accelerator][checkpoint]") {
+  namespace fs = std::filesystem;
+  accel::ProcessState::reset();
+  const auto dir = fs::temp_directory_path() / ("accel_settings_" + std::to_string(::getpid()));
+  train_toy(11, 4, 5, dir.string(), "");  // gradient_accumulation_steps 2, mixed precision off
+  const auto meta = (dir / accel::checkpoint::meta_file).string();
+  SECTION("the same settings load") { CHECK_NOTHROW(load_like_toy(dir, {.gradient_accumulation_steps = 2})); }
+  SECTION("another gradient_accumulation_steps") {
+    CHECK_THROWS_WITH(load_like_toy(dir, {.gradient_accumulation_steps = 4}),
+                      Catch::Contains(meta + " was saved with gradient_accumulation_steps = 2, this job has 4") &&
+                          Catch::Contains("accel::LoadOptions{.allow_changed_settings = true}"));
+    CHECK_NOTHROW(load_like_toy(dir, {.gradient_accumulation_steps = 4}, {.allow_changed_settings = true}));
+  }
+  SECTION("another mixed precision (bf16 against off)") {
+    CHECK_THROWS_WITH(load_like_toy(dir, {.gradient_accumulation_steps = 2, .mixed_precision = accel::Precision::bf16}),
+                      Catch::Contains(meta + " was saved with mixed_precision = no, this job has bf16") &&
+                          Catch::Contains("Use the same Options::mixed_precision"));
+    CHECK_NOTHROW(load_like_toy(dir, {.gradient_accumulation_steps = 2, .mixed_precision = accel::Precision::bf16},
+                                {.allow_changed_settings = true}));
+  }
+  SECTION("the format, a model's shapes, the GradScaler: each refused naming the file") {
+    namespace ck = accel::checkpoint;
+    const ck::Checkpointer::Process one{0, 1, c10::Device(c10::kCPU), [] {}};
+    const auto other = dir.string() + "_other";
+    auto saved = [&](std::int64_t out_features, bool scaler) {
+      ck::Checkpointer c;
+      c.add_model(torch::nn::Linear(4, out_features).ptr());
+      if (scaler) c.set_scaler({[](auto& a) { a.write("scale", c10::IValue(2.0)); }, [](auto&) {}});
+      return c;
+    };
+    saved(3, false).save(other, one, 0, false);
+    try {
+      saved(5, false).load(other, one);
+      FAIL("loaded a model of another shape");
+    } catch (const accel::FileError& e) {
+      CHECK(e.path() == other + "/model.pt");
+      CHECK_THAT(e.what(), Catch::Contains("holds weight of shape [3, 4] and dtype Float, the model's is [5, 4] Float"));
+    }
+    CHECK_THROWS_WITH(saved(3, true).load(other, one), Catch::Contains("disagree on mixed precision (GradScaler present in one only)"));
+    // A format this accel does not read.
+    torch::serialize::InputArchive in;
+    in.load_from(other + "/" + ck::meta_file);
+    torch::serialize::OutputArchive out;
+    for (const auto& k : in.keys()) {
+      c10::IValue v;
+      in.read(k, v);
+      out.write(k, k == "format_version" ? c10::IValue(std::int64_t(99)) : v);
+    }
+    out.save_to(other + "/" + ck::meta_file);
+    ck::Manifest::of_directory(other).write(other);
+    CHECK_THROWS_WITH(saved(3, false).load(other, one), Catch::Contains("checkpoint format 99, this accel reads formats 2 to 3"));
+    fs::remove_all(other);
+    // A sharded (ZeRO) optimizer's state, loaded into an unsharded job's optimizer.
+    torch::nn::Linear lin(4, 3);
+    auto sgd = std::make_shared<torch::optim::SGD>(lin->parameters(), 0.1);
+    torch::serialize::OutputArchive zero;
+    sgd->save(zero);
+    zero.write("zero_sharded", c10::IValue(std::int64_t(1)));
+    std::ostringstream bytes;
+    zero.save_to(bytes);
+    torch::serialize::InputArchive back;
+    const std::string b = bytes.str();
+    back.load_from(b.data(), b.size());
+    accel::AcceleratedOptimizer<torch::optim::SGD> unsharded(sgd);
+    CHECK_THROWS_WITH(unsharded.load(back), Catch::Contains("the checkpoint's optimizer was sharded") &&
+                                                Catch::Contains("and this job's is not"));
+  }
+  SECTION("settings out of range, under a consistent manifest: an error naming the file and the field") {
+    for (const auto& [key, value, field] : std::vector<std::tuple<std::string, std::int64_t, std::string>>{
+             {"mixed_precision", 7, "'mixed_precision' is 7"},
+             {"gradient_accumulation_steps", 0, "'gradient_accumulation_steps' is 0"},
+             {"gradient_accumulation_steps", std::int64_t(1) << 40, "'gradient_accumulation_steps' is 1099511627776"}}) {
+      INFO(key << " = " << value);
+      torch::serialize::InputArchive in;
+      in.load_from(meta);
+      torch::serialize::OutputArchive out;
+      for (const auto& k : in.keys()) {
+        c10::IValue v;
+        in.read(k, v);
+        out.write(k, k == key ? c10::IValue(value) : v);
+      }
+      out.save_to(meta);
+      accel::checkpoint::Manifest::of_directory(dir).write(dir);
+      try {
+        load_like_toy(dir, {.gradient_accumulation_steps = 2}, {.allow_changed_settings = true});
+        FAIL("loaded");
+      } catch (const accel::FileError& e) {
+        CHECK(e.path() == meta);
+        CHECK_THAT(e.what(), Catch::Contains("damaged training settings: " + field));
+      }
+      train_toy(11, 4, 5, dir.string(), "");  // whole again
+    }
+  }
+  fs::remove_all(dir);
 }
 
 namespace {
