@@ -245,8 +245,9 @@ class Accelerator {
   // ---- checkpoints (checkpoint/checkpointer.hpp; layout: checkpoint/format.hpp) ---------------------------------
 
   // [accelerate:accelerator.py Accelerator.save_state]
-  //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators and
-  //! the step counter into `dir` (replaced whole once every process has written its part). Every process calls it.
+  //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators, the
+  //! step counter and the trackers' position (how many `log` calls, the last step) into `dir` (replaced whole once
+  //! every process has written its part). Every process calls it.
   void save_state(const std::filesystem::path& dir);
   //! `save_state` under `ProjectConfiguration::automatic_checkpoint_naming`: into
   //! `<project_dir>/checkpoints/checkpoint_<iteration>` (an existing one is an error: nothing is overwritten);
@@ -293,11 +294,13 @@ class Accelerator {
   // [accelerate:accelerator.py Accelerator.init_trackers]
   //! Starts the trackers of `Options::log_with` for the run `project_name` with its hyperparameters `config`:
   //! on the main process only (the others write nothing), into `<logging_dir()>/<project_name>/`. After a
-  //! `load_state` the run's files are continued (appended to), otherwise started anew.
+  //! `load_state` the run's files are continued from the checkpoint: what the stopped job logged after it is
+  //! dropped (JSONL and CSV rows, TensorBoard steps past the checkpoint's last), so that the resumed run's files
+  //! end as an uninterrupted run's (tracking/trackers.hpp); otherwise they are started anew. Every process calls it.
   void init_trackers(const std::string& project_name, const tracking::Values& config = {});
   // [accelerate:accelerator.py Accelerator.log]
-  //! Logs one step's values to every tracker (main process only; a no-op elsewhere). Without `step`, the step
-  //! is the number of `log` calls before this one.
+  //! Logs one step's values to every tracker (main process only; elsewhere only counted). Without `step`, the
+  //! step is the number of `log` calls before this one (in a resumed job, the checkpoint's count included).
   void log(const tracking::Values& values, std::optional<std::int64_t> step = std::nullopt);
   // [accelerate:accelerator.py Accelerator.end_training]
   //! Closes the trackers' files, then waits for every process (so that all may read them afterwards).
@@ -384,11 +387,12 @@ class Accelerator {
   std::vector<OptimizerEntry> optimizers_;
   Ddps ddps_;  // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
-  tracking::Trackers trackers_;            // the run's writers (none but on the main process)
+  tracking::Trackers trackers_;            // the run's writers (none but on the main process) and position
   bool trackers_started_ = false;          // init_trackers was called (on every process)
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
   std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
-  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files
+  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files from
+                                           // trackers_'s position (the checkpoint's)
   std::int64_t trigger_ = 0;               // set_trigger's flag, until check_trigger finds it
 };
 

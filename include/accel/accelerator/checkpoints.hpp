@@ -23,7 +23,8 @@ namespace accel {
 
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
-  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients());
+  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(),
+                     trackers_.position());
 }
 
 template <class... Policies>
@@ -90,17 +91,18 @@ void Accelerator<Policies...>::save_model(const M& model, const std::filesystem:
 template <class... Policies>
 void Accelerator<Policies...>::init_trackers(const std::string& project_name, const tracking::Values& config) {
   detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
-  // Every process checks the names (the main process's Trackers does), so that each raises the same error.
-  if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, logging_dir() / project_name, config, resumed_);
-  else tracking::Trackers::check_names(config, "init_trackers");
+  // Every process makes the run (with writers on the main process alone), so that each checks the names, counts
+  // the log calls and continues from the same position: the checkpoint's, if load_state restored one.
+  const tracking::Start start{.continuing = resumed_, .from = resumed_ ? trackers_.position() : std::nullopt};
+  trackers_ = tracking::Trackers(is_main_process() ? opt_.log_with : std::vector<tracking::Tracker>{}, logging_dir() / project_name,
+                                 config, start);
   trackers_started_ = true;
 }
 
 template <class... Policies>
 void Accelerator<Policies...>::log(const tracking::Values& values, std::optional<std::int64_t> step) {
   detail::require(trackers_started_, "accel::Accelerator::log: no run is being tracked; call init_trackers first");
-  if (is_main_process()) trackers_.log(values, step);
-  else tracking::Trackers::check_names(values, "log");
+  trackers_.log(values, step);  // written on the main process, counted on every one
 }
 
 template <class... Policies>
@@ -123,8 +125,10 @@ checkpoint::Checkpointer::Process Accelerator<Policies...>::checkpoint_process()
 
 template <class... Policies>
 void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest) {
-  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process()));
+  std::optional<tracking::Position> trackers;
+  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), &trackers));
   resumed_ = true;
+  if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
   if (latest) opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
 }
 

@@ -25,6 +25,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
+#include <accel/tracking/tracker.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -85,12 +86,15 @@ class Checkpointer {
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
-  //! window, so each process's gradients gathered so far are saved too.
-  ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                       bool local_gradients) const;
+  //! window, so each process's gradients gathered so far are saved too; `trackers`: the trackers' position (none:
+  //! not recorded).
+  ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients,
+                       const std::optional<tracking::Position>& trackers = std::nullopt) const;
 
   //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter.
-  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p);
+  //! `trackers`, if given, receives the trackers' position the checkpoint recorded (none: not recorded).
+  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p,
+                               std::optional<tracking::Position>* trackers = nullptr);
 
  private:
   // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or
@@ -139,8 +143,8 @@ class Checkpointer {
 };
 
 #if ACCEL_DEFINITIONS
-ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                                   bool local_gradients) const {
+ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients,
+                                   const std::optional<tracking::Position>& trackers) const {
   const auto tmp = partial_dir(dir);
   const bool main = p.index == 0;
   if (main) {
@@ -152,7 +156,7 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
     save_one([&](auto& a) {
       write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
                      std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
-                     std::int64_t(custom_.size())});
+                     std::int64_t(custom_.size()), trackers});
     }, tmp / meta_file);
     for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
     for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
@@ -183,7 +187,8 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
   p.barrier();
 }
 
-ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p) {
+ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p,
+                                           std::optional<tracking::Position>* trackers) {
   // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
   const auto aside = std::filesystem::path(given.string() + ".old");
   const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
@@ -309,6 +314,7 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     }
     for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(lead.loaders[i]);
   });
+  if (trackers) *trackers = meta.trackers;
   p.barrier();
   return lead.step;
 }
