@@ -46,6 +46,7 @@
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -279,6 +280,13 @@ class Accelerator {
   //! restores them. Loading with other objects registered (count or types) is an error naming them.
   template <class... Objects>
   void register_for_checkpointing(Objects&&... objects);
+  // [accelerate:accelerator.py Accelerator.register_save_state_pre_hook]
+  //! Adds `hook`, which every `save_state` (the preemption save included) calls first, on every process, with the
+  //! checkpoint's directory; hooks run in the order of registration. The place to bring into a registered object what
+  //! only all processes together know, such as every process's running sums (a collective is safe there: every
+  //! process saves at the same point). Accelerate's hook also receives the models and their state dicts, to change
+  //! what is written; here the registered objects are what is written.
+  void register_save_state_pre_hook(std::function<void(const std::filesystem::path&)> hook);
 
   // [accelerate:accelerator.py Accelerator.save_model]
   //! Writes the (unwrapped) model's parameters and buffers as safetensors into `dir`: `model.safetensors`, or
@@ -387,6 +395,7 @@ class Accelerator {
   std::vector<OptimizerEntry> optimizers_;
   Ddps ddps_;  // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
+  std::vector<std::function<void(const std::filesystem::path&)>> save_hooks_;  // register_save_state_pre_hook's
   tracking::Trackers trackers_;            // the run's writers (none but on the main process) and position
   bool trackers_started_ = false;          // init_trackers was called (on every process)
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives

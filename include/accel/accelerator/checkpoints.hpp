@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! `Accelerator`'s checkpoints, trackers and preemption (accelerator.hpp): save_state, load_state,
-//! latest_checkpoint, register_for_checkpointing, save_model, init_trackers, log, end_training, and the save at
-//! a step boundary under `Options::preemption`. Included by accelerator.hpp.
+//! latest_checkpoint, register_for_checkpointing, register_save_state_pre_hook, save_model, init_trackers, log,
+//! end_training, and the save at a step boundary under `Options::preemption`. Included by accelerator.hpp.
 
 #include <accel/accelerator.hpp>
 #include <accel/checkpoint/custom.hpp>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -23,6 +24,7 @@ namespace accel {
 
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
+  for (const auto& hook : save_hooks_) hook(dir);
   checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(),
                      trackers_.position());
 }
@@ -66,6 +68,12 @@ template <class... Objects>
 void Accelerator<Policies...>::register_for_checkpointing(Objects&&... objects) {
   static_assert(sizeof...(Objects) > 0, "accel::Accelerator::register_for_checkpointing: pass at least one object");
   (register_one(std::forward<Objects>(objects)), ...);
+}
+
+template <class... Policies>
+void Accelerator<Policies...>::register_save_state_pre_hook(std::function<void(const std::filesystem::path&)> hook) {
+  detail::require(bool(hook), "accel::Accelerator::register_save_state_pre_hook: an empty function");
+  save_hooks_.push_back(std::move(hook));
 }
 
 template <class... Policies>
