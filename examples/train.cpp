@@ -38,6 +38,8 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 struct Acc : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::even,
                                 accel::loading::sharded, accel::rng::sync<accel::rng::generator>, accel::place::device> {};
@@ -59,6 +61,31 @@ class Progress {
   bool show_, tty_;
   std::int64_t total_;
 };
+
+// An epoch's loss so far: each process sums its own batches' losses. Before every checkpoint (a save_state pre-hook,
+// which every process runs, the preemption save included) every process's sums are gathered into `saved`, which the
+// checkpoint holds (register_for_checkpointing), so that a resumed epoch goes on from them and logs the mean over all
+// its batches, as an uninterrupted one does.
+struct EpochLoss {
+  std::int64_t epoch = -1;
+  double sum = 0;            // this process's losses
+  std::int64_t batches = 0;  // and how many
+  std::vector<double> saved;  // every process's {sum, batches} at the last checkpoint, by rank
+  // A resumed epoch: this process's sums from the checkpoint (at another number of processes, process 0 takes them all).
+  void resume(int rank, int processes) {
+    const auto saving = std::int64_t(saved.size() / 2);
+    sum = 0;
+    batches = 0;
+    for (std::int64_t r = 0; r < saving; ++r)
+      if (saving == processes ? r == rank : rank == 0) {
+        sum += saved[std::size_t(2 * r)];
+        batches += std::int64_t(saved[std::size_t(2 * r + 1)]);
+      }
+    saved.clear();
+  }
+};
+auto accel_fields(EpochLoss& l) { return std::tie(l.epoch, l.sum, l.batches, l.saved); }
+auto accel_fields(const EpochLoss& l) { return std::tie(l.epoch, l.sum, l.batches, l.saved); }
 
 std::string checksum(const torch::nn::Module& net) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a over every parameter's bytes
@@ -110,6 +137,13 @@ int main(int argc, char** argv) try {
   const std::int64_t accumulation = acc.gradient_accumulation_steps();
   const std::int64_t total_steps = epochs * ((per_epoch + accumulation - 1) / accumulation) * acc.num_processes();
   auto sched = acc.prepare(accel::linear_schedule_with_warmup(*adamw, 30 * acc.num_processes(), total_steps));
+  EpochLoss loss_so_far;
+  acc.register_for_checkpointing(loss_so_far);
+  acc.register_save_state_pre_hook([&](const std::filesystem::path&) {
+    double mine[2] = {loss_so_far.sum, double(loss_so_far.batches)};
+    const auto all = acc.gather(at::from_blob(mine, {2}, at::kDouble)).contiguous();
+    loss_so_far.saved.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  });
   if (resume) {
     const auto latest = acc.latest_checkpoint();
     if (!latest) throw accel::InvalidArgument("--resume: no complete checkpoint under " + project_dir + "/checkpoints; run without --resume first");
@@ -132,9 +166,9 @@ int main(int argc, char** argv) try {
   for (std::int64_t epoch = train.epoch(); epoch < epochs; ++epoch) {
     train.set_epoch(epoch);
     Progress bar(acc, train.size());
-    double loss_sum = 0;
+    if (loss_so_far.epoch == epoch) loss_so_far.resume(acc.process_index(), acc.num_processes());
+    else loss_so_far = {.epoch = epoch};
     std::int64_t seen = train.state_dict().batches;  // > 0 in a resumed epoch
-    std::int64_t counted = 0;
     for (const auto& batch : train) {
       auto step = acc.accumulate(model);
       auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
@@ -142,9 +176,9 @@ int main(int argc, char** argv) try {
       opt.step();
       sched.step();
       opt.zero_grad();
-      loss_sum += loss.item<double>();
-      ++counted;
-      bar.update(++seen, int(epoch), loss_sum / double(counted));
+      loss_so_far.sum += loss.item<double>();
+      ++loss_so_far.batches;
+      bar.update(++seen, int(epoch), loss_so_far.sum / double(loss_so_far.batches));
       if (++batches_done == stop_after) {
         const auto dir = acc.save_state();
         acc.print("checkpoint saved to ", dir.string(), " after ", stop_after, " batches; stopping (resume with --resume)");
@@ -152,7 +186,9 @@ int main(int argc, char** argv) try {
       }
       if (checkpoint_every > 0 && (epoch * per_epoch + seen) % checkpoint_every == 0) (void)acc.save_state();
     }
-    const double mean_loss = acc.reduce(at::scalar_tensor(loss_sum / double(std::max<std::int64_t>(counted, 1))), accel::Reduction::mean).item<double>();
+    double mine[2] = {loss_so_far.sum, double(loss_so_far.batches)};  // every process's losses over their number
+    const auto total = acc.reduce(at::from_blob(mine, {2}, at::kDouble)).contiguous();
+    const double mean_loss = total.data_ptr<double>()[0] / std::max(total.data_ptr<double>()[1], 1.0);
     const double lr = adamw->param_groups()[0].options().get_lr();
     acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), mean_loss, "  lr ", std::setprecision(5), lr);
     if (project) acc.log({{"loss", mean_loss}, {"lr", lr}}, epoch);

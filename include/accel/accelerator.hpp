@@ -47,6 +47,7 @@
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -254,8 +255,9 @@ class Accelerator {
   // ---- checkpoints (checkpoint/checkpointer.hpp; layout: checkpoint/format.hpp) ---------------------------------
 
   // [accelerate:accelerator.py Accelerator.save_state]
-  //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators and
-  //! the step counter into `dir` (replaced whole once every process has written its part). Every process calls it.
+  //! Saves every prepared model, optimizer, scheduler and loader, the scaler, every process's generators, the
+  //! step counter and the trackers' position (how many `log` calls, the last step) into `dir` (replaced whole once
+  //! every process has written its part). Every process calls it.
   void save_state(const std::filesystem::path& dir);
   //! `save_state` under `ProjectConfiguration::automatic_checkpoint_naming`: into
   //! `<project_dir>/checkpoints/checkpoint_<iteration>` (an existing one is an error: nothing is overwritten);
@@ -289,6 +291,13 @@ class Accelerator {
   //! restores them. Loading with other objects registered (count or types) is an error naming them.
   template <class... Objects>
   void register_for_checkpointing(Objects&&... objects);
+  // [accelerate:accelerator.py Accelerator.register_save_state_pre_hook]
+  //! Adds `hook`, which every `save_state` (the preemption save included) calls first, on every process, with the
+  //! checkpoint's directory; hooks run in the order of registration. The place to bring into a registered object what
+  //! only all processes together know, such as every process's running sums (a collective is safe there: every
+  //! process saves at the same point). Accelerate's hook also receives the models and their state dicts, to change
+  //! what is written; here the registered objects are what is written.
+  void register_save_state_pre_hook(std::function<void(const std::filesystem::path&)> hook);
 
   // [accelerate:accelerator.py Accelerator.save_model]
   //! Writes the (unwrapped) model's parameters and buffers as safetensors into `dir`: `model.safetensors`, or
@@ -304,11 +313,13 @@ class Accelerator {
   // [accelerate:accelerator.py Accelerator.init_trackers]
   //! Starts the trackers of `Options::log_with` for the run `project_name` with its hyperparameters `config`:
   //! on the main process only (the others write nothing), into `<logging_dir()>/<project_name>/`. After a
-  //! `load_state` the run's files are continued (appended to), otherwise started anew.
+  //! `load_state` the run's files are continued from the checkpoint: what the stopped job logged after it is
+  //! dropped (JSONL and CSV rows, TensorBoard steps past the checkpoint's last), so that the resumed run's files
+  //! end as an uninterrupted run's (tracking/trackers.hpp); otherwise they are started anew. Every process calls it.
   void init_trackers(const std::string& project_name, const tracking::Values& config = {});
   // [accelerate:accelerator.py Accelerator.log]
-  //! Logs one step's values to every tracker (main process only; a no-op elsewhere). Without `step`, the step
-  //! is the number of `log` calls before this one.
+  //! Logs one step's values to every tracker (main process only; elsewhere only counted). Without `step`, the
+  //! step is the number of `log` calls before this one (in a resumed job, the checkpoint's count included).
   void log(const tracking::Values& values, std::optional<std::int64_t> step = std::nullopt);
   // [accelerate:accelerator.py Accelerator.end_training]
   //! Closes the trackers' files, then waits for every process (so that all may read them afterwards).
@@ -405,11 +416,13 @@ class Accelerator {
   std::vector<OptimizerEntry> optimizers_;
   Ddps ddps_;  // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
-  tracking::Trackers trackers_;            // the run's writers (none but on the main process)
+  std::vector<std::function<void(const std::filesystem::path&)>> save_hooks_;  // register_save_state_pre_hook's
+  tracking::Trackers trackers_;            // the run's writers (none but on the main process) and position
   bool trackers_started_ = false;          // init_trackers was called (on every process)
   detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
   std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
-  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files
+  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files from
+                                           // trackers_'s position (the checkpoint's)
   std::uint64_t training_steps_ = 0;       // synchronising steps with a backward, counted at step boundaries
   std::uint64_t backwards_ = 0, backwards_at_boundary_ = 0;  // backward() calls: in all, at the last step boundary
   std::uint64_t replicas_agreed_ = 0;      // training_steps_ at the last replica check that passed

@@ -64,8 +64,9 @@ void files(const Args& a) {
   check(csv_rank0, "every CSV row is rank 0's");
   for (const auto& n : names)
     if (n.starts_with("events.out.tfevents."))
-      check(accel::tracking::read_records(run / n).size() == std::size_t(steps + 2),
-            "the event file holds the file version, the configuration and every step, each record's CRCs intact");
+      check(accel::tracking::read_records(run / n).size() == std::size_t(steps + 3),
+            "the event file holds the file version, the session start, the configuration and every step, each "
+            "record's CRCs intact");
 
   // ---- save_model: rank 0 writes the unwrapped model; every rank reads it back equal to its own -------------
   at::manual_seed(11 + tally.rank);  // different weights per rank: prepare broadcasts rank 0's

@@ -227,7 +227,7 @@ TEST_CASE("hostile files: a process record (step, generator and loader states)",
 
 TEST_CASE("hostile files: the checkpoint description (accel_checkpoint.pt)", "[fuzz][meta]") {
   torch::serialize::OutputArchive meta;
-  accel::checkpoint::write_meta(meta, {accel::checkpoint::format_version, 1, 1, 1, 1, 1, 1});
+  accel::checkpoint::write_meta(meta, {accel::checkpoint::format_version, 1, 1, 1, 1, 1, 1, 0, accel::tracking::Position{7, 42}});
   const std::string path = "ckpt/accel_checkpoint.pt";
   campaign(archive_format("accel_checkpoint.pt", bytes_of(meta)), path,
            [&](std::span<const std::uint8_t> b) { (void)accel::checkpoint::read_meta(b, path); });

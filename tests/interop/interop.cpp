@@ -5,6 +5,9 @@
 //   load-save SRC DST MAX_SHARD   load_model(net, SRC) then save_model(net, DST, MAX_SHARD) for the network of
 //                                 check_safetensors.py (its Accelerate save_model output is SRC)
 //   track DIR                     a run of every tracker: init_trackers, 10 log calls, end_training
+//   track-resume DIR              the same run twice: in DIR/straight uninterrupted, in DIR/resumed stopped after a
+//                                 checkpoint (save_state after step 105, then 106..109 logged, no end_training) and
+//                                 resumed (load_state, init_trackers, 106..109 again)
 #include <accel/accelerator.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 
@@ -60,6 +63,42 @@ void track(const std::string& dir) {
   acc.end_training();
 }
 
+// Step s's values for track-resume: scalars, a text before the checkpoint (104) and one after it (107).
+accel::tracking::Values resume_values(int s) {
+  accel::tracking::Values v{{"loss", 1.0 / (s + 1)}, {"lr", 0.1 * std::pow(0.5, s)}};
+  if (s == 4) v["phase"] = "warm";
+  if (s == 7) v["note"] = "after the checkpoint";
+  return v;
+}
+
+void track_resume(const std::string& dir) {
+  namespace tr = accel::tracking;
+  const tr::Values config{{"lr", 0.1}, {"optimizer", "adamw"}};
+  auto options = [&](const char* run) {
+    return accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard},
+                          .logging_dir = dir + "/" + run};
+  };
+  {
+    Solo acc{options("straight")};
+    acc.init_trackers("run", config);
+    for (int s = 0; s < 10; ++s) acc.log(resume_values(s), 100 + s);
+    acc.end_training();
+  }
+  {
+    Solo acc{options("resumed")};
+    acc.init_trackers("run", config);
+    for (int s = 0; s < 10; ++s) {
+      acc.log(resume_values(s), 100 + s);
+      if (s == 5) acc.save_state(dir + "/checkpoint");
+    }
+  }
+  Solo acc{options("resumed")};
+  acc.load_state(dir + "/checkpoint");
+  acc.init_trackers("run", config);
+  for (int s = 6; s < 10; ++s) acc.log(resume_values(s), 100 + s);
+  acc.end_training();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,8 +114,10 @@ int main(int argc, char** argv) {
       ck::save_model(*n, argv[3], {.max_shard_size = ck::parse_size(argv[4])});
     } else if (mode == "track" && argc == 3) {
       track(argv[2]);
+    } else if (mode == "track-resume" && argc == 3) {
+      track_resume(argv[2]);
     } else {
-      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR\n";
+      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR | track-resume DIR\n";
       return 2;
     }
   } catch (const std::exception& e) {

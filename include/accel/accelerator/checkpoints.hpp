@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! `Accelerator`'s checkpoints, trackers and preemption (accelerator.hpp): save_state, load_state,
-//! latest_checkpoint, register_for_checkpointing, save_model, init_trackers, log, end_training, and the save at
-//! a step boundary under `Options::preemption`. Included by accelerator.hpp.
+//! latest_checkpoint, register_for_checkpointing, register_save_state_pre_hook, save_model, init_trackers, log,
+//! end_training, and the save at a step boundary under `Options::preemption`. Included by accelerator.hpp.
 
 #include <accel/accelerator.hpp>
 #include <accel/checkpoint/custom.hpp>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -23,7 +24,9 @@ namespace accel {
 
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
-  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(), settings());
+  for (const auto& hook : save_hooks_) hook(dir);
+  checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(), settings(),
+                     trackers_.position());
 }
 
 template <class... Policies>
@@ -74,6 +77,12 @@ void Accelerator<Policies...>::register_for_checkpointing(Objects&&... objects) 
 }
 
 template <class... Policies>
+void Accelerator<Policies...>::register_save_state_pre_hook(std::function<void(const std::filesystem::path&)> hook) {
+  detail::require(bool(hook), "accel::Accelerator::register_save_state_pre_hook: an empty function");
+  save_hooks_.push_back(std::move(hook));
+}
+
+template <class... Policies>
 template <class M>
   requires ModuleHandle<M> || is_prepared_model<M>
 void Accelerator<Policies...>::save_model(const M& model, const std::filesystem::path& dir,
@@ -96,17 +105,18 @@ void Accelerator<Policies...>::save_model(const M& model, const std::filesystem:
 template <class... Policies>
 void Accelerator<Policies...>::init_trackers(const std::string& project_name, const tracking::Values& config) {
   detail::require(!project_name.empty(), "accel::Accelerator::init_trackers: the project name is empty");
-  // Every process checks the names (the main process's Trackers does), so that each raises the same error.
-  if (is_main_process()) trackers_ = tracking::Trackers(opt_.log_with, logging_dir() / project_name, config, resumed_);
-  else tracking::Trackers::check_names(config, "init_trackers");
+  // Every process makes the run (with writers on the main process alone), so that each checks the names, counts
+  // the log calls and continues from the same position: the checkpoint's, if load_state restored one.
+  const tracking::Start start{.continuing = resumed_, .from = resumed_ ? trackers_.position() : std::nullopt};
+  trackers_ = tracking::Trackers(is_main_process() ? opt_.log_with : std::vector<tracking::Tracker>{}, logging_dir() / project_name,
+                                 config, start);
   trackers_started_ = true;
 }
 
 template <class... Policies>
 void Accelerator<Policies...>::log(const tracking::Values& values, std::optional<std::int64_t> step) {
   detail::require(trackers_started_, "accel::Accelerator::log: no run is being tracked; call init_trackers first");
-  if (is_main_process()) trackers_.log(values, step);
-  else tracking::Trackers::check_names(values, "log");
+  trackers_.log(values, step);  // written on the main process, counted on every one
 }
 
 template <class... Policies>
@@ -130,8 +140,10 @@ checkpoint::Checkpointer::Process Accelerator<Policies...>::checkpoint_process()
 template <class... Policies>
 void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest,
                                        const LoadOptions& options) {
-  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings));
+  std::optional<tracking::Position> trackers;
+  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
   resumed_ = true;
+  if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
   for (const auto& d : ddps_) d->forget_versions();  // the checkpoint's weights: not a step outside accel
   replicas_agreed_ = training_steps_;
   if (latest) opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);

@@ -25,6 +25,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
+#include <accel/tracking/tracker.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -85,14 +86,18 @@ class Checkpointer {
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation
-  //! window, so each process's gradients gathered so far are saved too; `settings`: the job's training settings.
-  ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                       bool local_gradients, const Settings& settings = {}) const;
+  //! window, so each process's gradients gathered so far are saved too; `settings`: the job's training settings;
+  //! `trackers`: the trackers' position (none: not recorded).
+  ACCEL_DECL void save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients,
+                       const Settings& settings = {},
+                       const std::optional<tracking::Position>& trackers = std::nullopt) const;
 
   //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter. A
   //! checkpoint that records other training settings than `settings` is refused unless `allow_changed_settings`.
+  //! `trackers`, if given, receives the trackers' position the checkpoint recorded (none: not recorded).
   ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p, const Settings& settings = {},
-                               bool allow_changed_settings = false);
+                               bool allow_changed_settings = false,
+                               std::optional<tracking::Position>* trackers = nullptr);
 
  private:
   // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or
@@ -141,8 +146,8 @@ class Checkpointer {
 };
 
 #if ACCEL_DEFINITIONS
-ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
-                                   bool local_gradients, const Settings& settings) const {
+ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients,
+                                   const Settings& settings, const std::optional<tracking::Position>& trackers) const {
   const auto tmp = partial_dir(dir);
   const bool main = p.index == 0;
   if (main) {
@@ -154,7 +159,7 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
     save_one([&](auto& a) {
       write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
                      std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
-                     std::int64_t(custom_.size())});
+                     std::int64_t(custom_.size()), trackers});
       write_settings(a, settings);
     }, tmp / meta_file);
     for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
@@ -187,7 +192,7 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
 }
 
 ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p, const Settings& settings,
-                                           bool allow_changed_settings) {
+                                           bool allow_changed_settings, std::optional<tracking::Position>* trackers) {
   // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
   const auto aside = std::filesystem::path(given.string() + ".old");
   const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
@@ -329,6 +334,7 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     }
     for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load(lead.loaders[i]);
   });
+  if (trackers) *trackers = meta.trackers;
   p.barrier();
   return lead.step;
 }

@@ -6,7 +6,9 @@
 //! <dir>/
 //!   accel_checkpoint.pt       what the checkpoint holds: format version, number of processes, how many models,
 //!                             optimizers, schedulers and loaders were prepared, whether a GradScaler runs, and
-//!                             the training settings that shape the trajectory (mixed precision, accumulation steps)
+//!                             the training settings that shape the trajectory (mixed precision, accumulation
+//!                             steps), the experiment trackers' position (`log` calls so far, the last step; both
+//!                             absent in checkpoints of earlier accel versions)
 //!   model.pt, model_1.pt ...  each prepared model's parameters and buffers, by name (main process)
 //!   optimizer.pt, ...         each optimizer's parameter groups (learning rates included) and buffers (main)
 //!   scheduler.pt, ...         each scheduler's step counter (main)
@@ -34,6 +36,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
+#include <accel/tracking/tracker.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -107,6 +110,10 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 struct Meta {
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0,
                custom = 0;
+  //! The trackers' position (tracking/trackers.hpp), under the keys "tracker_calls" and "tracker_last_step" (the
+  //! latter only after a first `log` call); none: not recorded (an earlier accel's checkpoint, optional keys in the
+  //! same format, or a job that continued such a checkpoint's files).
+  std::optional<tracking::Position> trackers = std::nullopt;
 };
 //! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
 //! Written as optional keys of `accel_checkpoint.pt` (a checkpoint written before them compares nothing).
@@ -128,6 +135,10 @@ auto meta_fields(M& m) {
 //! Writes `accel_checkpoint.pt`'s archive.
 inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
   for (const auto& [key, field] : meta_fields(m)) write(a, key, *field);
+  if (m.trackers) {
+    write(a, "tracker_calls", m.trackers->calls);
+    if (m.trackers->last_step) write(a, "tracker_last_step", *m.trackers->last_step);
+  }
 }
 inline void write_settings(torch::serialize::OutputArchive& a, const Settings& s) {
   std::int64_t code = 0;
@@ -174,7 +185,18 @@ ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string
     if (m.format_version < oldest_format_read || m.format_version > format_version) return;
     for (const auto& [key, field] : meta_fields(m))
       if (field != &m.format_version && (m.format_version > 2 || field != &m.custom)) *field = read_int(a, key);
+    c10::IValue calls, last;
+    const bool has_calls = a.try_read("tracker_calls", calls), has_last = a.try_read("tracker_last_step", last);
+    if (!has_calls && !has_last) return;
+    if (!has_calls) throw FileError(path, "damaged checkpoint description: 'tracker_last_step' without 'tracker_calls'");
+    if (!calls.isInt() || (has_last && !last.isInt()))
+      throw FileError(path, "damaged checkpoint description: 'tracker_calls' or 'tracker_last_step' is not an integer");
+    m.trackers = tracking::Position{calls.toInt(), has_last ? std::optional(last.toInt()) : std::nullopt};
   });
+  if (m.trackers && (m.trackers->calls < 0 || (m.trackers->calls > 0) != m.trackers->last_step.has_value()))
+    throw FileError(path, "damaged checkpoint description: 'tracker_calls' is " + std::to_string(m.trackers->calls) +
+                              (m.trackers->last_step ? " with" : " without") +
+                              " a 'tracker_last_step' (the trackers' log calls: 0 or more, and a last step after 1 or more)");
   if (m.format_version < oldest_format_read || m.format_version > format_version)
     throw FileError(path, "checkpoint format " + std::to_string(m.format_version) + ", this accel reads formats " +
                               std::to_string(oldest_format_read) + " to " + std::to_string(format_version));

@@ -4,9 +4,13 @@
 //! call's names (sorted); a later call that brings a new name widens the table: the new column is appended to the
 //! header and the file is rewritten whole (through a temporary file renamed over it, so it is never half
 //! written), earlier rows getting an empty cell in it. A name a call leaves out is an empty cell too. Fields with
-//! a comma, a quote or a line break are quoted (RFC 4180); numbers are written in their shortest exact form.
-//! Continuing a run (a resumed job) reads the existing file back and appends to it. Between widenings the writer
-//! holds the file open for appending and no rows in memory (a widening reads them back from the file).
+//! a comma, a quote or a line break are quoted (RFC 4180), and an empty string is `""` (so that it differs from a
+//! name the row left out); numbers are written in their shortest exact form.
+//! Continuing a run (a resumed job) reads the existing file back and appends to it; from the checkpoint's
+//! `Position`, only the first `calls` rows are kept (the last of them must have the checkpoint's last step), and the
+//! columns that only the rows dropped brought (the header's last ones) go with them, the file rewritten whole.
+//! Between widenings the writer holds the file open for appending and no rows in memory (a widening reads them back
+//! from the file).
 
 #include <accel/core/files.hpp>
 #include <accel/error.hpp>
@@ -26,10 +30,14 @@ class CsvWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.csv";
 
-  //! `continuing`: a resumed job's writer, which keeps the rows already in the file (if any).
-  explicit CsvWriter(const std::filesystem::path& run_dir, bool continuing = false) : path_(run_dir / file_name) {
+  //! Opens the run's file as `start` says: anew, continued as it is (the rows already in it kept), or continued
+  //! from a position.
+  explicit CsvWriter(const std::filesystem::path& run_dir, const Start& start = {}) : path_(run_dir / file_name) {
     std::vector<std::vector<std::string>> rows;
-    if (continuing && std::filesystem::exists(path_)) rows = read_back(/*header=*/true);
+    if (start.continuing && std::filesystem::exists(path_)) {
+      rows = read_back(/*header=*/true);
+      if (start.from) keep_until(rows, *start.from);
+    }
     rewrite(rows);
   }
   //! The configuration is not a table row: `Trackers` writes it to config.json.
@@ -64,7 +72,10 @@ class CsvWriter final : public Writer {
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   }
-  static std::string cell(const Value& v) { return std::holds_alternative<std::string>(v) ? quoted(text(v)) : text(v); }
+  static std::string cell(const Value& v) {
+    if (const auto* s = std::get_if<std::string>(&v)) return s->empty() ? "\"\"" : quoted(*s);
+    return text(v);
+  }
   std::string line(const std::vector<std::string>& row) const {
     std::string s;
     for (std::size_t i = 0; i <= columns_.size(); ++i) s += (i ? "," : "") + (i < row.size() ? row[i] : std::string());
@@ -109,6 +120,28 @@ class CsvWriter final : public Writer {
       columns_.push_back(name);
     }
     return {records.begin() + 1, records.end()};
+  }
+  // Keeps the rows logged before the checkpoint (the first `at.calls`) and the columns they use: a column that only
+  // later rows brought is one of the header's last, empty in every row kept.
+  void keep_until(std::vector<std::vector<std::string>>& rows, const Position& at) {
+    if (at.calls > 0 && std::int64_t(rows.size()) >= at.calls) {  // the checkpoint's last row: the file must be that run's
+      const auto& last = rows[std::size_t(at.calls - 1)];
+      const std::string want = at.last_step ? std::to_string(*at.last_step) : std::string("none");
+      if (last.empty() || last.front() != want)
+        throw FileError(path_.string(), "row " + std::to_string(at.calls) + ", the last row logged before the checkpoint, has step " +
+                                            (last.empty() ? std::string("(empty)") : last.front()) + ", the checkpoint's last step is " +
+                                            want + ": the file is not that run's; move it away, or log into another project");
+    }
+    if (std::int64_t(rows.size()) > at.calls) rows.resize(std::size_t(at.calls));
+    auto used = [&](std::size_t c) {  // column c holds a value in some row kept
+      for (const auto& r : rows)
+        if (c + 1 < r.size() && !r[c + 1].empty()) return true;
+      return false;
+    };
+    while (!columns_.empty() && !used(columns_.size() - 1)) {
+      column_.erase(columns_.back());
+      columns_.pop_back();
+    }
   }
   // The whole file (header and `rows`), through a temporary renamed over it; then open for appending.
   void rewrite(const std::vector<std::vector<std::string>>& rows) {

@@ -5,14 +5,23 @@
 //!
 //! The file `events.out.tfevents.<unix time>.<host name>` is a sequence of TFRecords: the length (u64, little
 //! endian), the masked CRC32C of those 8 bytes (u32), the data, the masked CRC32C of the data (u32). Each record
-//! is a serialized `tensorflow.Event`: `wall_time` (field 1, double), `step` (2, int64), then either
-//! `file_version` (3, "brain.Event:2", the first record) or `summary` (5). A `log` call is one Event whose Summary
-//! holds one `Summary.Value` per name: `tag` (1) and `simple_value` (2, float) for numbers; for strings a text
-//! summary, the tensor (8: `TensorProto{dtype: DT_STRING, string_val}`) with `metadata` (9:
+//! is a serialized `tensorflow.Event`: `wall_time` (field 1, double), `step` (2, int64), then one of `file_version`
+//! (3, "brain.Event:2", the first record), `summary` (5) or `session_log` (7). The second record marks the start of
+//! a session, `SessionLog{status: START}`, at the step the run goes on from: 0 for a fresh run, the step after the
+//! last one logged before the checkpoint for a resumed job (the version record carries that step too, as PyTorch's
+//! `SummaryWriter(purge_step=...)` writes them). On reading it, TensorBoard discards the events at that step or
+//! later that it read from the folder's earlier event files: those a stopped job logged after its checkpoint, or a
+//! previous run's. (Its `plugin_event_accumulator` ignores a run's first START, hence one in every file, a fresh
+//! run's too; the older `event_accumulator` purges on every START but keeps text summaries.) A job resumed from a
+//! checkpoint that recorded no position writes no START: its file adds to the earlier ones. A log call is one
+//! Event whose Summary holds one `Summary.Value` per name: `tag` (1) and `simple_value` (2, float) for numbers; for
+//! strings a text summary, the tensor (8: `TensorProto{dtype: DT_STRING, string_val}`) with `metadata` (9:
 //! `SummaryMetadata{plugin_data{plugin_name: "text"}}`), as `SummaryWriter.add_text` writes it. The run's
 //! configuration is written at step 0 twice: as a text summary, tag "config" (a Markdown table), and as the
 //! hparams plugin's data (`_hparams_/experiment`: each name with its type, `_hparams_/session_start_info`: the
 //! values; `HParamsPluginData` of tensorboard/plugins/hparams), so that TensorBoard's HPARAMS tab lists the run.
+//! A job resumed past step 0 in a folder that already has an event file does not write it again (the first
+//! session's, at step 0, stays).
 //! The protobuf subset is encoded by hand (varints, fixed 32/64-bit, length-delimited fields); CRC32C is
 //! core/crc32c.hpp's. Every record is flushed when written.
 //!
@@ -103,22 +112,36 @@ inline Proto text_value(const std::string& tag, const std::string& text) { retur
 
 class TensorBoardWriter final : public Writer {
  public:
-  //! Creates the event file in `run_dir` and writes its first record (the file version).
-  explicit TensorBoardWriter(const std::filesystem::path& run_dir) {
+  //! Creates the event file in `run_dir` and writes its first records: the file version and (unless `start` continues
+  //! a run whose position was not recorded) the session's start.
+  explicit TensorBoardWriter(const std::filesystem::path& run_dir, const Start& start = {}) {
+    const bool purge = !start.continuing || start.from;
+    const std::int64_t from = start.from ? start.from->next_step() : 0;
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "localhost");
     const std::string stem = "events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + host;
+    bool earlier = false;  // an event file of an earlier job is in the folder
+    for (const auto& e : std::filesystem::directory_iterator(run_dir))
+      earlier = earlier || e.path().filename().string().starts_with("events.out.tfevents.");
+    config_kept_ = start.from && from > 0 && earlier;
     // Two runs started within one second in one directory: the second gets a suffix rather than sharing a file.
     path_ = run_dir / stem;
     for (int i = 1; std::filesystem::exists(path_); ++i) path_ = run_dir / (stem + "." + std::to_string(i));
     out_.open(path_, std::ios::binary | std::ios::trunc);
     if (!out_) throw Error("accel: tracking: could not create " + path_.string());
     detail::Proto event;
-    event.fixed64(1, now()).varint(2, 0).bytes(3, "brain.Event:2");
+    event.fixed64(1, now()).varint(2, std::uint64_t(from)).bytes(3, "brain.Event:2");
     write(event.str());
+    if (purge) {
+      constexpr int start_status = 1;  // SessionLog.SessionStatus.START
+      detail::Proto session, marker;
+      session.varint(1, start_status);
+      marker.fixed64(1, now()).varint(2, std::uint64_t(from)).message(7, session);
+      write(marker.str());
+    }
   }
   void store_config(const Values& config) override {
-    if (config.empty()) return;
+    if (config.empty() || config_kept_) return;
     std::string table = "| name | value |\n|---|---|\n";
     for (const auto& [k, v] : config)
       table += "| " + k + " | " + text(v) + " |\n";
@@ -178,6 +201,7 @@ class TensorBoardWriter final : public Writer {
 
   std::filesystem::path path_;
   std::ofstream out_;
+  bool config_kept_ = false;  // a resumed job's: the earlier event file's configuration (at step 0) stays
 };
 
 //! The records of a TFRecord file (an event file), each checked: the framing, the length's CRC and the data's.

@@ -8,7 +8,9 @@
 
 #include <charconv>
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -37,6 +39,31 @@ using Values = std::map<std::string, Value>;
   char buf[64];
   return std::string(buf, std::to_chars(buf, buf + sizeof buf, std::get<double>(v)).ptr);
 }
+
+//! How far a run's trackers have got: the number of `log` calls so far and the step of the last one. A checkpoint
+//! records it (checkpoint/format.hpp), so that a resumed job's `init_trackers` goes on from there rather than from
+//! wherever the job that stopped had got to.
+struct Position {
+  std::int64_t calls = 0;                 //!< `log` calls so far
+  std::optional<std::int64_t> last_step;  //!< the step of the last one (none before the first)
+
+  //! The first step a continuation may log again: the step after the last one (0 before the first call).
+  [[nodiscard]] std::int64_t next_step() const noexcept {
+    if (!last_step) return 0;
+    return *last_step == std::numeric_limits<std::int64_t>::max() ? *last_step : *last_step + 1;
+  }
+  bool operator==(const Position&) const = default;
+};
+
+//! How a run's files are opened (`init_trackers`).
+struct Start {
+  //! A resumed job (`load_state` before `init_trackers`): the run's files are continued, not started anew.
+  bool continuing = false;
+  //! Continuing from this position (the one the checkpoint recorded): what the files hold past it, which the job
+  //! that stopped logged after its checkpoint, is dropped. None: the files are continued as they are (a
+  //! checkpoint that recorded no position).
+  std::optional<Position> from;
+};
 
 //! One tracker of a run (Accelerate's `GeneralTracker`): it writes only on the main process, which alone
 //! creates it.

@@ -13,10 +13,16 @@
 //! Everything is written by the main process alone, into `<logging_dir>/<project_name>/`: the configuration in
 //! `config.json` (every tracker; TensorBoard also gets it as a text summary), then each tracker's file
 //! (tracking/jsonl.hpp, tracking/csv.hpp, tracking/tensorboard.hpp). `init_trackers` starts a run's files anew,
-//! unless the job resumed from a checkpoint (`load_state` before `init_trackers`): then the JSONL and CSV files
-//! are appended to. The event file is a new one either way, as TensorBoard's writers make (TensorBoard reads
-//! every event file of the folder). A step left out is the number of `log` calls
-//! before this one.
+//! unless the job resumed from a checkpoint (`load_state` before `init_trackers`): then they are continued from
+//! the trackers' `Position` that the checkpoint recorded (the `log` calls so far and the last step). The JSONL and
+//! CSV files keep the rows logged before the checkpoint and drop those the stopped job logged after it (each file
+//! rewritten atomically); TensorBoard gets a new event file (as TensorBoard's writers make: it reads every event
+//! file of the folder) that starts by purging the steps past the checkpoint's last. So the resumed run's files end
+//! as an uninterrupted run's. A checkpoint that recorded no position (written by an earlier accel) leaves the
+//! files as they are: the JSONL and CSV files are appended to. A step left out is the number of `log` calls before
+//! this one, counted from the run's start (a resumed job's from the checkpoint's position). Every process keeps
+//! the position (a `Trackers` without writers, where it is not the main process), so that each takes the same
+//! steps and records the same position in a checkpoint.
 
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
@@ -42,19 +48,35 @@ class Trackers {
   static constexpr const char* config_file = "config.json";
 
   ACCEL_DECL Trackers() = default;
-  //! Creates `dir` and one writer per kind in `kinds` (each kind once), then stores `config`. `continuing`: a
-  //! resumed job, whose files are appended to.
-  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
-           bool continuing = false);
+  //! Creates `dir` and one writer per kind in `kinds` (each kind once), opening their files as `start` says, then
+  //! stores `config`. No kinds: nothing is written, the position is kept.
+  ACCEL_DECL Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
+                      const Start& start);
+  //! `continuing`: a resumed job, whose files are continued as they are (no position known).
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config, bool continuing = false)
+      : Trackers(kinds, dir, config, Start{.continuing = continuing}) {}
+  //! A run without writers at `position` (none: not known), what a resumed job holds until `init_trackers`.
+  static Trackers at(const std::optional<Position>& position) {
+    Trackers t;
+    t.position_ = position.value_or(Position{});
+    t.known_ = position.has_value();
+    return t;
+  }
   Trackers(Trackers&&) = default;
   Trackers& operator=(Trackers&&) = default;
   ~Trackers() { finish(); }
 
   void log(const Values& values, std::optional<std::int64_t> step) {
     check_names(values, "log");
-    const std::int64_t s = step.value_or(calls_);
-    ++calls_;
+    const std::int64_t s = step.value_or(position_.calls);
     for (auto& w : writers_) w->log(values, s);
+    ++position_.calls;
+    position_.last_step = s;
+  }
+  //! How far the run has got: none when it continues files whose rows before it were not counted (a job resumed
+  //! from a checkpoint that recorded no position).
+  [[nodiscard]] std::optional<Position> position() const {
+    return known_ ? std::optional<Position>(position_) : std::nullopt;
   }
   void finish() {
     for (auto& w : writers_) w->finish();
@@ -71,12 +93,14 @@ class Trackers {
 
  private:
   std::vector<std::unique_ptr<Writer>> writers_;
-  std::int64_t calls_ = 0;
+  Position position_;
+  bool known_ = true;  // position_ counts every row of the run's files
 };
 
 #if ACCEL_DEFINITIONS
 ACCEL_DECL Trackers::Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
-                              bool continuing) {
+                              const Start& start)
+    : position_(start.from.value_or(Position{})), known_(!start.continuing || start.from) {
   check_names(config, "init_trackers");
   for (std::size_t i = 0; i < kinds.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
@@ -84,9 +108,9 @@ ACCEL_DECL Trackers::Trackers(const std::vector<Tracker>& kinds, const std::file
   if (kinds.empty()) return;
   std::filesystem::create_directories(dir);
   for (const auto k : kinds) {
-    if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, continuing));
-    else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, continuing));
-    else writers_.push_back(std::make_unique<TensorBoardWriter>(dir));
+    if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, start));
+    else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, start));
+    else writers_.push_back(std::make_unique<TensorBoardWriter>(dir, start));
   }
   write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
   for (auto& w : writers_) w->store_config(config);

@@ -11,7 +11,9 @@
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace accel_test;
@@ -238,5 +240,49 @@ TEST_CASE("preemption: a signal saves a checkpoint at the next step boundary; th
   struct sigaction now {};
   ::sigaction(SIGUSR1, nullptr, &now);
   CHECK(now.sa_handler == SIG_DFL);
+  fs::remove_all(dir.parent_path());
+}
+
+TEST_CASE("register_save_state_pre_hook: every save_state, the preemption save too, runs the hooks first, in order; "
+          "what they put into a registered object is saved", "[accelerator][checkpoint][preemption]") {
+  accel::ProcessState::reset();
+  const auto dir = test_files::scratch("project", "hooks");
+  Counters saved;  // the hook puts the batches seen into it
+  std::int64_t batches = 0;
+  std::vector<std::string> calls;
+  auto job = [&](const accel::Options& o) {
+    auto acc = std::make_unique<Solo>(o);
+    Net net;
+    auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, opt, loader] = acc->prepare(net, adam, accel::data::DataLoader(toy_data(40), {.batch_size = 8}));
+    acc->register_for_checkpointing(saved);
+    return std::tuple(std::move(acc), model, opt, loader);
+  };
+  {
+    auto [acc, model, opt, loader] = job({.project_config = project_in(dir), .preemption = {.enabled = true, .exit = false}});
+    acc->register_save_state_pre_hook([&](const fs::path& d) {
+      calls.push_back("first " + d.filename().string());
+      saved.steps = batches;
+    });
+    acc->register_save_state_pre_hook([&](const fs::path&) { calls.push_back("second"); });
+    CHECK_THROWS_WITH(acc->register_save_state_pre_hook({}), Catch::Contains("an empty function"));
+    (void)acc->save_state();
+    try {
+      for (const auto& batch : loader) {
+        acc->backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+        opt.step();
+        opt.zero_grad();
+        if (++batches == 3) std::raise(SIGUSR1);  // saved when the loop asks for batch 4
+      }
+      FAIL("the job was not stopped");
+    } catch (const accel::Preempted& p) {
+      CHECK(p.checkpoint() == dir / "checkpoints" / "checkpoint_1");
+    }
+  }
+  CHECK(calls == std::vector<std::string>{"first checkpoint_0", "second", "first checkpoint_1", "second"});
+  saved = {};
+  auto [acc, model, opt, loader] = job({});
+  acc->load_state(dir / "checkpoints" / "checkpoint_1");
+  CHECK(saved.steps == 3);  // what the hook had set before the files were written
   fs::remove_all(dir.parent_path());
 }
