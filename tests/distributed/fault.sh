@@ -38,12 +38,12 @@ wait $job
 rc=$? ended=$(now_ms)
 cat "$work/job.log"
 [ $rc -ne 124 ] || fail "the job hung"
-[ $rc -eq 137 ] || fail "expected 137 (rank 1's SIGKILL), got $rc"
-grep -qE "^\[0\] accel: rank 0: all_reduce\(sum\) of 4 x Float \(collective #2, timeout 30000 ms\) failed: .*not responding: rank 1; its launcher reports that it was killed by signal 9 \(Killed\)\.$" \
-  "$work/job.log" || fail "rank 0's error does not name rank 1 as its launcher reported it"
 left=$(sed -nE 's/^\[0\] dead-peer: rank 0 left the all_reduce at ([0-9]+) ms$/\1/p' "$work/job.log")
 [ -n "$left" ] || fail "rank 0 did not say when it left the all_reduce"
 echo "rank 1 SIGKILLed: rank 0 left the all_reduce after $((left - killed)) ms and ended (the launcher with it) after $((ended - killed)) ms"
+[ $rc -eq 137 ] || fail "expected 137 (rank 1's SIGKILL), got $rc"
+grep -qE "^\[0\] accel: rank 0: all_reduce\(sum\) of 4 x Float \(collective #2, timeout 30000 ms\) failed: .*not responding: rank 1; its launcher reports that it was killed by signal 9 \(Killed\)\.$" \
+  "$work/job.log" || fail "rank 0's error does not name rank 1 as its launcher reported it"
 [ $((left - killed)) -lt 1000 ] || fail "rank 0 left the all_reduce $((left - killed)) ms after rank 1 died (bound 1000 ms)"
 [ $((ended - killed)) -lt 1000 ] || fail "rank 0 ended $((ended - killed)) ms after rank 1 died (bound 1000 ms)"
 echo "ok: the survivor left its all_reduce at once, naming the rank that died"
