@@ -21,12 +21,15 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -76,6 +79,7 @@ class Rendezvous final : public Monitor {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
     }
+    stopped_at_exit(beat_);
     try {
       await_arrivals(t0);
     } catch (...) {
@@ -113,6 +117,43 @@ class Rendezvous final : public Monitor {
     lock.unlock();
     if (ended) heartbeat_.join();
     else heartbeat_.detach();
+  }
+
+  // Note [Heartbeats at exit]: a program that leaves its ProcessState to the end of the process (a static, destroyed
+  // by `exit`) destroys this rendezvous after OpenSSL's own exit handler has freed its locks, and a beat sealed in
+  // between (HMAC) crashed the process after its last line (SIGSEGV in CRYPTO_THREAD_read_lock; a few runs in a
+  // hundred of the main example under load). OpenSSL registers that handler when it is first initialised; ours, registered after it,
+  // runs before it and stops every heartbeat still beating (waiting up to 200 ms for each: one on a frozen store
+  // is left behind).
+  static void stopped_at_exit(const std::shared_ptr<Beat>& beat) {
+    struct Live {
+      std::mutex mu;
+      std::vector<std::weak_ptr<Beat>> beats;
+    };
+    static Live* live = new Live;  // never destroyed: read by the exit handler
+    {
+      std::lock_guard<std::mutex> lock(live->mu);
+      std::erase_if(live->beats, [](const std::weak_ptr<Beat>& w) { return w.expired(); });
+      live->beats.push_back(beat);
+    }
+    static std::once_flag once;
+    std::call_once(once, [] {
+      OPENSSL_init_crypto(0, nullptr);  // its exit handler first, so that ours runs before it
+      std::atexit([] {
+        std::vector<std::shared_ptr<Beat>> beats;
+        {
+          std::lock_guard<std::mutex> lock(live->mu);
+          for (const auto& w : live->beats)
+            if (auto b = w.lock()) beats.push_back(std::move(b));
+        }
+        for (const auto& b : beats) {
+          std::unique_lock<std::mutex> lock(b->mu);
+          b->stop = true;
+          b->cv.notify_all();
+          b->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return b->exited; });
+        }
+      });
+    });
   }
 
   // Every rank's arrival key, authentic (with a secret): a rank whose values all fail is named and refused.
