@@ -9,8 +9,9 @@
 #   dead-peer-open  the same, but a child of rank 1 keeps its sockets open: no connection closes, and only the
 #                   launcher's report of the rank that ended (Note [Ended ranks] in accel/comm/job_identity.hpp) ends
 #                   rank 0's wait before the peer timeout (10 s)
-# Both print how long rank 0 took to leave the all_reduce and to end, and fail above 1 s (a bound for a busy machine:
-# a census used to take 1.5 s, the peer timeout 10 s; the figures are in benchmarks/README.md).
+# Both print how long rank 0 took to leave the all_reduce and to end, and fail when it left the all_reduce after more
+# than 1 s (a bound for a busy machine: a census used to take 1.5 s, the peer timeout 10 s; the figures are in
+# benchmarks/README.md). Its end is not bounded: it adds LibTorch's exit, 0.15 s idle and up to a second under load.
 set -uo pipefail
 case=$1 launch=$2 mp=$3 work=$4
 limit=60  # seconds for the launcher
@@ -45,5 +46,4 @@ echo "rank 1 SIGKILLed: rank 0 left the all_reduce after $((left - killed)) ms a
 grep -qE "^\[0\] accel: rank 0: all_reduce\(sum\) of 4 x Float \(collective #2, timeout 30000 ms\) failed: .*not responding: rank 1; its launcher reports that it was killed by signal 9 \(Killed\)\.$" \
   "$work/job.log" || fail "rank 0's error does not name rank 1 as its launcher reported it"
 [ $((left - killed)) -lt 1000 ] || fail "rank 0 left the all_reduce $((left - killed)) ms after rank 1 died (bound 1000 ms)"
-[ $((ended - killed)) -lt 1000 ] || fail "rank 0 ended $((ended - killed)) ms after rank 1 died (bound 1000 ms)"
 echo "ok: the survivor left its all_reduce at once, naming the rank that died"
