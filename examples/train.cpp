@@ -4,6 +4,8 @@
 //   ... --project-dir run --stop-after 200     # save a checkpoint after 200 batches and stop (an interruption)
 //   ... --project-dir run --resume             # continue from the latest one; ends exactly where an uninterrupted run ends
 //   (--resume also works with another --nproc-per-node: the epoch goes on over the samples not yet seen)
+//   ... --project-dir run --checkpoint-every 50 --resume-if-any   # under accel-launch --max-restarts 3: every
+//                                            # attempt goes on from the latest checkpoint, the first one from the start
 //
 // With --project-dir, the job keeps its files under that folder (accel::ProjectConfiguration): checkpoints in
 // checkpoints/checkpoint_<n> (one every --checkpoint-every batches, the 2 latest kept), the metrics of every epoch
@@ -113,6 +115,9 @@ int main(int argc, char** argv) try {
       ->needs("--project-dir")->check(CLI::PositiveNumber);
   cli.add_option("--stop-after", stop_after, "save a checkpoint after this many batches and stop")->needs("--project-dir");
   cli.add_flag("--resume", resume, "continue from the project's latest checkpoint")->needs("--project-dir");
+  bool resume_if_any = false;  // what a job restarted by accel-launch --max-restarts needs
+  cli.add_flag("--resume-if-any", resume_if_any, "continue from the project's latest checkpoint if it has one, else start "
+               "from the beginning (for accel-launch --max-restarts)")->needs("--project-dir")->excludes("--resume");
   CLI11_PARSE(cli, argc, argv);
 
   const bool project = !project_dir.empty();
@@ -144,9 +149,10 @@ int main(int argc, char** argv) try {
     const auto all = acc.gather(at::from_blob(mine, {2}, at::kDouble)).contiguous();
     loss_so_far.saved.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   });
-  if (resume) {
-    const auto latest = acc.latest_checkpoint();
-    if (!latest) throw accel::InvalidArgument("--resume: no complete checkpoint under " + project_dir + "/checkpoints; run without --resume first");
+  const auto latest = resume || resume_if_any ? acc.latest_checkpoint() : std::nullopt;
+  if (resume && !latest) throw accel::InvalidArgument("--resume: no complete checkpoint under " + project_dir + "/checkpoints; run without --resume first");
+  if (resume_if_any && !latest) acc.print("no checkpoint under ", project_dir, "/checkpoints yet: starting from the beginning");
+  if (latest) {
     const auto saved = accel::checkpoint::describe(*latest);
     const auto t = std::chrono::steady_clock::now();
     acc.load_state();

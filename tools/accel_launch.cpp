@@ -24,6 +24,10 @@
 //                                               waits for them before it ends, so nobody loses the store before reading
 //                                               the outcome.
 //   accel-launch/job                            the job id node 0 generated, when the nodes were given none.
+// and one under the processes' keys: accel/<job>/<generation>/ended, the first process of that generation that ended
+// abnormally, written the moment its launcher sees it end (a pidfd per process wakes the launcher's poll); the
+// processes' heartbeats read it, so that a collective waiting for that rank is abandoned at once (Note [Ended
+// ranks] in accel/comm/job_identity.hpp).
 #include <accel/comm/store.hpp>
 #include <accel/state/launch_env.hpp>
 
@@ -38,6 +42,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +76,7 @@ struct Child {
   int rank = 0;
   pid_t pid = -1;
   int out = -1, err = -1;
+  int exit_fd = -1;  // a pidfd: readable once the process has ended (-1: none, the poll's timeout finds it)
   std::string out_buf, err_buf;
   bool running = true;
   int status = 0;
@@ -333,10 +339,14 @@ class Launcher {
     return code;
   }
 
-  // Records this node's failure unless another came first; returns the generation's failure.
-  Failure report(int generation, const Failure& mine) {
+  // Records this node's failure unless another came first; returns the generation's failure. The processes learn
+  // it first, under their own keys (Note [Ended ranks]): a collective waiting for the rank that ended is abandoned.
+  // `signal`: the one that killed the process (0: it exited with a code, or never started).
+  Failure report(int generation, const Failure& mine, int signal = 0) {
     if (!store_) return mine;
     try {
+      store_->compareSet(accel::comm::EndedRank::key(s_.job_id, generation), {},
+                         bytes(accel::comm::EndedRank{mine.rank, signal, mine.what}.encode()));
       return Failure::decode(text(store_->compareSet(failed_key(generation), {}, bytes(mine.encode()))));
     } catch (const std::exception&) {
       return mine;
@@ -415,6 +425,10 @@ class Launcher {
     }
     ::setpgid(pid, pid);  // also here: a stop sent before the child ran its own setpgid still reaches its group
     c = Child{s_.node_rank * s_.nproc + local, pid, out[0], err[0]};
+    // The poll wakes the moment the process ends, not at its next timeout: the others learn it within
+    // milliseconds (Note [Ended ranks]). Linux 5.3 and later; without it the 100 ms poll finds the exit.
+    c.exit_fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (c.exit_fd >= 0) ::fcntl(c.exit_fd, F_SETFD, FD_CLOEXEC);
     return true;
   }
 
@@ -449,9 +463,12 @@ class Launcher {
         if (c.out >= 0) fds.push_back(pollfd{c.out, POLLIN, 0}), who.emplace_back(&c, false);
         if (c.err >= 0) fds.push_back(pollfd{c.err, POLLIN, 0}), who.emplace_back(&c, true);
       }
+      const std::size_t pipes = fds.size();
+      for (auto& c : children)
+        if (c.running && c.exit_fd >= 0) fds.push_back(pollfd{c.exit_fd, POLLIN, 0});
       if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
       else std::this_thread::sleep_for(50ms);
-      for (std::size_t k = 0; k < fds.size(); ++k) {
+      for (std::size_t k = 0; k < pipes; ++k) {
         if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         auto [c, is_err] = who[k];
         char buf[65536];
@@ -490,9 +507,10 @@ class Launcher {
         if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
           c.running = false;
           c.status = status;
+          if (c.exit_fd >= 0) ::close(c.exit_fd), c.exit_fd = -1;
           const int code = exit_code(status);
           if (code != 0 && !failure && !stop) {
-            failure = report(generation, {c.rank, code, s_.node_rank, describe(status)});
+            failure = report(generation, {c.rank, code, s_.node_rank, describe(status)}, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
             const std::string rest = others() == 0 ? std::string()
                                      : (s_.grace > 0 ? "waiting for" : "stopping") + std::string(" the other ") +
                                            std::to_string(others()) + " process(es)" + (s_.nnodes > 1 ? " of this node" : "");
@@ -547,6 +565,7 @@ class Launcher {
     for (auto& c : children) {  // a grandchild kept a pipe open past the drain
       if (c.out >= 0) ::close(c.out);
       if (c.err >= 0) ::close(c.err);
+      if (c.exit_fd >= 0) ::close(c.exit_fd);
     }
     if (stop) return *stop;
     if (failure) return {Outcome::failure, failure->code};

@@ -1,6 +1,7 @@
 // Faults (the survivors must end with an error naming the operation and the dead rank, never hang): a peer killed
-// mid-collective or mid-training, a peer frozen (SIGSTOP) mid-training, a peer busy for longer than the peer
-// timeout (not a fault), ranks issuing different collectives, a job one process short.
+// mid-collective or mid-training, a peer killed from outside while the others wait for it (they must leave at
+// once), a peer frozen (SIGSTOP) mid-training, a peer busy for longer than the peer timeout (not a fault), ranks
+// issuing different collectives, a job one process short.
 #include "harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -12,7 +13,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <thread>
 
 namespace mp {
@@ -57,6 +62,41 @@ void kill_mid_collective(const Args&) {
     state.comm()->all_reduce(t);
   }
   check(false, "survived a dead peer");
+}
+
+// The others wait in an all_reduce that the last rank never joins; tests/distributed/fault.sh SIGKILLs it from
+// outside. They must leave the all_reduce at once with an error naming it, and say when ("left the all_reduce at
+// <ms since the epoch>"). With ARG `open`, the last rank first forks a child that keeps its sockets open for 10 s:
+// no connection closes when it dies, so only its launcher's report (Note [Ended ranks]) can end the others' wait
+// before the peer timeout (10 s here).
+void dead_peer(const Args& args) {
+  const bool open = arg(args, 0, "") == "open";
+  auto o = options(30000);
+  o.comm.peer_timeout = std::chrono::seconds(10);
+  accel::ProcessState state(o);
+  tally.rank = state.process_index();
+  const int N = state.num_processes();
+  auto warm = F({1.0f});
+  state.comm()->all_reduce(warm);  // every rank is connected
+  if (tally.rank == N - 1) {
+    if (open && ::fork() == 0) {  // the child holds the sockets, not the output (the launcher's pipes)
+      ::close(0), ::close(1), ::close(2);
+      ::sleep(10);
+      ::_exit(0);
+    }
+    std::cout << "dead-peer: rank " << tally.rank << " (pid " << ::getpid() << ") waits to be killed" << std::endl;
+    for (;;) ::pause();
+  }
+  std::cout << "dead-peer: rank " << tally.rank << " in a long all_reduce" << std::endl;
+  auto t = F({1, 2, 3, 4});
+  try {
+    state.comm()->all_reduce(t);
+  } catch (const accel::CommunicationError&) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+    std::cout << "dead-peer: rank " << tally.rank << " left the all_reduce at " << ms.count() << " ms" << std::endl;
+    throw;
+  }
+  check(false, "an all_reduce with a dead peer returned");
 }
 
 // The last rank freezes itself (SIGSTOP) inside a training loop: the survivors must end within the peer timeout

@@ -69,6 +69,7 @@ void accelerator(const Args&);             // accelerator.cpp
 void helpers(const Args&);                 // accelerator.cpp
 void kill_mid_collective(const Args&);     // faults.cpp
 void kill_mid_training(const Args&);       // faults.cpp
+void dead_peer(const Args&);               // faults.cpp
 void rendezvous(const Args&);              // faults.cpp
 void freeze_mid_training(const Args&);     // faults.cpp
 void busy_peer(const Args&);               // faults.cpp

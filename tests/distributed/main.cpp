@@ -17,6 +17,8 @@
 //   helpers                        the Accelerator's helpers: triggers, clip_grad_value_, gather_for_metrics of objects, on_*
 //   uneven                         tail::uneven training and evaluation joined from the plan (Join's semantics)
 //   kill | train-kill              the last rank SIGKILLs itself mid-collective / mid-training (survivors must fail fast)
+//   dead-peer [open]               the others wait for the last rank in an all_reduce; fault.sh SIGKILLs it (with `open`,
+//                                  a child of it keeps its sockets open): they must leave at once, naming it
 //   rendezvous [TIMEOUT_MS]        just connect (used to start a job one process short)
 //   freeze [PEER_TIMEOUT_MS]       the last rank SIGSTOPs itself mid-training (survivors must name it within the peer timeout)
 //   busy [MS]                      the last rank computes for MS before an all_reduce (a busy peer is not a frozen one)
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
       {"files", mp::files},                   {"helpers", mp::helpers},
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
       {"sharding-collectives", mp::sharding_collectives},
-      {"zero", mp::zero},                     {"replicas", mp::replicas}};
+      {"zero", mp::zero},                     {"replicas", mp::replicas},
+      {"dead-peer", mp::dead_peer}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

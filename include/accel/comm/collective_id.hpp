@@ -6,6 +6,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -28,6 +29,12 @@ struct CommOptions {
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(30)};
   //! Check that every rank issues the same collective (Note [Mismatched collectives]).
   bool check_collectives = true;
+
+  //! How often a collective that waits looks for a rank that ended (Note [Ended ranks] in comm/job_identity.hpp),
+  //! and how long it waits before it starts to: a tenth of the heartbeat, at least 5 ms.
+  [[nodiscard]] std::chrono::milliseconds quick_look() const {
+    return std::max(heartbeat_interval / 10, std::chrono::milliseconds(5));
+  }
 };
 
 using Clock = std::chrono::steady_clock;
@@ -91,9 +98,10 @@ struct CollectiveId {
 };
 
 //! What the heartbeat found about the other ranks: nothing (keep waiting), a collective mismatch, a rank that
-//! reported its own failure, or ranks that stopped responding; `text` says it for an error message.
+//! reported its own failure, ranks that stopped responding, or a rank that ended (its launcher says so: Note
+//! [Ended ranks]); `text` says it for an error message.
 struct Finding {
-  enum class Kind { none, mismatch, failed, silent };
+  enum class Kind { none, mismatch, failed, silent, ended };
   Kind kind = Kind::none;
   std::string text;
   explicit operator bool() const noexcept { return kind != Kind::none; }
@@ -108,12 +116,18 @@ class Monitor {
   virtual void issued(const CollectiveId& id) noexcept = 0;
   //! The collective this rank issued as number `seq`, while it is among the last ones recorded.
   [[nodiscard]] virtual std::optional<CollectiveId> own(std::uint64_t seq) const = 0;
-  //! While the result lives, the heartbeat also reads every other rank's counter and collectives.
+  //! While the result (never null) lives, the heartbeat also reads every other rank's counter and collectives.
   [[nodiscard]] virtual std::shared_ptr<void> watch() = 0;
+  //! While the result (never null) lives, the heartbeat looks for a rank that ended every
+  //! `CommOptions::quick_look()` instead of every beat (a collective that waits; a census).
+  [[nodiscard]] virtual std::shared_ptr<void> waiting() = 0;
+  //! A rank of the job that ended, as its launcher reported it (Note [Ended ranks]), or nothing. Never blocks.
+  [[nodiscard]] virtual Finding ended() const = 0;
   //! Which other ranks published another operation under `own`'s number ("rank 1 issued ..."; empty: none known).
   [[nodiscard]] virtual std::string differing(const CollectiveId& own) const = 0;
   //! A reason to stop waiting for `id` now (a rank that issued another collective under its number, a rank that
-  //! failed, a rank silent for `peer_timeout`, an unreachable store), or nothing: keep waiting. Never blocks.
+  //! failed, a rank silent for `peer_timeout`, an unreachable store, a rank that ended), or nothing: keep
+  //! waiting. Meaningful while a `watch` lives. Never blocks.
   [[nodiscard]] virtual Finding verdict(const CollectiveId& id) const = 0;
   //! After a failure: records that this rank failed, then names the ranks that stopped responding and, for
   //! `id`, the ranks that issued something else. Takes a few heartbeat intervals; never throws.

@@ -7,9 +7,15 @@
 //!
 //! Note [Dead peers]: every process runs a heartbeat (a counter in the rendezvous store, bumped twice a
 //! second on a connection of its own; `comm/rendezvous.hpp`). When a collective fails, the survivor takes a
-//! census of the heartbeats and names the ranks that stopped; if the store itself is gone, its host is the one
-//! that died. So a dead peer ends every survivor with an error such as
+//! census of the heartbeats and names the ranks that stopped (three heartbeats apart); if the store itself is
+//! gone, its host is the one that died. So a dead peer ends every survivor with an error such as
 //!   accel: rank 0: all_reduce(sum) of 4 x Float (collective #12) failed: Connection closed by peer. Not responding: rank 2.
+//! Under a launcher that reports the processes that end (accel-launch: Note [Ended ranks] in
+//! comm/job_identity.hpp), a rank killed by a signal is named from that report at once, not after three
+//! heartbeats, and a collective that waits for it is abandoned within a quick look or two
+//! (`CommOptions::quick_look()`, 50 ms) even where the engine sees no connection close (a child process holds
+//! the dead rank's sockets; NCCL):
+//!   ... failed: Connection closed by peer. not responding: rank 2; its launcher reports that it was killed by signal 9 (Killed).
 //!
 //! Note [Frozen peers]: a peer that stops without dying (SIGSTOP, a deadlock, a stuck file system, a hung
 //! driver) keeps its connections open, so the engine would wait for the whole collective timeout. A collective
@@ -145,23 +151,30 @@ class Communicator {
                                 ReduceOp reduce = ReduceOp::sum, int root = 0);
 
   //! Waits for `id`: `done(slice)` waits up to `slice` and says whether the collective completed (throwing
-  //! the engine's error). A collective that takes longer than a second is watched (Note [Frozen peers]).
+  //! the engine's error). A collective that waits longer than a quick look is abandoned as soon as a launcher
+  //! reports a rank that ended (Note [Ended ranks]), and one that takes longer than a second is watched (Note
+  //! [Frozen peers]).
   template <class Done>
   void await(const CollectiveId& id, Done&& done) {
     const auto t0 = Clock::now();
-    if (done(std::min(opt_.timeout, std::chrono::milliseconds(1000)))) return;
-    std::shared_ptr<void> watching = monitor_ ? monitor_->watch() : nullptr;
+    const auto quick = opt_.quick_look();
+    if (done(std::min(opt_.timeout, quick))) return;
+    std::shared_ptr<void> waiting = monitor_ ? monitor_->waiting() : nullptr, watching;
     for (;;) {
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
       if (waited >= opt_.timeout) fail(id, "timed out after " + seconds(waited));
-      if (done(std::min(opt_.timeout - waited, std::max(opt_.heartbeat_interval, std::chrono::milliseconds(10))))) return;
+      if (done(std::min(opt_.timeout - waited, quick))) return;
       if (!monitor_) continue;
-      if (const Finding f = monitor_->verdict(id)) fail_found(id, f, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
+      waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+      if (!watching && waited >= std::chrono::seconds(1)) watching = monitor_->watch();
+      if (const Finding f = watching ? monitor_->verdict(id) : monitor_->ended()) fail_found(id, f, waited);
     }
   }
   //! Ends a watched wait for `id` with what the heartbeat found (after `waited`).
   [[noreturn]] void fail_found(const CollectiveId& id, const Finding& f, std::chrono::milliseconds waited) {
     if (f.kind == Finding::Kind::mismatch) fail_mismatch(id, f.text);
+    // A rank that ended: the census names it (and a mismatch it published before it ended).
+    if (f.kind == Finding::Kind::ended) fail(id, "abandoned after " + seconds(waited) + ": a process of the job ended");
     // A peer that failed: its error says why; the census names the ranks that stopped.
     fail(id, "waited " + seconds(waited) + ": " + f.text, /*census=*/f.kind == Finding::Kind::failed);
   }

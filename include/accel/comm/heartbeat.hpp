@@ -1,8 +1,9 @@
 #pragma once
 //! \file
 //! The heartbeat of a `Rendezvous` (comm/rendezvous.hpp): the thread that writes this rank's beat key (its
-//! count, its failure, its last collectives), reads the other ranks' while someone waits, and repairs this
-//! rank's one-shot keys until the engine is connected, and the snapshot it shares with the other threads.
+//! count, its failure, its last collectives), reads the other ranks' while someone waits, looks for a rank that
+//! ended (Note [Ended ranks] in comm/job_identity.hpp), and repairs this rank's one-shot keys until the engine is
+//! connected, and the snapshot it shares with the other threads.
 //!
 //! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
 //! a store op to a frozen host never returns, so nothing else may wait on one. What it learns goes into a
@@ -20,6 +21,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,6 +50,12 @@ struct Heartbeat {
     std::array<CollectiveId, kPublished> mine{};
     std::uint64_t issued = 0, published = 0;
     bool failed = false, failed_written = false;
+    Clock::time_point next_beat{};  // when the next beat is due
+    // a rank that ended, as its launcher reported it (Note [Ended ranks]); looked for every quick look while
+    // `waiters` > 0, else every beat
+    int waiters = 0;
+    std::optional<EndedRank> ended;
+    Clock::time_point ended_seen{};  // when this heartbeat found it
     // the others, read while `watchers` > 0
     int watchers = 0;
     std::uint64_t epoch = 0;        // bumped when watching starts: changes are measured from then
@@ -82,8 +90,9 @@ struct Heartbeat {
   }
 
   // The heartbeat: writes this rank's beat key (its count, its failure, its last collectives), reads the others'
-  // while someone watches, and repairs this rank's one-shot keys until the engine is connected. Only `b` is
-  // touched: the thread may outlive the Rendezvous.
+  // while someone watches, looks for a rank that ended (every beat, and every quick look while someone waits:
+  // Note [Ended ranks]), and repairs this rank's one-shot keys until the engine is connected. Only `b` is touched:
+  // the thread may outlive the Rendezvous.
   static void run(std::shared_ptr<Beat> b) {
     c10::intrusive_ptr<JobStore> own;
     try {
@@ -91,26 +100,44 @@ struct Heartbeat {
     } catch (const std::exception&) {
     }
     auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
+    const std::string ended_key = b->prefix + "ended";  // EndedRank::key
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
     std::vector<std::uint8_t> written;  // the beat key's bytes as last written (sealed)
+    bool full = true;  // a beat; otherwise a quick look at the ended key alone
+    // The delay of the next quick look: from 5 ms, doubling up to `quick_look()` (a launcher sees a process end
+    // a few milliseconds after its connections close; a long wait costs one look per quick look).
+    const auto first_look = std::min(std::chrono::milliseconds(5), b->opt.quick_look());
+    auto step = first_look;
     std::unique_lock<std::mutex> lock(b->mu);
     while (own && !b->stop) {
       const std::uint64_t issued = b->issued;
-      if (issued != b->published) published = encode(b->mine, issued);
+      if (full && issued != b->published) published = encode(b->mine, issued);
       const bool fail = b->failed;
       const bool watch = b->watchers > 0;
       const std::uint64_t epoch = b->epoch;
+      const bool look = !b->ended.has_value();
       lock.unlock();
       std::vector<Beat::Peer> seen;
+      std::optional<EndedRank> ended;
+      bool read_others = false;
       try {
-        // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
-        // nobody reads the key before it is written again.
-        if (!written.empty()) own->holds(b->key("beat", b->rank), written);
-        const std::string beat = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
-        written = own->set_volatile(b->key("beat", b->rank), bytes(beat));
-        own->repair();
-        if (watch) {
+        // The ended key before the others' beats: a rank that ended wrote its last beat before its launcher
+        // reported it, so what is read next is its last word (a mismatch it published, its failure).
+        if (look)
+          if (const auto v = own->try_get(ended_key))
+            if ((ended = EndedRank::decode(std::string(v->begin(), v->end()))) && (ended->rank == b->rank || ended->rank >= b->size))
+              ended.reset();
+        if (full) {
+          // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
+          // nobody reads the key before it is written again.
+          if (!written.empty()) own->holds(b->key("beat", b->rank), written);
+          const std::string beat = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
+          written = own->set_volatile(b->key("beat", b->rank), bytes(beat));
+          own->repair();
+        }
+        if (watch && (full || ended)) {
+          read_others = true;
           seen.resize(std::size_t(b->size));
           for (int r = 0; r < b->size; ++r) {
             if (r == b->rank) continue;
@@ -136,10 +163,15 @@ struct Heartbeat {
       }
       lock.lock();
       const auto now = Clock::now();
-      b->last_ok = now;
-      b->published = issued;
-      if (fail) b->failed_written = true;
-      if (watch) {
+      if (full) {
+        b->last_ok = now;
+        b->published = issued;
+        if (fail) b->failed_written = true;
+        b->next_beat = now + b->opt.heartbeat_interval;
+      }
+      const bool found = ended.has_value();
+      if (found) b->ended = std::move(ended), b->ended_seen = now;
+      if (read_others) {
         for (int r = 0; r < b->size; ++r) {
           if (r == b->rank) continue;
           auto& p = b->peers[std::size_t(r)];
@@ -152,11 +184,20 @@ struct Heartbeat {
           p.beats = s.beats, p.epoch = epoch, p.published = std::move(s.published), p.failed = s.failed;
         }
         ++b->rounds;
-        b->cv.notify_all();
       }
-      // Sleep a heartbeat, or less when someone starts watching, fails, or stops us.
+      if (read_others || found) b->cv.notify_all();
+      // Sleep until the next beat, or a quick look while someone waits and no rank is known to have ended; less
+      // when someone starts watching or waiting, fails, or stops us.
       const std::uint64_t e = b->epoch;
-      b->cv.wait_for(lock, b->opt.heartbeat_interval, [&] { return b->stop || b->epoch != e || (b->failed && !b->failed_written); });
+      const bool hurried = b->waiters > 0 && !b->ended;
+      const auto until = hurried ? std::min(b->next_beat, now + step) : b->next_beat;
+      step = hurried ? std::min(step * 2, b->opt.quick_look()) : first_look;
+      b->cv.wait_until(lock, until, [&] {
+        return b->stop || b->epoch != e || (b->failed && !b->failed_written) || (!hurried && b->waiters > 0 && !b->ended);
+      });
+      if (b->epoch != e) step = first_look;  // a census, or a watch, begins: look soon again
+      // A beat when it is due, or when someone starts watching or fails; a quick look otherwise.
+      full = Clock::now() >= b->next_beat || b->stop || b->epoch != e || (b->failed && !b->failed_written);
     }
     b->exited = true;
     b->cv.notify_all();

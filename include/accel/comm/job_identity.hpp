@@ -10,6 +10,21 @@
 //! two jobs, or two attempts of one job, that meet on one port never read each other's keys. The id is
 //! `ACCEL_JOB_ID` (accel-launch generates one, or takes `--job-id`), else the scheduler's (torchrun's
 //! `TORCHELASTIC_RUN_ID`, SLURM's `SLURM_JOB_ID.SLURM_STEP_ID`, PMIx's namespace, PBS, LSF), else `none`.
+//!
+//! Note [Ended ranks]
+//! ~~~~~~~~~~~~~~~~~~
+//! A launcher knows at once when one of its processes ends (accel-launch waits on a pidfd per process); the other
+//! processes of the job would learn it only from a closed connection, or from a heartbeat that stops for
+//! `CommOptions::peer_timeout`. So the launcher writes the first process of a generation that ended abnormally to
+//! `accel/<job id>/<generation>/ended` ("<rank> <signal> <what>", e.g. "1 9 was killed by signal 9 (Killed)"; a
+//! compare-and-set: the first one stays), sealed with the job's secret like every value (Note [Authenticated keys]
+//! in comm/store.hpp). Every process's heartbeat reads it (comm/heartbeat.hpp): every beat, and from 5 ms to a
+//! tenth of a heartbeat apart while a collective of its own waits or a census runs. A rank killed by a signal
+//! died without a word: a collective waiting for it is abandoned at once, and the census after a failed collective
+//! names it without waiting three heartbeats (Note [Dead peers] in comm/communicator.hpp), so a restart
+//! (`--max-restarts`) starts within milliseconds. A rank that exited with a code said why itself, perhaps because
+//! of another rank (a survivor ending on a frozen peer): the others' own findings go first, and its report ends a
+//! wait only two heartbeats after it arrived.
 
 #include <accel/error.hpp>
 
@@ -20,8 +35,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +126,39 @@ std::string job_id_from(const Env& env) {
   if (auto id = get("LSB_JOBID"); !id.empty()) return clean("lsf-" + id);
   return "none";
 }
+
+//! Where the keys of one attempt of a job live: `accel/<job id>/<generation>/` (Note [Job keys]).
+inline std::string job_prefix(const std::string& id, int generation) {
+  return "accel/" + id + "/" + std::to_string(generation) + "/";
+}
+
+//! A process of the job that ended abnormally, as its launcher reports it (Note [Ended ranks]).
+struct EndedRank {
+  int rank = -1;
+  int signal = 0;    //!< the signal that killed it; 0: it exited with a code
+  std::string what;  //!< "was killed by signal 9 (Killed)", "exited with code 1"
+
+  //! The key a launcher writes it to, for attempt `generation` of job `id`.
+  [[nodiscard]] static std::string key(const std::string& id, int generation) { return job_prefix(id, generation) + "ended"; }
+  //! "<rank> <signal> <what>".
+  [[nodiscard]] std::string encode() const { return std::to_string(rank) + " " + std::to_string(signal) + " " + what; }
+  //! The value `encode` wrote; nothing when it is not one.
+  [[nodiscard]] static std::optional<EndedRank> decode(const std::string& s) {
+    EndedRank e;
+    std::size_t a = 0, b = 0;
+    try {
+      e.rank = std::stoi(s, &a);
+      if (a >= s.size() || s[a] != ' ') return std::nullopt;
+      e.signal = std::stoi(s.substr(a + 1), &b);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    const std::size_t at = a + 1 + b;
+    if (e.rank < 0 || e.signal < 0 || at >= s.size() || s[at] != ' ') return std::nullopt;
+    e.what = s.substr(at + 1, 200);  // it ends up in error messages
+    return e;
+  }
+};
 
 //! `bytes` random bytes from the kernel, as hex (job ids and secrets that accel-launch generates).
 inline std::string random_hex(std::size_t bytes) {

@@ -8,7 +8,8 @@
 //! (Gloo, NCCL) exchange their addresses through its store.
 //!
 //! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
-//! "<beats> <failed>" and the last collectives), and `job/...` (the engines' own: Gloo's addresses, NCCL's id).
+//! "<beats> <failed>" and the last collectives), `job/...` (the engines' own: Gloo's addresses, NCCL's id), and
+//! `ended` (written by the launcher, read by every heartbeat: Note [Ended ranks] in comm/job_identity.hpp).
 //!
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
 //!
@@ -65,7 +66,7 @@ class Rendezvous final : public Monitor {
  public:
   Rendezvous(const RendezvousSpec& spec, const CommOptions& opt)
       : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), host_(spec.host_store),
-        prefix_("accel/" + spec.job.id + "/" + std::to_string(spec.generation) + "/"), opt_(opt) {
+        prefix_(job_prefix(spec.job.id, spec.generation)), opt_(opt) {
     check_job_id(spec.job.id, "of the job");
     const int rank = rank_;
     const auto t0 = Clock::now();
@@ -212,10 +213,28 @@ class Rendezvous final : public Monitor {
       if (beat_->watchers++ == 0) ++beat_->epoch;
     }
     beat_->cv.notify_all();  // read the others now, not at the next beat
-    return std::shared_ptr<void>(nullptr, [b = beat_](void*) {
+    return std::shared_ptr<void>(beat_.get(), [b = beat_](void*) {  // not null: a guard that tests true
       std::lock_guard<std::mutex> lock(b->mu);
       --b->watchers;
     });
+  }
+
+  [[nodiscard]] std::shared_ptr<void> waiting() override {
+    {
+      std::lock_guard<std::mutex> lock(beat_->mu);
+      ++beat_->waiters;
+    }
+    beat_->cv.notify_all();  // look now, not at the next beat
+    return std::shared_ptr<void>(beat_.get(), [b = beat_](void*) {
+      std::lock_guard<std::mutex> lock(b->mu);
+      --b->waiters;
+    });
+  }
+
+  [[nodiscard]] Finding ended() const override {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    if (!ended_now_locked()) return {};
+    return {Finding::Kind::ended, ended_locked()};
   }
 
   [[nodiscard]] std::optional<CollectiveId> own(std::uint64_t seq) const override {
@@ -238,6 +257,7 @@ class Rendezvous final : public Monitor {
       return {K::silent, "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
                              " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
     if (std::string others = differing_locked(id); !others.empty()) return {K::mismatch, others};
+    if (beat_->ended && beat_->ended->signal && ended_now_locked()) return {K::ended, ended_locked()};
     std::string silent, failed;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
@@ -250,6 +270,7 @@ class Rendezvous final : public Monitor {
     if (!silent.empty())
       return {K::silent, "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: "
                          "frozen, stopped or starved): " + silent};
+    if (ended_now_locked()) return {K::ended, ended_locked()};  // one that exited with a code, after its grace
     return {};
   }
 
@@ -257,9 +278,11 @@ class Rendezvous final : public Monitor {
     using K = Finding::Kind;
     try {
       auto w = watch();
+      auto hurry = waiting();  // a rank that ended, as its launcher reports it, ends the census at once
       failed();
       std::unique_lock<std::mutex> lock(beat_->mu);
-      // Two reads of the others, three heartbeats apart (bounded: a frozen store never answers).
+      // Two reads of the others, three heartbeats apart (bounded: a frozen store never answers), unless a
+      // launcher reports a rank that ended (Note [Ended ranks]).
       const auto interval = opt_.heartbeat_interval;
       const std::uint64_t r0 = beat_->rounds;
       beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
@@ -269,20 +292,23 @@ class Rendezvous final : public Monitor {
       std::vector<std::int64_t> before;
       for (const auto& p : beat_->peers) before.push_back(p.beats);
       const std::uint64_t r1 = beat_->rounds;
-      beat_->cv.wait_for(lock, interval * 5, [&] { return beat_->rounds >= r1 + 3; });
+      const auto killed = [&] { return beat_->ended && beat_->ended->signal; };  // named at once (Note [Ended ranks])
+      beat_->cv.wait_for(lock, interval * 5, [&] { return beat_->rounds >= r1 + 3 || killed(); });
       if (id)
         if (std::string others = differing_locked(*id); !others.empty()) return {K::mismatch, others};
       std::string dead, failed;
       for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
+        if (r == rank_ || (killed() && r == beat_->ended->rank)) continue;
         const auto& p = beat_->peers[std::size_t(r)];
         if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
-        else if (beat_->rounds == r1 || p.beats == before[std::size_t(r)]) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
+        else if (!killed() && (beat_->rounds == r1 || p.beats == before[std::size_t(r)])) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
       }
-      std::string out = dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
-                                     : "not responding: " + dead;
+      std::string out = killed()       ? ended_locked()
+                        : dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
+                                       : "not responding: " + dead;
       if (!failed.empty()) out += "; also failed: " + failed;
-      return {K::silent, out};
+      if (beat_->ended && !killed()) out += "; " + ended_locked();
+      return {killed() ? K::ended : K::silent, out};
     } catch (...) {
       return {K::silent, "the census of the other ranks failed"};
     }
@@ -360,6 +386,18 @@ class Rendezvous final : public Monitor {
   static std::vector<std::weak_ptr<Beat>>& live_beats() {
     static auto* v = new std::vector<std::weak_ptr<Beat>>;
     return *v;
+  }
+  // "not responding: rank 2; its launcher reports that it was killed by signal 9 (Killed)", or for one that
+  // exited with a code "rank 2 ended: its launcher reports that it exited with code 1" (the lock held).
+  [[nodiscard]] std::string ended_locked() const {
+    const auto& e = *beat_->ended;
+    return (e.signal ? "not responding: rank " + std::to_string(e.rank) + ";" : "rank " + std::to_string(e.rank) + " ended:") +
+           " its launcher reports that it " + e.what;
+  }
+  // Whether the reported rank ends a wait now: one killed by a signal at once, one that exited with a code two
+  // heartbeats after its report arrived (Note [Ended ranks]; the lock held).
+  [[nodiscard]] bool ended_now_locked() const {
+    return beat_->ended && (beat_->ended->signal || Clock::now() - beat_->ended_seen >= opt_.heartbeat_interval * 2);
   }
   static std::atomic<Rendezvous*>& active() {
     static std::atomic<Rendezvous*> r{nullptr};

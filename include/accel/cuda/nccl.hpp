@@ -271,19 +271,22 @@ class NcclCommunicator final : public comm::Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  // The polling loops' side of Note [Frozen peers]: after a second, the heartbeat's verdict every heartbeat
-  // interval; the timeout, a frozen peer or a mismatch aborts the communicator and throws.
+  // The polling loops' side of Notes [Frozen peers] and [Ended ranks]: every quick look, whether a launcher
+  // reported a rank that ended, and after a second the heartbeat's verdict; the timeout, a frozen or ended peer or
+  // a mismatch aborts the communicator and throws.
   class Watch {
    public:
-    Watch(NcclCommunicator& c, const comm::CollectiveId& id) : c_(c), id_(id), t0_(comm::Clock::now()), next_(t0_ + std::chrono::seconds(1)) {}
+    Watch(NcclCommunicator& c, const comm::CollectiveId& id)
+        : c_(c), id_(id), t0_(comm::Clock::now()), next_(t0_ + c.options().quick_look()) {}
     void check() {
       const auto now = comm::Clock::now();
       if (now < next_) return;
-      next_ = now + c_.options().heartbeat_interval;
+      next_ = now + c_.options().quick_look();
       if (now - t0_ > c_.options().timeout) c_.abort_and_fail(id_, "timed out");
       if (!c_.monitor()) return;
-      if (!watching_) watching_ = c_.monitor()->watch();
-      if (const comm::Finding f = c_.monitor()->verdict(id_)) {
+      if (!waiting_) waiting_ = c_.monitor()->waiting();
+      if (!watching_ && now - t0_ >= std::chrono::seconds(1)) watching_ = c_.monitor()->watch();
+      if (const comm::Finding f = watching_ ? c_.monitor()->verdict(id_) : c_.monitor()->ended()) {
         c_.abort();
         c_.fail_found(id_, f, std::chrono::duration_cast<std::chrono::milliseconds>(now - t0_));
       }
@@ -293,7 +296,7 @@ class NcclCommunicator final : public comm::Communicator {
     NcclCommunicator& c_;
     comm::CollectiveId id_;
     comm::Clock::time_point t0_, next_;
-    std::shared_ptr<void> watching_;
+    std::shared_ptr<void> waiting_, watching_;
   };
   void abort() noexcept {
     ncclCommAbort(comm_);
