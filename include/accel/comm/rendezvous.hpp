@@ -23,8 +23,9 @@
 //! 1. `ProcessState`'s handler, registered once the process state is connected (after every library the connection
 //!    initialised registered its own), releases the process state: the communicator is destroyed (the engine's
 //!    threads joined, the heartbeat stopped and joined, the store left) while every library is whole.
-//! 2. The rendezvous' handler, registered after OpenSSL's (the job's `Seal` initialises OpenSSL first), stops every
-//!    heartbeat still running (a process state someone still holds) and closes the seal (comm/store.hpp): a
+//! 2. The rendezvous' handler, registered after OpenSSL's (the job's `Seal` initialises OpenSSL first), stops and joins
+//!    every heartbeat still running (a process state someone still holds; joined, because a thread still ending
+//!    while OpenSSL cleans up frees OpenSSL's per-thread state twice) and closes the seal (comm/store.hpp): a
 //!    heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
 //! An exception that leaves `main` ends the process through `std::terminate` and `abort`: no destructor runs,
 //! nothing is freed, and the terminate handler publishes the failure (`Rendezvous::on_terminate`); preemption's
@@ -91,7 +92,7 @@ class Rendezvous final : public Monitor {
     beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { rendezvous_detail::Heartbeat::run(b); });
-    enlist(beat_);
+    enlist(this, true);
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
@@ -99,6 +100,7 @@ class Rendezvous final : public Monitor {
     try {
       await_arrivals(t0);
     } catch (...) {
+      enlist(this, false);
       stop_heartbeat();
       throw;
     }
@@ -107,6 +109,7 @@ class Rendezvous final : public Monitor {
   ~Rendezvous() override {
     Rendezvous* self = this;
     active().compare_exchange_strong(self, nullptr);
+    enlist(this, false);
     stop_heartbeat();
   }
   Rendezvous(const Rendezvous&) = delete;
@@ -352,30 +355,21 @@ class Rendezvous final : public Monitor {
   }
   // ---- exit (Note [Exit]) ----
 
-  // The heartbeats of this process, for the exit handler; the handler is registered with the first.
-  static void enlist(const std::shared_ptr<Beat>& b) {
+  // The rendezvous of this process, for the exit handler; the handler is registered with the first.
+  static void enlist(Rendezvous* r, bool alive) {
     static const bool registered = std::atexit(&Rendezvous::at_exit) == 0;
     (void)registered;
     std::lock_guard<std::mutex> lock(exit_mutex());
-    auto& beats = live_beats();
-    std::erase_if(beats, [](const std::weak_ptr<Beat>& w) { return w.expired(); });
-    beats.push_back(b);
+    auto& all = living();
+    if (alive) all.push_back(r);
+    else std::erase(all, r);
   }
-  // Stops every heartbeat still running (each waits at most two beats and a second: one stuck on a frozen store
-  // is left behind), then closes the seal.
+  // Stops and joins every heartbeat still running (one stuck on a frozen store is left behind after two beats and
+  // a second), then closes the seal. Joined, not only stopped: a thread that is still ending while OpenSSL cleans up
+  // frees OpenSSL's per-thread state a second time.
   static void at_exit() noexcept {
-    std::vector<std::shared_ptr<Beat>> beats;
-    {
-      std::lock_guard<std::mutex> lock(exit_mutex());
-      for (const auto& w : live_beats())
-        if (auto b = w.lock()) beats.push_back(std::move(b));
-    }
-    for (const auto& b : beats) {
-      std::unique_lock<std::mutex> lock(b->mu);
-      b->stop = true;
-      b->cv.notify_all();
-      b->cv.wait_for(lock, b->opt.heartbeat_interval * 2 + std::chrono::seconds(1), [&] { return b->exited; });
-    }
+    std::lock_guard<std::mutex> lock(exit_mutex());
+    for (Rendezvous* r : living()) r->stop_heartbeat();
     Seal::close_for_exit();
   }
   // Never destroyed: the exit handler runs among the destructors of static objects.
@@ -383,8 +377,8 @@ class Rendezvous final : public Monitor {
     static auto* m = new std::mutex;
     return *m;
   }
-  static std::vector<std::weak_ptr<Beat>>& live_beats() {
-    static auto* v = new std::vector<std::weak_ptr<Beat>>;
+  static std::vector<Rendezvous*>& living() {
+    static auto* v = new std::vector<Rendezvous*>;
     return *v;
   }
   // "not responding: rank 2; its launcher reports that it was killed by signal 9 (Killed)", or for one that
