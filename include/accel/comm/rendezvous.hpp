@@ -79,10 +79,11 @@ class Rendezvous final : public Monitor {
       std::lock_guard<std::mutex> lock(beat_->mu);
       beat_->thread = heartbeat_.get_id();
     }
-    stopped_at_exit(beat_);
+    living(this, true);
     try {
       await_arrivals(t0);
     } catch (...) {
+      living(this, false);
       stop_heartbeat();
       throw;
     }
@@ -91,6 +92,7 @@ class Rendezvous final : public Monitor {
   ~Rendezvous() override {
     Rendezvous* self = this;
     active().compare_exchange_strong(self, nullptr);
+    living(this, false);
     stop_heartbeat();
   }
   Rendezvous(const Rendezvous&) = delete;
@@ -122,38 +124,26 @@ class Rendezvous final : public Monitor {
   // Note [Heartbeats at exit]: a program that leaves its ProcessState to the end of the process (a static, destroyed
   // by `exit`) destroys this rendezvous after OpenSSL's own exit handler has freed its locks, and a beat sealed in
   // between (HMAC) crashed the process after its last line (SIGSEGV in CRYPTO_THREAD_read_lock; a few runs in a
-  // hundred of the main example under load). OpenSSL registers that handler when it is first initialised; ours, registered after it,
-  // runs before it and stops every heartbeat still beating (waiting up to 200 ms for each: one on a frozen store
-  // is left behind).
-  static void stopped_at_exit(const std::shared_ptr<Beat>& beat) {
+  // hundred of the main example under load). OpenSSL registers that handler when it is first initialised; ours,
+  // registered after it, runs before it and stops (joins) every heartbeat still beating, so that no heartbeat
+  // thread seals a value or ends (OpenSSL frees its per-thread state then) while OpenSSL cleans up.
+  static void living(Rendezvous* r, bool alive) {
     struct Live {
       std::mutex mu;
-      std::vector<std::weak_ptr<Beat>> beats;
+      std::vector<Rendezvous*> all;
     };
     static Live* live = new Live;  // never destroyed: read by the exit handler
-    {
-      std::lock_guard<std::mutex> lock(live->mu);
-      std::erase_if(live->beats, [](const std::weak_ptr<Beat>& w) { return w.expired(); });
-      live->beats.push_back(beat);
-    }
     static std::once_flag once;
     std::call_once(once, [] {
       OPENSSL_init_crypto(0, nullptr);  // its exit handler first, so that ours runs before it
       std::atexit([] {
-        std::vector<std::shared_ptr<Beat>> beats;
-        {
-          std::lock_guard<std::mutex> lock(live->mu);
-          for (const auto& w : live->beats)
-            if (auto b = w.lock()) beats.push_back(std::move(b));
-        }
-        for (const auto& b : beats) {
-          std::unique_lock<std::mutex> lock(b->mu);
-          b->stop = true;
-          b->cv.notify_all();
-          b->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return b->exited; });
-        }
+        std::lock_guard<std::mutex> lock(live->mu);
+        for (Rendezvous* each : live->all) each->stop_heartbeat();
       });
     });
+    std::lock_guard<std::mutex> lock(live->mu);
+    if (alive) live->all.push_back(r);
+    else std::erase(live->all, r);
   }
 
   // Every rank's arrival key, authentic (with a secret): a rank whose values all fail is named and refused.
