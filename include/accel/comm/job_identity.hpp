@@ -154,7 +154,7 @@ struct EndedRank {
       return std::nullopt;
     }
     const std::size_t at = a + 1 + b;
-    if (e.rank < 0 || e.signal < 0 || at >= s.size() || s[at] != ' ') return std::nullopt;
+    if (e.rank < 0 || e.signal < 0 || at + 1 >= s.size() || s[at] != ' ') return std::nullopt;
     e.what = s.substr(at + 1, 200);  // it ends up in error messages
     return e;
   }
