@@ -70,6 +70,7 @@ def main():
     train = os.path.join(args.build, "examples", "train")
     data = os.path.join(root, "examples", "data", "digits.csv")
     work = tempfile.mkdtemp(prefix="accel-restart-")
+    load = os.getloadavg()
     try:
         ref = subprocess.run([launch, "--nproc-per-node", "2", train, "--data", data, "--epochs", str(args.epochs)],
                              capture_output=True, text=True, check=True).stdout
@@ -94,7 +95,8 @@ def main():
             for k, v in after.items():
                 if v is not None:
                     got[k].append(v)
-        print(f"\nfrom the SIGKILL, over {args.runs} runs (min / median / max):")
+        print(f"\nfrom the SIGKILL, over {args.runs} runs (min / median / max; load average at the start "
+              f"{load[0]:.1f}, at the end {os.getloadavg()[0]:.1f}):")
         for k, v in got.items():
             if v:
                 print(f"  {k:16} {min(v):6.0f} / {statistics.median(v):6.0f} / {max(v):6.0f} ms")
