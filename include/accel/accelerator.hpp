@@ -371,8 +371,10 @@ class Accelerator {
   [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> replica_parameters() const;
   //! The checks of `backward` (its documentation): warnings, once each, on the main process.
   void check_before_backward();
+  //! The misuses `check_before_backward` warns of.
+  enum class Warning : unsigned { backward_outside_accumulate, stepped_outside_accel, cleared_in_window };
   //! Prints `message` once per `which` on the main process.
-  void warn_once(unsigned which, const std::string& message);
+  void warn_once(Warning which, const std::string& message);
   //! The trackers' files closed (end_training, preemption).
   void stop_tracking();
   //! `v` reduced over the processes (a flag: set_trigger's, a preemption signal).
@@ -428,7 +430,7 @@ class Accelerator {
   std::uint64_t replicas_agreed_ = 0;      // training_steps_ at the last replica check that passed
   bool accumulating_ = false;              // accumulate() decided the step that the next backward runs
   std::uint64_t steps_at_backward_ = 0;    // optimizer steps at the last backward (parameter changes since)
-  unsigned warned_ = 0;                    // warn_once's bits
+  unsigned warned_ = 0;                    // warn_once's bits, one per Warning
   std::int64_t trigger_ = 0;               // set_trigger's flag, until check_trigger finds it
 };
 

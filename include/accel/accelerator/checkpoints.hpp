@@ -144,7 +144,7 @@ void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::op
   accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
   resumed_ = true;
   if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
-  for (const auto& d : ddps_) d->forget_versions();  // the checkpoint's weights: not a step outside accel
+  for (const auto& d : ddps_) d->forget_window();  // the checkpoint's weights: not a step outside accel
   replicas_agreed_ = training_steps_;
   if (latest) opt_.project_config.iteration = std::max(opt_.project_config.iteration, *latest + 1);
 }

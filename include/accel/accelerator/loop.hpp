@@ -57,7 +57,7 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
   if (scaler_) scaler_->scale(l).backward();
   else l.backward();
   for (const auto& d : ddps_)
-    if (!d->sync()) d->snapshot_gradients();  // inside an accumulation window: the next backward adds to these
+    if (!d->sync()) d->open_window();  // inside an accumulation window: check_before_backward compares
   if (!recording) return;
   Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
   for (std::size_t i = 0; i < ddps_.size(); ++i)
@@ -73,35 +73,39 @@ void Accelerator<Policies...>::check_before_backward() {
   ++backwards_;
   const bool accumulated = std::exchange(accumulating_, false);
   if (opt_.gradient_accumulation_steps > 1 && !accumulated)
-    warn_once(1, "gradient_accumulation_steps is " + std::to_string(opt_.gradient_accumulation_steps) +
+    warn_once(Warning::backward_outside_accumulate,
+              "gradient_accumulation_steps is " + std::to_string(opt_.gradient_accumulation_steps) +
                      " but backward() ran outside an accumulate() scope: nothing decides the accumulation window, so "
                      "every step synchronises and the optimizer steps on every batch (with the loss divided by " +
                      std::to_string(opt_.gradient_accumulation_steps) + "). Open `auto step = acc.accumulate(model);` "
                      "before each batch's forward, or set gradient_accumulation_steps = 1");
   const std::uint64_t steps = optimizer_steps();
-  if (steps == steps_at_backward_)  // no prepared optimizer stepped since the last backward
-    for (std::size_t m = 0; m < ddps_.size(); ++m)
-      if (const auto name = ddps_[m]->changed_parameter(); !name.empty())
-        warn_once(2, "parameter '" + name + "' of prepared model " + std::to_string(m) + " changed inside an accumulation "
+  const bool stepped = steps != steps_at_backward_;  // a prepared optimizer stepped since the last backward
+  steps_at_backward_ = steps;
+  for (std::size_t m = 0; m < ddps_.size(); ++m) {
+    const auto window = ddps_[m]->close_window();
+    if (const auto& name = window.changed_parameter; !name.empty() && !stepped)
+      warn_once(Warning::stepped_outside_accel,
+                "parameter '" + name + "' of prepared model " + std::to_string(m) + " changed inside an accumulation "
                      "window, where its gradients are this process's alone, but no optimizer that prepare() returned has "
                      "stepped: an optimizer accel did not prepare (or the raw one behind a prepared optimizer) stepped it, "
                      "and the processes' weights drift apart. Step the optimizer prepare() returned "
                      "(opt.step(), which steps only when gradients are synchronised). If the loop changes the weights on "
                      "purpose, identically on every process, ignore this; Options::check_replicas_every verifies it");
-  for (std::size_t m = 0; m < ddps_.size(); ++m)
-    if (const auto name = ddps_[m]->cleared_gradient(); !name.empty())
-      warn_once(3, "the gradient of parameter '" + name + "' of prepared model " + std::to_string(m) + " was cleared inside an "
+    if (const auto& name = window.cleared_gradient; !name.empty())
+      warn_once(Warning::cleared_in_window,
+                "the gradient of parameter '" + name + "' of prepared model " + std::to_string(m) + " was cleared inside an "
                    "accumulation window (an optimizer's zero_grad that prepare() did not return): the window's earlier "
                    "batches are lost from the step. Call zero_grad() on the optimizer prepare() returned, which clears only "
                    "after a synchronising step");
-  steps_at_backward_ = steps;
-  for (const auto& d : ddps_) d->snapshot_versions();
+  }
 }
 
 template <class... Policies>
-void Accelerator<Policies...>::warn_once(unsigned which, const std::string& message) {
-  if (warned_ & (1u << which)) return;
-  warned_ |= 1u << which;
+void Accelerator<Policies...>::warn_once(Warning which, const std::string& message) {
+  const auto bit = 1u << unsigned(which);
+  if (warned_ & bit) return;
+  warned_ |= bit;
   if (is_main_process()) std::fprintf(stderr, "accel: warning: %s\n", message.c_str());
 }
 

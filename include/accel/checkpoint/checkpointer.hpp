@@ -159,8 +159,7 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
     save_one([&](auto& a) {
       write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
                      std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
-                     std::int64_t(custom_.size()), trackers});
-      write_settings(a, settings);
+                     std::int64_t(custom_.size()), trackers, settings});
     }, tmp / meta_file);
     for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
     for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
@@ -201,9 +200,7 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   const auto manifest = Manifest::read(dir);
   manifest.check_sizes(dir);
   const auto meta_path = (dir / meta_file).string();
-  const auto meta_bytes = manifest.read(dir, meta_file);
-  const Meta meta = read_meta(meta_bytes, meta_path);
-  const auto saved_settings = read_settings(meta_bytes, meta_path);
+  const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
   const bool resized = meta.num_processes != p.count;
   accel::detail::require(!resized || meta.format_version >= 3,
                          "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +
@@ -297,7 +294,7 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   });
   // Last of the checks (every file is whole and fits): the training settings that shape the trajectory; another
   // value is refused unless the caller allows it.
-  if (const auto& saved = saved_settings; saved && !allow_changed_settings) {
+  if (const auto& saved = meta.settings; saved && !allow_changed_settings) {
     auto differ = [&](const char* name, const std::string& was, const std::string& is, const char* option) {
       if (was == is) return;
       throw InvalidArgument("accel::load_state: " + meta_path + " was saved with " + name + " = " + was + ", this job has " + is +

@@ -107,6 +107,11 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 }
 
 //! What `accel_checkpoint.pt` holds.
+//! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
+struct Settings {
+  std::string mixed_precision = "no";           //!< "no", "fp16" or "bf16" (Options::mixed_precision)
+  std::int64_t gradient_accumulation_steps = 1;
+};
 struct Meta {
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0,
                custom = 0;
@@ -114,12 +119,9 @@ struct Meta {
   //! latter only after a first `log` call); none: not recorded (an earlier accel's checkpoint, optional keys in the
   //! same format, or a job that continued such a checkpoint's files).
   std::optional<tracking::Position> trackers = std::nullopt;
-};
-//! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
-//! Written as optional keys of `accel_checkpoint.pt` (a checkpoint written before them compares nothing).
-struct Settings {
-  std::string mixed_precision = "no";           //!< "no", "fp16" or "bf16" (Options::mixed_precision)
-  std::int64_t gradient_accumulation_steps = 1;
+  //! The training settings, under the keys "mixed_precision" (0 no, 1 fp16, 2 bf16) and
+  //! "gradient_accumulation_steps"; none: not recorded (a checkpoint written before them compares nothing).
+  std::optional<Settings> settings = std::nullopt;
 };
 inline constexpr std::array<const char*, 3> precision_names{"no", "fp16", "bf16"};
 
@@ -139,27 +141,21 @@ inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
     write(a, "tracker_calls", m.trackers->calls);
     if (m.trackers->last_step) write(a, "tracker_last_step", *m.trackers->last_step);
   }
-}
-inline void write_settings(torch::serialize::OutputArchive& a, const Settings& s) {
-  std::int64_t code = 0;
-  while (code < std::int64_t(precision_names.size()) && s.mixed_precision != precision_names[std::size_t(code)]) ++code;
-  write(a, "mixed_precision", code);
-  write(a, "gradient_accumulation_steps", s.gradient_accumulation_steps);
+  if (m.settings) {
+    std::int64_t code = 0;
+    while (code < std::int64_t(precision_names.size()) && m.settings->mixed_precision != precision_names[std::size_t(code)])
+      ++code;
+    write(a, "mixed_precision", code);
+    write(a, "gradient_accumulation_steps", m.settings->gradient_accumulation_steps);
+  }
 }
 
-//! Reads the settings of `accel_checkpoint.pt` from its bytes, when it records them (`path` names it in errors);
-//! every value is checked against what `Options` accepts.
-ACCEL_DECL std::optional<Settings> read_settings(std::span<const std::uint8_t> bytes, const std::string& path);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::optional<Settings> read_settings(std::span<const std::uint8_t> bytes, const std::string& path) {
-  torch::serialize::InputArchive a;
-  load_archive(a, bytes, path);
+//! The training settings of `accel_checkpoint.pt`'s archive, when it records them (`path` names it in errors); every
+//! value is checked against what `Options` accepts.
+inline std::optional<Settings> read_settings(torch::serialize::InputArchive& a, const std::string& path) {
   c10::IValue precision, steps;
-  bool has_precision = false, has_steps = false;
-  reading(path, [&] {
-    has_precision = a.try_read("mixed_precision", precision);
-    has_steps = a.try_read("gradient_accumulation_steps", steps);
-  });
+  const bool has_precision = a.try_read("mixed_precision", precision);
+  const bool has_steps = a.try_read("gradient_accumulation_steps", steps);
   if (!has_precision && !has_steps) return std::nullopt;
   if (!has_precision || !has_steps || !precision.isInt() || !steps.isInt())
     throw FileError(path, "damaged training settings: 'mixed_precision' and 'gradient_accumulation_steps' must both be integers");
@@ -171,7 +167,6 @@ ACCEL_DECL std::optional<Settings> read_settings(std::span<const std::uint8_t> b
                               std::to_string(std::numeric_limits<int>::max()) + ")");
   return Settings{precision_names[std::size_t(code)], n};
 }
-#endif
 
 //! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
 ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path);
@@ -203,6 +198,7 @@ ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string
   if (m.num_processes < 1 || m.models < 0 || m.optimizers < 0 || m.schedulers < 0 || m.loaders < 0 || m.custom < 0 ||
       (m.scaler != 0 && m.scaler != 1))
     throw FileError(path, "damaged checkpoint description: a negative count or an unknown scaler flag");
+  m.settings = reading(path, [&] { return read_settings(a, path); });
   return m;
 }
 #endif

@@ -100,7 +100,7 @@ struct Heartbeat {
     } catch (const std::exception&) {
     }
     auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
-    const std::string ended_key = b->prefix + "ended";  // EndedRank::key
+    const std::string ended_key = b->prefix + EndedRank::key_name;  // the attempt's prefix: EndedRank::key
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
     std::vector<std::uint8_t> written;  // the beat key's bytes as last written (sealed)

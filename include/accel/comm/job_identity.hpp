@@ -138,8 +138,12 @@ struct EndedRank {
   int signal = 0;    //!< the signal that killed it; 0: it exited with a code
   std::string what;  //!< "was killed by signal 9 (Killed)", "exited with code 1"
 
+  //! The key's name under an attempt's prefix (`job_prefix`).
+  static constexpr const char* key_name = "ended";
   //! The key a launcher writes it to, for attempt `generation` of job `id`.
-  [[nodiscard]] static std::string key(const std::string& id, int generation) { return job_prefix(id, generation) + "ended"; }
+  [[nodiscard]] static std::string key(const std::string& id, int generation) {
+    return job_prefix(id, generation) + key_name;
+  }
   //! "<rank> <signal> <what>".
   [[nodiscard]] std::string encode() const { return std::to_string(rank) + " " + std::to_string(signal) + " " + what; }
   //! The value `encode` wrote; nothing when it is not one.

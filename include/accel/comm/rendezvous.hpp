@@ -29,8 +29,8 @@
 //!    heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
 //! An exception that leaves `main` ends the process through `std::terminate` and `abort`: no destructor runs,
 //! nothing is freed, and the terminate handler publishes the failure (`Rendezvous::on_terminate`); preemption's
-//! `std::_Exit` likewise runs nothing. Checked by `mp.soak.*` (the example started many times in a row beside a
-//! CPU hog: no abnormal exit).
+//! `std::_Exit` likewise runs nothing. Checked by `example.train.exit_soak.*` (the example stopped and resumed many
+//! times in a row beside a CPU hog: no abnormal exit).
 
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/connect.hpp>

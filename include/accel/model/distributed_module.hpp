@@ -26,7 +26,7 @@
 //!   an error at its first gradient that says to call `model(x)`, never a silently different run.
 //! - Parameters changed between two backwards with no step of a prepared optimizer in between (the raw optimizer
 //!   stepped inside an accumulation window, where gradients are this rank's own) are found by their version
-//!   counters (`changed_parameter`); the accelerator warns.
+//!   counters, and so are gradients cleared inside the window (`open_window` / `close_window`); the accelerator warns.
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
@@ -131,8 +131,10 @@ class DistributedModule {
     bool sync = true;
     bool buffers_due = true;        // DDP's require_forward_param_sync: broadcast the buffers before the next forward
     bool entered = false;           // a forward with gradients went through the door since the last backward
-    std::vector<std::uint32_t> versions;  // the parameters' version counters at `snapshot_versions` (empty: none)
-    std::vector<std::int64_t> grads;      // after a backward under no_sync: each gradient's version (-1: none)
+    // After a backward under no_sync (an open accumulation window, `open_window`; empty: none): the parameters'
+    // version counters and each gradient's (-1: none).
+    std::vector<std::uint32_t> versions;
+    std::vector<std::int64_t> grads;
     std::vector<at::Tensor> buffers;  // the module's buffers, in registration order
     bool callback_queued = false;
     std::unique_ptr<PartitionReducer> zero;  // ZeRO stage 2: gradients reduced to their owners instead
@@ -250,55 +252,47 @@ class DistributedModule {
     state_->buffers_due = grad_enabled && state_->sync;
     if (grad_enabled) state_->entered = true;
   }
-  //! Whether a forward must go through the prepared model's call operator for a backward to be right: it broadcasts
-  //! buffers (DDP's `broadcast_buffers`). A backward after a forward that did not is an error naming the fix.
-  [[nodiscard]] bool needs_door() const noexcept { return broadcasts_buffers(); }
-
-  //! Records the parameters' version counters (every in-place change, an optimizer's step too, moves them).
-  void snapshot_versions() {
+  //! After a backward under `no_sync` (inside an accumulation window): records the parameters' version counters
+  //! (every in-place change moves them, an optimizer's step too) and the gradients the window's next backward adds
+  //! to, for `close_window`.
+  void open_window() {
     auto& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
     s.versions.clear();
-    for (const auto& p : s.params) s.versions.push_back(p.tensor._version());
-  }
-  //! Forgets the snapshots (a checkpoint was loaded into the parameters and gradients).
-  void forget_versions() {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->versions.clear();
-    state_->grads.clear();
-  }
-  //! After a backward under `no_sync` (inside an accumulation window): records the gradients it left, which the
-  //! window's next backward adds to (`cleared_gradient` finds one that something cleared or zeroed meanwhile).
-  void snapshot_gradients() {
-    auto& s = *state_;
-    std::lock_guard<std::mutex> lock(s.mu);
     s.grads.clear();
-    for (const auto& p : s.params) s.grads.push_back(p.tensor.grad().defined() ? std::int64_t(p.tensor.grad()._version()) : -1);
+    for (const auto& p : s.params) {
+      s.versions.push_back(p.tensor._version());
+      s.grads.push_back(p.tensor.grad().defined() ? std::int64_t(p.tensor.grad()._version()) : -1);
+    }
   }
-  //! The first parameter whose gradient of `snapshot_gradients` is gone or was changed in place since (an
-  //! optimizer's zero_grad inside the window); empty: none, or no snapshot. Forgets the snapshot.
-  [[nodiscard]] std::string cleared_gradient() {
+  //! What happened inside the window `open_window` recorded, by the first parameter concerned (empty: nothing).
+  struct WindowChanges {
+    std::string changed_parameter;  //!< changed in place: stepped on this rank's own gradients, unless a prepared
+                                    //!< optimizer's step (which steps only on synchronised ones) did it
+    std::string cleared_gradient;   //!< its gradient gone or changed in place (a zero_grad inside the window)
+  };
+  //! Before the next backward: compares with `open_window`'s record and forgets it (nothing without one).
+  [[nodiscard]] WindowChanges close_window() {
     auto& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
-    std::string out;
-    if (s.grads.size() == s.params.size())
-      for (std::size_t k = 0; k < s.params.size() && out.empty(); ++k) {
-        const auto& g = s.params[k].tensor.grad();
-        if (s.grads[k] >= 0 && (!g.defined() || std::int64_t(g._version()) != s.grads[k])) out = s.params[k].name;
+    WindowChanges out;
+    if (s.versions.size() == s.params.size() && s.grads.size() == s.params.size())
+      for (std::size_t k = 0; k < s.params.size(); ++k) {
+        const auto& p = s.params[k];
+        if (out.changed_parameter.empty() && p.tensor._version() != s.versions[k]) out.changed_parameter = p.name;
+        const auto& g = p.tensor.grad();
+        const bool cleared = s.grads[k] >= 0 && (!g.defined() || std::int64_t(g._version()) != s.grads[k]);
+        if (out.cleared_gradient.empty() && cleared) out.cleared_gradient = p.name;
       }
+    s.versions.clear();
     s.grads.clear();
     return out;
   }
-  //! The first parameter changed in place since `snapshot_versions` while the last backward's gradients were
-  //! local (it ran under `no_sync`: `snapshot_gradients`), if any; empty: none, or no such window. A change after a
-  //! synchronising backward used averaged gradients and keeps the replicas equal.
-  [[nodiscard]] std::string changed_parameter() const {
-    auto& s = *state_;
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (s.versions.size() != s.params.size() || s.grads.size() != s.params.size()) return {};
-    for (std::size_t k = 0; k < s.params.size(); ++k)
-      if (s.params[k].tensor._version() != s.versions[k]) return s.params[k].name;
-    return {};
+  //! Forgets `open_window`'s record (a checkpoint was loaded into the parameters and gradients).
+  void forget_window() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->versions.clear();
+    state_->grads.clear();
   }
   //! The trainable parameters, by name, in registration order.
   [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> named_parameters() const {
@@ -380,6 +374,9 @@ class DistributedModule {
     const auto t = s.params[b.params.front()].tensor.scalar_type();
     return t == at::kFloat || t == at::kDouble;
   }
+  // Whether a forward must go through the prepared model's call operator for a backward to be right: it brackets
+  // the buffers' broadcast (DDP's `broadcast_buffers`, buffers to send), whatever the number of processes.
+  static bool needs_door(const State& s) noexcept { return s.opt.broadcast_buffers && !s.buffers.empty(); }
   // The end of a backward through the module: the next backward needs a forward through the door again; a
   // synchronising one completes the all-reduce.
   static void end_of_backward(State& s) {
@@ -446,7 +443,7 @@ class DistributedModule {
 ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::size_t index) {
   auto& s = *sp;
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.entered && s.opt.broadcast_buffers && !s.buffers.empty())
+  if (!s.entered && needs_door(s))
     throw InvalidArgument(
         "accel: a backward through the prepared model followed a forward that did not go through it (model->forward(x), "
         "or a submodule called directly): the prepared model brackets its forward as DDP does, broadcasting rank 0's "

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -33,7 +34,9 @@ struct Checked : accel::Accelerator<accel::dist::from_env, accel::batches::per_p
 // What this process writes to its standard error while it lives (the accelerator's warnings), read by `text()`.
 class CaptureStderr {
  public:
-  explicit CaptureStderr(int rank) : path_("/tmp/accel_mp_stderr_" + std::to_string(::getpid()) + "_" + std::to_string(rank)) {
+  explicit CaptureStderr(int rank)
+      : path_((std::filesystem::temp_directory_path() /
+               ("accel_mp_stderr_" + std::to_string(::getpid()) + "_" + std::to_string(rank))).string()) {
     std::fflush(stderr);
     saved_ = ::dup(2);
     const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
