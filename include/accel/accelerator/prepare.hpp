@@ -144,7 +144,8 @@ auto Accelerator<Policies...>::second_pass(T&& x) {
     AcceleratedScheduler<S> wrapped(std::move(x.scheduler), std::move(records),
                                     {.num_processes = num_processes(), .split_batches = config::split_batches,
                                      .step_with_optimizer = opt_.step_scheduler_with_optimizer, .always_once = opt_.scheduler_steps_once});
-    checkpointer_.add_scheduler({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
+    checkpointer_.add_scheduler({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); },
+                                 [wrapped](auto& a) { wrapped.check(a); }});
     return wrapped;
   } else {
     return std::forward<T>(x);

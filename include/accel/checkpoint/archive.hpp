@@ -14,13 +14,16 @@
 //!    LibTorch writes; a TorchScript source may be deflated, its declared size bounded), its local header, name and
 //!    data inside the file and before the central directory, and no more entries than the directory can hold.
 //!    Every record allocation is then bounded by the file's size (or 1 MiB for a deflated source).
-//!  - `check_pickle` on every `.pkl` member: each opcode known, each length and memo index bounded by the pickle's
-//!    own size.
+//!  - no two entries of one name (LibTorch would read either);
+//!  - `check_pickle` on every pickle member, run as LibTorch's unpickler would (Note [What a pickle can declare] in
+//!    pickle.hpp): each length and memo index bounded by the pickle's own size, each storage exactly the size of
+//!    its record, each tensor inside its storage.
 //! What remains is LibTorch's: the TorchScript source in `code/` is compiled by its recursive-descent parser, which
 //! a file crafted with thousands of nested brackets could drive into deep recursion; `check_zip` caps each stored
 //! source record's bracket nesting (an archive written by accel nests a handful). LibTorch deflates some source
 //! records; those are bounded in size (`max_source_bytes`) but their nesting is left to LibTorch's parser.
 
+#include <accel/checkpoint/pickle.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
@@ -35,6 +38,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,74 +54,6 @@ inline std::uint64_t le(std::span<const std::uint8_t> b, std::size_t at, std::si
   throw FileError(path, "not a readable LibTorch archive: " + what);
 }
 }  // namespace detail
-
-//! Checks the pickle `p` (a member of the archive `path`) opcode by opcode: every opcode one that LibTorch's
-//! unpickler knows, every length inside the pickle, every memo index no larger than the memo so far.
-ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member) {
-  auto fail = [&](const std::string& what) { detail::damaged(path, std::string(member) + ": " + what); };
-  std::size_t i = 0;
-  std::uint64_t memo = 0;
-  auto need = [&](std::uint64_t n) {
-    if (n > p.size() - i) fail("truncated at byte " + std::to_string(i));
-  };
-  auto arg = [&](std::size_t n) {
-    need(n);
-    const auto v = detail::le(p, i, n);
-    i += n;
-    return v;
-  };
-  auto line = [&] {
-    while (i < p.size() && p[i] != '\n') ++i;
-    need(1);
-    ++i;
-  };
-  auto put = [&](std::uint64_t id) {
-    if (id > memo) fail("memo index " + std::to_string(id) + " out of order");
-    if (id == memo) ++memo;
-  };
-  while (true) {
-    need(1);
-    const std::uint8_t op = p[i++];
-    switch (op) {
-      case '.':  // STOP
-        return;
-      case '(': case '0': case '1': case '2': case 'N': case 0x88: case 0x89: case ')': case ']': case '}': case 'a':
-      case 'e': case 's': case 'u': case 't': case 0x85: case 0x86: case 0x87: case 'b': case 'R': case 0x81:
-      case 'Q': case 0x8f: case 0x90: case 0x91: case 0x92: case 0x93: case 'l': case 'd':
-        break;
-      case 0x94:  // MEMOIZE
-        put(memo);
-        break;
-      case 0x80: case 'K': case 'h': arg(1); break;  // PROTO, BININT1, BINGET
-      case 'M': arg(2); break;                       // BININT2
-      case 'J': case 'j': arg(4); break;             // BININT, LONG_BINGET
-      case 'G': case 0x95: arg(8); break;            // BINFLOAT, FRAME
-      case 'q': put(arg(1)); break;                  // BINPUT
-      case 'r': put(arg(4)); break;                  // LONG_BINPUT
-      case 0x8a: case 0x8c: case 'C': case 'U': { const auto n = arg(1); need(n); i += n; break; }  // 1-byte lengths
-      case 0x8b: case 'X': case 'B': case 'T': { const auto n = arg(4); need(n); i += n; break; }   // 4-byte lengths
-      case 0x8d: case 0x8e: case 0x96: { const auto n = arg(8); need(n); i += std::size_t(n); break; }  // 8-byte lengths
-      case 'c': line(); line(); break;  // GLOBAL module\nname\n
-      case 'I': case 'L': case 'S': case 'V': case 'F': case 'g': case 'P': line(); break;
-      case 'p': {  // PUT id\n
-        const auto start = i;
-        line();
-        std::uint64_t id = 0;
-        for (auto k = start; k + 1 < i; ++k) {
-          if (p[k] < '0' || p[k] > '9' || id > memo) fail("bad memo index");
-          id = id * 10 + (p[k] - '0');
-        }
-        put(id);
-        break;
-      }
-      default:
-        fail("unknown pickle opcode " + std::to_string(op) + " at byte " + std::to_string(i - 1));
-    }
-  }
-}
-#endif
 
 //! The largest TorchScript source record accepted: an archive written by accel holds a few hundred bytes each.
 inline constexpr std::uint64_t max_source_bytes = 1u << 20;
@@ -152,6 +88,8 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
   if (count == 0 || count > cd_size / 46) detail::damaged(path, std::to_string(count) + " entries cannot fit the central directory");
   std::size_t c = std::size_t(cd_off);
   const std::size_t cd_end = std::size_t(cd_off + cd_size);
+  std::unordered_map<std::string_view, std::uint64_t> sizes;  // every record's, by name
+  std::vector<std::pair<std::string_view, std::span<const std::uint8_t>>> pickles;
   for (std::uint64_t e = 0; e < count; ++e) {
     if (cd_end - c < 46 || le(b, c, 4) != 0x02014b50) detail::damaged(path, "bad central directory entry " + std::to_string(e));
     const auto method = le(b, c + 10, 2);
@@ -186,12 +124,13 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
     const auto data = local + 30 + le(b, std::size_t(local) + 26, 2) + le(b, std::size_t(local) + 28, 2);
     if (data > cd_off || comp > cd_off - data)
       detail::damaged(path, std::string(name) + ": record of " + std::to_string(comp) + " bytes outside the file");
+    if (!sizes.emplace(name, size).second) detail::damaged(path, "two records named " + std::string(name));
     if (deflated) {
       c += 46 + name_len + extra_len + comment_len;
       continue;
     }
     const auto record = b.subspan(std::size_t(data), std::size_t(size));
-    if (name.ends_with("pkl")) check_pickle(record, path, name);  // data.pkl, constants.pkl, *.debug_pkl
+    if (name.ends_with("pkl")) pickles.emplace_back(name, record);  // data.pkl, constants.pkl, *.debug_pkl
     if (source) {
       int depth = 0;
       for (const auto ch : record) {
@@ -201,6 +140,11 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
     }
     c += 46 + name_len + extra_len + comment_len;
   }
+  const RecordSize record_size = [&](std::string_view name) -> std::optional<std::uint64_t> {
+    const auto it = sizes.find(name);
+    return it == sizes.end() ? std::nullopt : std::optional(it->second);
+  };
+  for (const auto& [name, record] : pickles) check_pickle(record, path, name, record_size);
 }
 #endif
 

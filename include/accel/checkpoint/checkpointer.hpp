@@ -232,7 +232,10 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     check_module(*models_[i], models.back().archive, models.back().path, "");
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i), p.device));
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open(indexed("scheduler", i), p.device));
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    schedulers.push_back(open(indexed("scheduler", i), p.device));
+    if (schedulers_[i].check) reading(schedulers.back().path, [&] { schedulers_[i].check(schedulers.back().archive); });
+  }
   std::optional<Opened> scaler;
   if (scaler_) scaler = open(scaler_file, p.device);
   std::vector<Opened> customs;

@@ -14,6 +14,7 @@
 //!
 //! Both are handles: copies share one wrapper (the `Accelerator` keeps one for checkpoints, the loop another).
 
+#include <accel/error.hpp>
 #include <accel/state/gradient_state.hpp>
 #include <accel/optim/grad_scaler.hpp>
 #include <accel/optim/sharded.hpp>
@@ -24,7 +25,9 @@
 
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -172,21 +175,43 @@ class AcceleratedScheduler {
     }
     a.write("accel_steps", c10::IValue(s_->count));
   }
+  //! Restores what `save` wrote; a state `check` refuses changes nothing.
   void load(torch::serialize::InputArchive& a) {
-    c10::IValue v;
+    check(a);
     if constexpr (SavesState<Scheduler>) {
       torch::serialize::InputArchive inner;
       a.read("scheduler", inner);
       s_->sched->load(inner);
     } else {
-      a.read("step_count", v);
-      detail::SchedulerAccess::step_count(*s_->sched) = unsigned(v.toInt());
+      detail::SchedulerAccess::step_count(*s_->sched) = unsigned(counter(a, "step_count", std::numeric_limits<unsigned>::max()));
     }
-    a.read("accel_steps", v);
-    s_->count = v.toInt();
+    s_->count = counter(a, "accel_steps", std::numeric_limits<std::int64_t>::max());
+  }
+  //! Refuses (`InvalidArgument` naming the field) a state this scheduler cannot take, changing nothing: a counter
+  //! outside what it is kept in (LibTorch's step count is an unsigned int), or the inner scheduler's own refusal.
+  void check(torch::serialize::InputArchive& a) const {
+    if constexpr (SavesState<Scheduler>) {
+      if constexpr (requires(torch::serialize::InputArchive& i) { s_->sched->check(i); }) {
+        torch::serialize::InputArchive inner;
+        a.read("scheduler", inner);
+        s_->sched->check(inner);
+      }
+    } else {
+      counter(a, "step_count", std::numeric_limits<unsigned>::max());
+    }
+    counter(a, "accel_steps", std::numeric_limits<std::int64_t>::max());
   }
 
  private:
+  // The counter `key` of a saved state: an integer from 0 to `most`.
+  static std::int64_t counter(torch::serialize::InputArchive& a, const char* key, std::int64_t most) {
+    c10::IValue v;
+    a.read(key, v);
+    if (!v.isInt() || v.toInt() < 0 || v.toInt() > most)
+      throw InvalidArgument(std::string("scheduler state '") + key + "' is " + (v.isInt() ? std::to_string(v.toInt()) : v.tagKind()) +
+                            ", outside [0, " + std::to_string(most) + "]");
+    return v.toInt();
+  }
   // [accelerate:scheduler.py AcceleratedScheduler.step]
   template <class... Args>
   void step_with(Args... args) {

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <numbers>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -110,8 +111,16 @@ inline double* momentum_slot(torch::optim::OptimizerOptions& o) {
   return nullptr;
 }
 
+//! The values a loaded field may take: what the scheduler's constructor accepts (a saved state read from elsewhere
+//! must not divide by zero, index past a group, or step a counter it cannot hold).
+template <class T>
+struct Bounds {
+  T least = std::numeric_limits<T>::lowest(), most = std::numeric_limits<T>::max();
+};
+
 //! A scheduler's state fields, listed once (`fields(StateIO&)`) for both directions: each call writes the field
-//! into the archive when saving, or reads it back when loading.
+//! into the archive when saving, or reads it back when loading; a value read outside its bounds, or a per-group
+//! list of another length, is an `InvalidArgument` naming the field (and the loader names the file).
 class StateIO {
  public:
   explicit StateIO(torch::serialize::OutputArchive& a) : out_(&a) {}
@@ -123,6 +132,31 @@ class StateIO {
   void operator()(const std::string& key, bool& v) { io(key, v, &c10::IValue::toBool); }
   void operator()(const std::string& key, std::vector<double>& v) { io(key, v, &c10::IValue::toDoubleVector); }
   void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
+  //! A number within `b` (NaN is never within).
+  template <class T>
+    requires std::same_as<T, std::int64_t> || std::same_as<T, double>
+  void operator()(const std::string& key, T& v, Bounds<T> b) {
+    T x = v;
+    (*this)(key, x);
+    if (!(x >= b.least && x <= b.most))
+      throw InvalidArgument("scheduler state '" + key + "' is " + text(x) + ", outside [" + text(b.least) + ", " +
+                            text(b.most) + "]");
+    v = x;
+  }
+  //! One number per parameter group (`groups`), each finite.
+  void per_group(const std::string& key, std::vector<double>& v, std::size_t groups) { exactly(key, v, groups); }
+  //! A list of `count` values (each finite, for numbers).
+  template <class T>
+  void exactly(const std::string& key, std::vector<T>& v, std::size_t count) {
+    std::vector<T> x = v;
+    (*this)(key, x);
+    if (x.size() != count)
+      throw InvalidArgument("scheduler state '" + key + "' has " + std::to_string(x.size()) + " values, this scheduler " +
+                            std::to_string(count) + " (one per parameter group, or per scheduler)");
+    for (const auto e : x)
+      if (!std::isfinite(double(e))) throw InvalidArgument("scheduler state '" + key + "' holds " + text(e));
+    v = std::move(x);
+  }
   //! A two-valued enum, kept as the bool `v == when_true`.
   template <class E>
     requires std::is_enum_v<E>
@@ -156,6 +190,16 @@ class StateIO {
       v = (x.*read)();
     }
   }
+  template <class T>
+  static std::string text(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      std::ostringstream s;
+      s << v;
+      return s.str();
+    } else {
+      return std::to_string(v);
+    }
+  }
   torch::serialize::OutputArchive* out_ = nullptr;
   torch::serialize::InputArchive* in_ = nullptr;
 };
@@ -172,6 +216,28 @@ class SavedFields {
   void load(torch::serialize::InputArchive& a) {
     StateIO io(a);
     static_cast<Derived&>(*this).fields(io);
+  }
+  //! Refuses a state that `load` would refuse, and leaves this one as it was: loads it, then puts back its own.
+  void check(torch::serialize::InputArchive& a) {
+    std::ostringstream kept;
+    {
+      torch::serialize::OutputArchive own;
+      save(own);
+      own.save_to(kept);
+    }
+    auto put_back = [&] {
+      std::istringstream in(kept.str());
+      torch::serialize::InputArchive own;
+      own.load_from(in);
+      load(own);
+    };
+    try {
+      load(a);
+    } catch (...) {
+      put_back();
+      throw;
+    }
+    put_back();
   }
 };
 }  // namespace detail
@@ -227,10 +293,10 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   [[nodiscard]] virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
   //! The state `save` writes and `load` reads, each field listed once; derived classes add theirs.
   virtual void fields(detail::StateIO& io) {
-    io("last_epoch", last_epoch_);
-    io("step_count", step_count_py_);
-    io("base_lrs", base_lrs_);
-    io("last_lr", last_lr_);
+    io("last_epoch", last_epoch_, detail::Bounds<std::int64_t>{-1});
+    io("step_count", step_count_py_, detail::Bounds<std::int64_t>{0});
+    io.per_group("base_lrs", base_lrs_, opt_.param_groups().size());
+    io.per_group("last_lr", last_lr_, opt_.param_groups().size());
   }
 
   // [torch:optim/lr_scheduler.py LRScheduler._initial_step]

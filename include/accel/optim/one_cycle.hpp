@@ -70,16 +70,19 @@ class OneCycleLR : public ExactScheduler {
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
-    io("total_steps", o_.total_steps);
-    io("pct_start", o_.pct_start);
+    const auto groups = opt_.param_groups().size();
+    io("total_steps", o_.total_steps, detail::Bounds<std::int64_t>{1, std::int64_t(1) << 52});  // exact as a double
+    io("pct_start", o_.pct_start, detail::Bounds<double>{0.0, 1.0});
     io("three_phase", o_.three_phase);
     io("anneal_cos", o_.anneal_strategy, Anneal::cos, Anneal::linear);
     io("cycle_momentum", o_.cycle_momentum);
+    if (io.reading() && o_.cycle_momentum && !detail::momentum_slot(opt_.defaults()))
+      throw InvalidArgument("scheduler state 'cycle_momentum' is true, and this optimizer has no momentum or beta1");
     // What PyTorch keeps in the optimizer's groups (initial_lr is base_lrs).
-    io("max_lr", max_lrs_);
-    io("min_lr", min_lrs_);
-    io("max_momentum", max_m_);
-    io("base_momentum", base_m_);
+    io.per_group("max_lr", max_lrs_, groups);
+    io.per_group("min_lr", min_lrs_, groups);
+    io.exactly("max_momentum", max_m_, o_.cycle_momentum ? groups : 0);
+    io.exactly("base_momentum", base_m_, o_.cycle_momentum ? groups : 0);
     if (io.reading()) phases_ = make_phases();
   }
 

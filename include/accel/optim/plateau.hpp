@@ -75,18 +75,20 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
   }
   void fields(detail::StateIO& io) {
     io("mode_max", o_.mode, PlateauMode::max, PlateauMode::min);
-    io("factor", o_.factor);
+    const auto groups = opt_.param_groups().size();
+    constexpr auto counter = detail::Bounds<std::int64_t>{0};
+    io("factor", o_.factor, detail::Bounds<double>{std::numeric_limits<double>::lowest(), std::nextafter(1.0, 0.0)});
     io("patience", o_.patience);
     io("threshold", o_.threshold);
     io("threshold_abs", o_.threshold_mode, ThresholdMode::abs, ThresholdMode::rel);
     io("cooldown", o_.cooldown);
-    io("min_lrs", min_lrs_);
+    io.per_group("min_lrs", min_lrs_, groups);
     io("eps", o_.eps);
-    io("last_epoch", last_epoch_);
-    io("last_lr", last_lr_);
-    io("best", best_);
-    io("num_bad_epochs", num_bad_epochs_);
-    io("cooldown_counter", cooldown_counter_);
+    io("last_epoch", last_epoch_, counter);
+    io.per_group("last_lr", last_lr_, groups);
+    io("best", best_);  // infinite until a first metric
+    io("num_bad_epochs", num_bad_epochs_, counter);
+    io("cooldown_counter", cooldown_counter_);  // from cooldown, which may be negative
   }
   void reset() {
     best_ = mode_worse();

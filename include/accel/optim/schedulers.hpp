@@ -61,8 +61,8 @@ class StepLR : public ExactScheduler {
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
-    io("step_size", step_size_);
-    io("gamma", gamma_);
+    io("step_size", step_size_, detail::Bounds<std::int64_t>{1});
+    io("gamma", gamma_, detail::Bounds<double>{});
   }
 
  private:
@@ -93,7 +93,8 @@ class MultiStepLR : public ExactScheduler {
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
     io("milestones", milestones_);
-    io("gamma", gamma_);
+    io("gamma", gamma_, detail::Bounds<double>{});
+    if (io.reading()) std::ranges::sort(milestones_);  // the order get_lr's bisection needs
   }
 
  private:
@@ -119,7 +120,7 @@ class ExponentialLR : public ExactScheduler {
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
-    io("gamma", gamma_);
+    io("gamma", gamma_, detail::Bounds<double>{});
   }
 
  private:
@@ -152,9 +153,9 @@ class LinearLR : public ExactScheduler {
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
-    io("start_factor", start_);
-    io("end_factor", end_);
-    io("total_iters", total_);
+    io("start_factor", start_, detail::Bounds<double>{std::numeric_limits<double>::min(), 1.0});
+    io("end_factor", end_, detail::Bounds<double>{0.0, 1.0});
+    io("total_iters", total_, detail::Bounds<std::int64_t>{0});
   }
 
  private:
@@ -199,8 +200,8 @@ class CosineAnnealingLR : public ExactScheduler {
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
-    io("T_max", t_max_);
-    io("eta_min", eta_min_);
+    io("T_max", t_max_, detail::Bounds<std::int64_t>{1, std::numeric_limits<std::int64_t>::max() / 2});
+    io("eta_min", eta_min_, detail::Bounds<double>{});
   }
 
  private:
@@ -269,9 +270,9 @@ class SequentialLR : public ExactScheduler {
  protected:
   //! Its own epoch, milestones and last rates, and each scheduler's state (PyTorch's `_schedulers`).
   void fields(detail::StateIO& io) override {
-    io("last_epoch", last_epoch_);
-    io("last_lr", last_lr_);
-    io("milestones", milestones_);
+    io("last_epoch", last_epoch_, detail::Bounds<std::int64_t>{0});
+    io.per_group("last_lr", last_lr_, opt_.param_groups().size());
+    io.exactly("milestones", milestones_, subs_.size() - 1);
     for (std::size_t i = 0; i < subs_.size(); ++i) io.nested("scheduler_" + std::to_string(i), *subs_[i]);
   }
   void advance() override {

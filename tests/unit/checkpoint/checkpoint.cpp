@@ -288,3 +288,33 @@ TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error 
   }
   fs::remove_all(base);
 }
+
+TEST_CASE("resume: a scheduler state from elsewhere with a counter out of range is refused naming the file and the field",
+          "[accelerator][checkpoint]") {
+  namespace fs = std::filesystem;
+  namespace ck = accel::checkpoint;
+  accel::ProcessState::reset();
+  const auto dir = fs::temp_directory_path() / ("accel_forged_scheduler_" + std::to_string(::getpid()));
+  train_toy(11, 4, 5, dir.string(), "");
+  // The scheduler's file rewritten with LibTorch's step count at -1 (4294967295 once truncated to its unsigned),
+  // and the manifest rewritten to match: the file is what the manifest lists, not what accel wrote.
+  const auto file = (dir / ck::indexed("scheduler", 0)).string();
+  torch::serialize::InputArchive in;
+  in.load_from(file);
+  torch::serialize::OutputArchive out;
+  for (const auto& k : in.keys()) {
+    c10::IValue v;
+    in.read(k, v);
+    out.write(k, k == "step_count" ? c10::IValue(std::int64_t(-1)) : v);
+  }
+  out.save_to(file);
+  ck::Manifest::of_directory(dir).write(dir);
+  try {
+    load_like_toy(dir, {.gradient_accumulation_steps = 2});
+    FAIL("loaded a scheduler step count of -1");
+  } catch (const accel::FileError& e) {
+    CHECK(e.path() == file);
+    CHECK_THAT(e.what(), Catch::Contains("scheduler state 'step_count' is -1, outside [0, 4294967295]"));
+  }
+  fs::remove_all(dir);
+}

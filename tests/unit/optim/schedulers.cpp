@@ -400,3 +400,83 @@ TEST_CASE("schedulers: prepared by the Accelerator, stepped with the optimizer, 
   for (std::size_t k = 0; k < resumed.size(); ++k) CHECK(resumed[k] == straight[k + 7]);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+// `s`'s saved state with the field `key` replaced by `value` (a state from elsewhere), as an archive to load.
+template <class Scheduler>
+torch::serialize::InputArchive forged_state(const Scheduler& s, const std::string& key, const c10::IValue& value) {
+  torch::serialize::OutputArchive out;
+  s.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive saved;
+  std::istringstream read(bytes.str());
+  saved.load_from(read);
+  torch::serialize::OutputArchive changed;
+  for (const auto& k : saved.keys()) {
+    c10::IValue v;
+    saved.read(k, v);
+    changed.write(k, k == key ? value : v);
+  }
+  std::ostringstream again;
+  changed.save_to(again);
+  torch::serialize::InputArchive in;
+  std::istringstream read_again(again.str());
+  in.load_from(read_again);
+  return in;
+}
+}  // namespace
+
+TEST_CASE("schedulers: a saved state outside what the constructor accepts is refused naming the field, nothing changed",
+          "[schedulers]") {
+  Fixture f("sgd");
+  accel::StepLR step(*f.opt, 3, 0.5);
+  step.step();
+  const auto epoch = step.last_epoch();
+  const auto lrs = step.get_last_lr();
+  auto refused = [&](auto& s, const std::string& key, const c10::IValue& value, const std::string& message) {
+    auto in = forged_state(s, key, value);
+    CHECK_THROWS_WITH(s.check(in), Catch::Contains(message));
+    auto again = forged_state(s, key, value);
+    CHECK_THROWS_WITH(s.load(again), Catch::Contains(message));
+  };
+  // A step size of 0 divides by zero at the next step; negative counters; a rate list of another length.
+  refused(step, "step_size", std::int64_t(0), "scheduler state 'step_size' is 0, outside [1, ");
+  refused(step, "last_epoch", std::int64_t(-5), "'last_epoch' is -5, outside [-1, ");
+  refused(step, "step_count", std::int64_t(-1), "'step_count' is -1, outside [0, ");
+  refused(step, "gamma", std::nan(""), "'gamma' is nan");
+  refused(step, "base_lrs", c10::IValue(std::vector<double>{0.1}), "'base_lrs' has 1 values, this scheduler 2");
+  CHECK(step.last_epoch() == epoch);  // check puts back the state it tried; load checks before it assigns
+  CHECK(step.get_last_lr() == lrs);
+  accel::CosineAnnealingLR cosine(*f.opt, 4);
+  refused(cosine, "T_max", std::int64_t(0), "'T_max' is 0");
+  accel::OneCycleLR cycle(*f.opt, {1.0}, {.total_steps = 5});
+  refused(cycle, "pct_start", 1.5, "'pct_start' is 1.5, outside [0, 1]");
+  refused(cycle, "max_momentum", c10::IValue(std::vector<double>{}), "'max_momentum' has 0 values, this scheduler 2");
+  Fixture g("sgd");
+  accel::ReduceLROnPlateau plateau(*g.opt);
+  refused(plateau, "factor", 1.0, "'factor' is 1");
+  refused(plateau, "num_bad_epochs", std::int64_t(-2), "'num_bad_epochs' is -2");
+  auto a = std::make_shared<accel::StepLR>(*g.opt, 2);
+  accel::SequentialLR sequence(*g.opt, {a, std::make_shared<accel::StepLR>(*g.opt, 3)}, {4});
+  refused(sequence, "milestones", c10::IValue(std::vector<std::int64_t>{}), "'milestones' has 0 values, this scheduler 1");
+  // A valid but different state loads.
+  auto other = forged_state(step, "step_size", std::int64_t(7));
+  CHECK_NOTHROW(step.load(other));
+}
+
+TEST_CASE("schedulers: LibTorch's scheduler counters are range-checked in the type they are read into", "[schedulers]") {
+  Fixture f("sgd");
+  accel::AcceleratedScheduler<torch::optim::StepLR> wrapped(std::make_shared<torch::optim::StepLR>(*f.opt, 3, 0.5), {}, {});
+  auto refused = [&](const std::string& key, std::int64_t value, const std::string& message) {
+    auto in = forged_state(wrapped, key, value);
+    CHECK_THROWS_WITH(wrapped.check(in), Catch::Contains(message));
+    auto again = forged_state(wrapped, key, value);
+    CHECK_THROWS_WITH(wrapped.load(again), Catch::Contains(message));
+  };
+  refused("step_count", -1, "scheduler state 'step_count' is -1, outside [0, 4294967295]");
+  refused("step_count", std::int64_t(1) << 40, "'step_count' is 1099511627776, outside [0, 4294967295]");
+  refused("accel_steps", -5, "'accel_steps' is -5, outside [0, ");
+  auto fine = forged_state(wrapped, "step_count", std::int64_t(4));
+  CHECK_NOTHROW(wrapped.load(fine));
+}
