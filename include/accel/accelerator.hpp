@@ -92,7 +92,8 @@ class Accelerator {
       detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
                                                  "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
       scaler_ = std::make_shared<GradScaler>(state_.device(), state_.comm(), o.scaler);
-      checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); }});
+      checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); },
+                                [s = scaler_](auto& a) { s->check(a); }});
     }
   }
   Accelerator(Accelerator&&) = default;  // the step boundary hook follows it (bind_boundary_hook)

@@ -14,6 +14,11 @@
 #include "../support/readers.hpp"
 
 #include <accel/checkpoint/checkpointer.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/config.hpp>
+#include <accel/data/prepare.hpp>
+#include <accel/optim/accelerated.hpp>
+#include <accel/optim/schedulers.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
@@ -21,6 +26,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/schedulers/step_lr.h>
 #include <catch2/catch.hpp>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -162,7 +168,8 @@ Bytes bytes_of(torch::serialize::OutputArchive& a) {
 }
 
 mutate::Format archive_format(std::string name, Bytes seed, Bytes donor = {}) {
-  mutate::Format f{std::move(name), std::move(seed), std::move(donor), mutate::zip::regions, mutate::zip::size_fields, mutate::zip::fix_crcs};
+  mutate::Format f{std::move(name), std::move(seed), std::move(donor), mutate::zip::regions, mutate::zip::size_fields,
+                   mutate::zip::fix_crcs, mutate::zip::numbers};
   return f;
 }
 
@@ -183,8 +190,10 @@ std::size_t cpu_state_bytes() { return accel::generator_bytes(at::detail::getDef
 
 accel::checkpoint::ProcessRecord sample_record() {
   accel::checkpoint::ProcessRecord r{7, accel::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
-  r.loaders.push_back({2, 5, r.rng_cpu});
-  r.loaders.push_back({0, 0, {}});
+  // A shuffled loader 5 batches into its third epoch (2 processes, 8 samples a step), and a sequential one unstarted.
+  r.loaders.push_back({.epoch = 2, .batches = 5, .generator_state = r.rng_cpu, .position = 40, .processes = 2,
+                       .drawn_by = 2, .samples = 100, .batch_size = 4});
+  r.loaders.push_back({.position = 0, .processes = 2, .drawn_by = 2, .samples = 10, .batch_size = 1});
   return r;
 }
 
@@ -213,11 +222,12 @@ TEST_CASE("hostile files: a process record (step, generator and loader states)",
   const auto r = sample_record();
   Bytes blob;
   accel::serialize(r, blob);
-  // The counts of the layout: step, rng_cpu, rng_device, loaders (each: epoch, batches, generator state).
+  // The counts of the layout: step, rng_cpu, rng_device, loaders (each: epoch, batches, generator state, then six
+  // integers and a one-byte flag: 73 bytes and the state).
   auto fields = [n = r.rng_cpu.size()](std::span<const std::uint8_t>) {
     std::vector<mutate::Field> out{{8, 8}, {16 + n, 8}, {24 + n, 8}};
     out.push_back({32 + n + 16, 8});
-    out.push_back({32 + n + 24 + n + 16, 8});
+    out.push_back({32 + n + 73 + n + 16, 8});
     return out;
   };
   mutate::Format f{"process record", blob, {}, {}, fields, {}};
@@ -302,7 +312,8 @@ TEST_CASE("hostile files: damaged checkpoints through Checkpointer::load, the ma
   const auto root = fs::temp_directory_path() / ("accel_fuzz_" + std::to_string(::getpid()));
   const auto dir = root / "ckpt";
   auto [model, opt] = trained();
-  accel::data::LoaderState loader{1, 3, accel::generator_bytes(at::detail::getDefaultCPUGenerator())};
+  accel::data::LoaderState loader{.epoch = 1, .batches = 3, .generator_state = accel::generator_bytes(at::detail::getDefaultCPUGenerator()),
+                                  .position = 12, .processes = 1, .drawn_by = 1, .samples = 50, .batch_size = 4};
   accel::checkpoint::Checkpointer ck;
   ck.add_model(model.ptr());
   ck.add_optimizer({[o = opt](auto& a) { o->save(a); }, [o = opt](auto& a) { o->load(a); }});
@@ -349,6 +360,165 @@ TEST_CASE("hostile files: damaged checkpoints through Checkpointer::load, the ma
   for (const auto& f : s.failures) UNSCOPED_INFO(f);
   CHECK(s.failure_count == 0);
   CHECK(s.rejected > n * 9 / 10);
+  CHECK(refused.load() == 0);
+  fs::remove_all(root);
+}
+
+namespace {
+
+// Whether every element `t` addresses lies inside its storage (what LibTorch never compares).
+bool inside_storage(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return true;
+  std::int64_t last = t.storage_offset();
+  for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return t.storage_offset() >= 0 && std::uint64_t(last + 1) * t.element_size() <= t.storage().nbytes();
+}
+
+// 50 samples, batches of 4, shuffled by a generator of its own, on one process.
+auto shuffled_loader() {
+  return accel::data::prepare_data_loader<accel::CheckedConfig<accel::dist::gloo>>(
+      accel::data::DataLoader(accel::data::RangeDataset<std::vector<std::int64_t>>(std::vector<std::int64_t>(50)),
+                              {.batch_size = 4, .shuffle = true, .seed = 9}),
+      accel::data::PrepareContext{1, 0, nullptr});
+}
+
+// A job's registered objects, as the Accelerator registers them: a model, its Adam (AcceleratedOptimizer), an
+// accel::StepLR and a LibTorch StepLR (AcceleratedScheduler), a shuffled prepared loader, a GradScaler and a custom
+// object; `train` runs a step of all of it and an epoch of the loader.
+struct Job {
+  torch::nn::Sequential model = small_model();
+  std::shared_ptr<torch::optim::Adam> adam = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  accel::AcceleratedOptimizer<torch::optim::Adam> opt{adam};
+  accel::AcceleratedScheduler<accel::StepLR> exact{std::make_shared<accel::StepLR>(*adam, 3, 0.5), {}, {}};
+  accel::AcceleratedScheduler<torch::optim::StepLR> libtorch{std::make_shared<torch::optim::StepLR>(*adam, 2, 0.9), {}, {}};
+  decltype(shuffled_loader()) loader = shuffled_loader();
+  std::shared_ptr<accel::GradScaler> scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU));
+  std::vector<double> custom{1.0, 2.0, 3.0};
+  accel::checkpoint::Checkpointer ck;
+
+  Job() {
+    ck.add_model(model.ptr());
+    ck.add_optimizer({[o = opt](auto& a) { o.save(a); }, [o = opt](auto& a) mutable { o.load(a); }, [o = opt](auto& a) { o.check(a); }});
+    ck.add_scheduler({[s = exact](auto& a) { s.save(a); }, [s = exact](auto& a) mutable { s.load(a); }, [s = exact](auto& a) { s.check(a); }});
+    ck.add_scheduler({[s = libtorch](auto& a) { s.save(a); }, [s = libtorch](auto& a) mutable { s.load(a); },
+                      [s = libtorch](auto& a) { s.check(a); }});
+    ck.add_loader({[l = loader] { return l.state_dict(); },
+                   [l = loader](const accel::data::LoaderState& s) mutable { l.load_state_dict(s, accel::data::GlobalGenerator::restored_by_caller); },
+                   [l = loader](const accel::data::LoaderState& s) { return l.state_mismatch(s); },
+                   [l = loader](const accel::data::LoaderState& s) { return l.state_unreachable(s); }});
+    ck.set_scaler({[s = scaler](auto& a) { s->save(a); }, [s = scaler](auto& a) { s->load(a); }, [s = scaler](auto& a) { s->check(a); }});
+    ck.add_custom(accel::checkpoint::Custom::of(custom));
+  }
+  // One training step and one epoch of the loader (its first batches, then the rest after a save).
+  void train(std::int64_t batches) {
+    torch::manual_seed(1);
+    for (std::int64_t k = 0; k < batches; ++k) {
+      adam->zero_grad();
+      model->forward(torch::randn({4, 6})).pow(2).sum().backward();
+      opt.step();
+      exact.step();
+      libtorch.step();
+    }
+  }
+  // What a loaded state holds that a job could not have: "" if nothing.
+  std::string structural_problem() {
+    for (const auto& t : model->parameters()) if (!inside_storage(t)) return "a parameter outside its storage";
+    for (const auto& t : model->buffers()) if (!inside_storage(t)) return "a buffer outside its storage";
+    if (auto what = accel::optimizer_state_problem(*adam); !what.empty()) return what;
+    for (const auto& [key, state] : adam->state()) {
+      const auto& s = static_cast<const torch::optim::AdamParamState&>(*state);
+      if (!inside_storage(s.exp_avg()) || !inside_storage(s.exp_avg_sq())) return "an optimizer state outside its storage";
+    }
+    for (const double lr : exact->get_last_lr()) if (!std::isfinite(lr)) return "a scheduler rate that is not finite";
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to match is refused naming the file, or is a "
+          "structurally valid state that trains and saves",
+          "[fuzz][forged]") {
+  arm();
+  refused = 0;
+  namespace fs = std::filesystem;
+  const auto root = fs::temp_directory_path() / ("accel_forged_" + std::to_string(::getpid()));
+  const auto dir = root / "ckpt", work = root / "work", again = root / "again";
+  const accel::checkpoint::Checkpointer::Process p{0, 1, c10::Device(c10::kCPU), [] {}};
+  Job saver;
+  saver.train(5);
+  std::int64_t seen = 0;
+  for (const auto& b : saver.loader) {  // mid-epoch: a position, a generator state
+    (void)b;
+    if (++seen == 3) break;
+  }
+  saver.ck.save(dir, p, 1, false);
+  {
+    Job fresh;
+    REQUIRE(fresh.ck.load(dir, p) == 1);
+    REQUIRE(fresh.structural_problem().empty());
+  }
+  std::vector<mutate::Format> formats;  // every file the manifest lists
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (name == accel::checkpoint::manifest_file) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    Bytes b(std::istreambuf_iterator<char>(in), {});
+    formats.push_back(name.ends_with(".pt") ? archive_format(name, b) : mutate::Format{name, b, {}, {}, {}, {}});
+  }
+  std::sort(formats.begin(), formats.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  REQUIRE(formats.size() == 8);  // accel_checkpoint, custom_0, model, optimizer, process_0, scaler, scheduler, scheduler_1
+  const std::size_t n = std::max<std::size_t>(cases() / 10, 80);
+  std::size_t loaded = 0, rejected = 0, trained = 0;
+  std::vector<std::string> failures;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& f = formats[i % formats.size()];
+    fs::remove_all(work);
+    fs::copy(dir, work);
+    int kind = 0;
+    bool confined = false;
+    const auto b = mutate::mutant(f, seed(), i, kind, confined);
+    std::ofstream(work / f.name, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    accel::checkpoint::Manifest::of_directory(work).write(work);  // forged: the manifest lists the changed file
+    const std::string where = "case " + std::to_string(i) + " (" + mutate::kind_name(kind) + " of " + f.name + "): ";
+    Job job;
+    try {
+      job.ck.load(work, p);
+    } catch (...) {
+      // Refused: by the file it read (another file only when the description names what it holds).
+      const auto wrong = judge((work / f.name).string());
+      bool named = wrong.empty();
+      if (!named) try {
+          throw;
+        } catch (const std::exception& e) {
+          named = std::string(e.what()).find(f.name) != std::string::npos;  // an InvalidArgument naming the file
+        }
+      if (named) ++rejected;
+      else failures.push_back(where + wrong);
+      continue;
+    }
+    ++loaded;
+    if (const auto what = job.structural_problem(); !what.empty()) {
+      failures.push_back(where + "loaded " + what);
+      continue;
+    }
+    try {
+      job.train(2);
+      for (const auto& batch : job.loader) (void)batch;
+      fs::remove_all(again);
+      job.ck.save(again, p, 0, false);
+      ++trained;
+    } catch (const std::exception& e) {
+      failures.push_back(where + "loaded, then failed to train or save: " + e.what());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "forged checkpoints: " << n << " cases over " << formats.size() << " files (seed " << seed() << "): " << rejected
+            << " refused naming the file, " << loaded << " loaded (" << trained << " trained and saved again), in " << seconds << " s\n";
+  for (std::size_t k = 0; k < std::min<std::size_t>(failures.size(), 10); ++k) UNSCOPED_INFO(failures[k]);
+  CHECK(failures.empty());
+  CHECK(rejected + loaded == n);
   CHECK(refused.load() == 0);
   fs::remove_all(root);
 }

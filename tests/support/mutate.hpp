@@ -56,11 +56,14 @@ struct Format {
   std::function<std::vector<Field>(std::span<const std::uint8_t>)> size_fields;
   //! Repairs the format's own checksums after a mutation confined to a region.
   std::function<void(Bytes&)> fixup;
+  //! Numbers inside the regions (a pickle's integers: element counts, sizes, strides, options, counters), targets
+  //! of the plausible-number mutation, which then fixes up: a file from elsewhere, not damage.
+  std::function<std::vector<Field>(std::span<const std::uint8_t>)> numbers = {};
 };
 
-enum Kind { truncate, bit_flip, overwrite, huge_size, splice, kinds };
+enum Kind { truncate, bit_flip, overwrite, huge_size, splice, plausible_number, kinds };
 inline const char* kind_name(int k) {
-  static const char* names[] = {"truncate", "bit flip", "overwrite", "huge size", "splice"};
+  static const char* names[] = {"truncate", "bit flip", "overwrite", "huge size", "splice", "plausible number"};
   return names[k];
 }
 
@@ -93,7 +96,21 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
   auto pos = [&] { return where.offset + rng.below(where.size); };
   static const std::uint64_t huge[] = {~0ull, 1ull << 62, 1ull << 63, (1ull << 32) - 1, 1ull << 31, 0x7FFFFFFFull,
                                        (1ull << 62) + 1, 0x8000000000000001ull, 1ull << 40};
+  if (kind == plausible_number && !(f.numbers && !f.numbers(b).empty())) kind = overwrite;
   switch (kind) {
+    case plausible_number: {  // one integer becomes another that a writer could have written: 0, 1, 17, -1, its
+                              // neighbours, its double or half, the largest of its width
+      const auto fields = f.numbers(b);
+      const auto fl = fields[rng.below(fields.size())];
+      std::uint64_t v = 0;
+      for (std::size_t k = 0; k < fl.width; ++k) v |= std::uint64_t(b[fl.offset + k]) << (8 * k);
+      const std::uint64_t mask = fl.width >= 8 ? ~0ull : (1ull << (8 * fl.width)) - 1;
+      const std::uint64_t choices[] = {0, 1, 2, 3, 17, v + 1, v - 1, v * 2, v / 2, ~0ull, mask >> 1};
+      v = choices[rng.below(std::size(choices))] & mask;
+      for (std::size_t k = 0; k < fl.width; ++k) b[fl.offset + k] = std::uint8_t(v >> (8 * k));
+      confined = true;
+      break;
+    }
     case truncate: {
       std::vector<std::size_t> cuts = {0, 1, 2, 3, 4, 7, 8, 15, 16, 22, 30, 46, b.size() / 2};
       for (std::size_t k = 1; k <= 8 && k <= b.size(); ++k) cuts.push_back(b.size() - k);
@@ -250,6 +267,34 @@ inline void fix_crcs(Bytes& b) {
     put(b, m.local + 14, 4, crc);
     put(b, m.central + 16, 4, crc);
   }
+}
+//! The integers of the pickles (BININT1, BININT2, BININT and 8-byte LONG1 operands), in data.pkl and constants.pkl.
+inline std::vector<Field> numbers(std::span<const std::uint8_t> b) {
+  std::vector<Field> out;
+  for (const auto& m : members(b)) {
+    if (m.name.size() < 4 || m.name.compare(m.name.size() - 4, 4, ".pkl") != 0) continue;
+    for (std::size_t i = m.data, end = m.data + m.size; i < end;) {
+      const std::uint8_t op = b[i++];
+      std::size_t skip = 0;
+      switch (op) {
+        case 'K': out.push_back({i, 1}), skip = 1; break;
+        case 'M': out.push_back({i, 2}), skip = 2; break;
+        case 'J': out.push_back({i, 4}), skip = 4; break;
+        case 0x8a: skip = 1 + le(b, i, 1); if (le(b, i, 1) == 8) out.push_back({i + 1, 8}); break;
+        case 0x8c: case 'C': case 'U': skip = 1 + le(b, i, 1); break;
+        case 'X': case 'B': case 'T': case 0x8b: skip = 4 + le(b, i, 4); break;
+        case 0x8d: case 0x8e: case 0x96: skip = 8 + std::size_t(le(b, i, 8)); break;
+        case 'q': case 'h': case 0x80: skip = 1; break;
+        case 'r': case 'j': skip = 4; break;
+        case 'G': case 0x95: skip = 8; break;
+        case 'c': for (int lines = 0; lines < 2 && i < end; ++i) lines += b[i] == '\n'; break;
+        default: break;
+      }
+      i += skip;
+    }
+  }
+  std::erase_if(out, [&](const Field& f) { return f.offset + f.width > b.size(); });
+  return out;
 }
 inline std::vector<Region> regions(std::span<const std::uint8_t> b) {
   std::vector<Region> out;

@@ -117,7 +117,8 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
         wrapped.set_sharded(sharded);
       }
     }
-    checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); }});
+    checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); },
+                                 [wrapped](auto& a) { wrapped.check(a); }});
     if (sharded)
       checkpointer_.add_partition({{[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); },
                                     [sharded](auto& a) { sharded->check(a); }},
@@ -157,7 +158,8 @@ template <class Loader>
 Loader Accelerator<Policies...>::register_loader(Loader l) {
   checkpointer_.add_loader({[l] { return l.state_dict(); },
                             [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
-                            [l](const data::LoaderState& s) { return l.state_mismatch(s); }});
+                            [l](const data::LoaderState& s) { return l.state_mismatch(s); },
+                            [l](const data::LoaderState& s) { return l.state_unreachable(s); }});
   return l;
 }
 

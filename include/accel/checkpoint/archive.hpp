@@ -172,13 +172,18 @@ inline void load_archive(torch::serialize::InputArchive& a, std::span<const std:
   reading(path, [&] { a.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(), device); });
 }
 
-//! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's").
+//! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's"), and be dense:
+//! its elements neither overlap nor leave gaps (a forged stride of 0 would make a step write one element twice).
 ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
                              const at::Tensor& want);
 #if ACCEL_DEFINITIONS
 ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
                              const at::Tensor& want) {
-  if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) return;
+  if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) {
+    if (got.is_non_overlapping_and_dense()) return;
+    throw FileError(path, "holds " + what + " of strides " + c10::str(got.strides()) + ", whose elements overlap or leave gaps "
+                              "(a tensor LibTorch writes is dense)");
+  }
   throw FileError(path, "holds " + what + " of shape " + c10::str(got.sizes()) + " and dtype " +
                             std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " + c10::str(want.sizes()) +
                             " " + std::string(c10::toString(want.scalar_type())));

@@ -60,11 +60,12 @@ class Checkpointer {
     std::function<void(std::vector<torch::serialize::InputArchive>&)> check_all, load_all;
   };
   //! A prepared loader's position; `mismatch` says what differs between a saved state's loader and this one ("" if
-  //! nothing does).
+  //! nothing does), `unreachable` what makes the state one that no job of this loader reaches (damage).
   struct Loader {
     std::function<data::LoaderState()> save;
     std::function<void(const data::LoaderState&)> load;
     std::function<std::string(const data::LoaderState&)> mismatch = {};
+    std::function<std::string(const data::LoaderState&)> unreachable = {};
   };
   //! The process that writes or reads: its rank, the job's size, its device, and a barrier over every process.
   struct Process {
@@ -132,7 +133,7 @@ class Checkpointer {
   }
   static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have,
                            const char* done = "prepared", const char* fix = "prepare the same objects") {
-    accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + dir.string() + " holds " + std::to_string(saved) + " " +
+    accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + (dir / meta_file).string() + " holds " + std::to_string(saved) + " " +
                                                             what + ", this job " + done + " " + std::to_string(have) + "; " + fix +
                                                             ", in the same order, as the job that saved it");
   }
@@ -213,8 +214,10 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   expect_count(meta.loaders, dir, "loaders", loaders_.size());
   expect_count(meta.custom, dir, "custom objects", custom_.size(), "registered", "register_for_checkpointing the same objects");
   accel::detail::require((meta.scaler != 0) == bool(scaler_),
-                         "accel::load_state: the checkpoint and this job disagree on mixed precision (GradScaler present "
-                         "in one only); use the same Options::mixed_precision");
+                         "accel::load_state: " + meta_path + " records " + (meta.scaler ? "a" : "no") +
+                             " GradScaler and this job has " + (scaler_ ? "one" : "none") +
+                             ": the checkpoint and this job disagree on mixed precision (GradScaler present in one "
+                             "only); use the same Options::mixed_precision");
   struct Opened {
     std::string path;
     torch::serialize::InputArchive archive;
@@ -231,13 +234,19 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     models.push_back(open(indexed("model", i), p.device));
     check_module(*models_[i], models.back().archive, models.back().path, "");
   }
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open(indexed("optimizer", i), p.device));
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    optimizers.push_back(open(indexed("optimizer", i), p.device));
+    if (optimizers_[i].check) reading(optimizers.back().path, [&] { optimizers_[i].check(optimizers.back().archive); });
+  }
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     schedulers.push_back(open(indexed("scheduler", i), p.device));
     if (schedulers_[i].check) reading(schedulers.back().path, [&] { schedulers_[i].check(schedulers.back().archive); });
   }
   std::optional<Opened> scaler;
-  if (scaler_) scaler = open(scaler_file, p.device);
+  if (scaler_) {
+    scaler = open(scaler_file, p.device);
+    if (scaler_->check) reading(scaler->path, [&] { scaler_->check(scaler->archive); });
+  }
   std::vector<Opened> customs;
   std::vector<std::function<void()>> restore_custom;  // parsed and checked: restoring cannot fail on the data
   for (std::size_t i = 0; i < custom_.size(); ++i) {
@@ -279,11 +288,23 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
                              std::to_string(meta.num_processes) + " process(es); its local gradients cannot be shared out "
                              "among " + std::to_string(p.count) + ": resume it with " + std::to_string(meta.num_processes) +
                              " processes, or save at a step boundary (when sync_gradients() is true)");
-  for (std::size_t i = 0; i < loaders_.size(); ++i)
+  // The loaders' states are rank 0's: each of this loader's path, length and batch size (else a setting differs),
+  // and each a state that a job of the saving size reaches (else the file is damaged).
+  for (std::size_t i = 0; i < loaders_.size(); ++i) {
+    const auto& state = lead.loaders[i];
+    if (meta.format_version >= 3 && state.processes != meta.num_processes)
+      throw FileError(lead_file.path, "damaged loader state " + std::to_string(i) + ": 'processes' is " +
+                                          std::to_string(state.processes) + ", and " + meta_file +
+                                          " says the checkpoint was written by " + std::to_string(meta.num_processes) +
+                                          " (one of the two files is not this checkpoint's)");
     if (loaders_[i].mismatch)
-      if (const auto what = loaders_[i].mismatch(lead.loaders[i]); !what.empty())
-        throw InvalidArgument("accel::load_state: loader " + std::to_string(i) + " of " + dir.string() + " " + what +
+      if (const auto what = loaders_[i].mismatch(state); !what.empty())
+        throw InvalidArgument("accel::load_state: loader " + std::to_string(i) + " of " + lead_file.path + " " + what +
                               "; resume with the data and loader settings of the job that saved it");
+    if (loaders_[i].unreachable)
+      if (const auto what = loaders_[i].unreachable(state); !what.empty())
+        throw FileError(lead_file.path, "damaged loader state " + std::to_string(i) + ": it " + what);
+  }
   // This process's gradients of an accumulation window (none: the parameter's gradient is cleared), checked too.
   std::vector<std::vector<at::Tensor>> grads(models_.size());
   reading(proc.path, [&] {

@@ -32,6 +32,7 @@
 //! functions below, which check what they read and throw one `accel::FileError` naming the file.
 
 #include <accel/checkpoint/archive.hpp>
+#include <accel/core/generator_state.hpp>
 #include <accel/core/serialize.hpp>
 #include <accel/data/loader_state.hpp>
 #include <accel/detail/linkage.hpp>
@@ -215,9 +216,16 @@ ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, 
                                               std::size_t generator_state_bytes,
                                               std::int64_t version) {
   ProcessRecord r;
+  // Read as the format accel_checkpoint.pt declares: a record of another format is named as read in that one.
+  const std::string as_read = version == format_version ? "" : " (read as checkpoint format " + std::to_string(version) +
+                                                                   ", which accel_checkpoint.pt declares)";
   if (version == 2) {
     detail::ProcessRecordV2 old;
-    reading(path, [&] { accel::deserialize(old, in); });
+    try {
+      accel::deserialize(old, in);
+    } catch (const std::exception& e) {
+      throw FileError(path, e.what() + as_read);
+    }
     r.step = old.step;
     r.rng_cpu = std::move(old.rng_cpu);
     r.rng_device = std::move(old.rng_device);
@@ -225,18 +233,35 @@ ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, 
   } else {
     reading(path, [&] { accel::deserialize(r, in); });
   }
-  if (!in.empty()) throw FileError(path, "damaged process record: " + std::to_string(in.size()) + " bytes after its end");
+  if (!in.empty()) throw FileError(path, "damaged process record: " + std::to_string(in.size()) + " bytes after its end" + as_read);
   if (r.step < 0) throw FileError(path, "damaged process record: a negative step counter");
   if (r.rng_cpu.size() != generator_state_bytes)
     throw FileError(path, "damaged process record: a CPU generator state of " + std::to_string(r.rng_cpu.size()) +
                               " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
+  if (const auto what = cpu_generator_state_problem(r.rng_cpu); !what.empty())
+    throw FileError(path, "damaged process record: the CPU generator's state: " + what);
   for (std::size_t i = 0; i < r.loaders.size(); ++i) {
     const auto& l = r.loaders[i];
+    const std::string which = "damaged loader state " + std::to_string(i) + ": ";
     if (l.epoch < 0 || l.batches < 0 || l.position < -1 || l.processes < 0 || l.drawn_by < 0)
-      throw FileError(path, "damaged loader state " + std::to_string(i) + ": a negative epoch, batch count, position or process count");
+      throw FileError(path, which + "a negative epoch, batch count, position or process count");
     if (!l.generator_state.empty() && l.generator_state.size() != generator_state_bytes)
-      throw FileError(path, "damaged loader state " + std::to_string(i) + ": a generator state of " +
-                                std::to_string(l.generator_state.size()) + " bytes, this LibTorch's has " + std::to_string(generator_state_bytes));
+      throw FileError(path, which + "a generator state of " + std::to_string(l.generator_state.size()) + " bytes, this LibTorch's has " +
+                                std::to_string(generator_state_bytes));
+    if (const auto what = cpu_generator_state_problem(l.generator_state); !what.empty()) throw FileError(path, which + what);
+    if (version < 3) continue;
+    // Format 3 describes the loader and its global position (data/loader_state.hpp).
+    auto field = [&](const char* name, std::int64_t v, const std::string& range) {
+      throw FileError(path, which + "'" + name + "' is " + std::to_string(v) + " (" + range + ")");
+    };
+    constexpr std::int64_t most = std::numeric_limits<int>::max();
+    if (l.processes < 1 || l.processes > most) field("processes", l.processes, "the saving job's processes: 1 to 2^31 - 1");
+    if (l.drawn_by < 1 || l.drawn_by > most) field("drawn_by", l.drawn_by, "the processes that drew the epoch's order: 1 to 2^31 - 1");
+    if (l.position < 0) field("position", l.position, "samples of the epoch consumed: 0 or more");
+    if (l.batch_size < 1) field("batch_size", l.batch_size, "1 or more");
+    if (l.samples < -1) field("samples", l.samples, "the dataset's length, or -1 for a stream");
+    if (l.kind < 0 || l.kind > std::int64_t(data::LoaderKind::stream_dispatched))
+      field("kind", l.kind, "the loading path: 0 to 4");
   }
   return r;
 }

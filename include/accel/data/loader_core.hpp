@@ -207,6 +207,37 @@ struct LoaderCore {
       return "was saved with batch_size " + std::to_string(s.batch_size) + ", this loader's is " + std::to_string(options.batch_size);
     return {};
   }
+  //! Whether the position and batch count of `s` (a state of this loader's path, length and batch size) are ones
+  //! that a job reaches, and its generator state one this loader can restore ("" when they are). A job of N
+  //! processes advances the position by `per_step` units a step (N under a batch sampler) from where it started,
+  //! itself such a position of an earlier job: so the position is a multiple of the batch size (of 1 under a
+  //! batch sampler) up to the epoch's end, where a skip past the end leaves it, and the batch count is the steps
+  //! that reach it at the saving job's size (more only at the end). A user's sampler or batch sampler may return
+  //! another number of units than the dataset's length: there the end is not known before its epoch is drawn.
+  [[nodiscard]] std::string unreachable(const LoaderState& s) const {
+    if (s.position < 0) return {};  // format 2: resumed after its batches
+    const bool batch_sampler = s.kind == std::int64_t(LoaderKind::batch_sampler);
+    std::int64_t units = dataset_length();  // of the epoch, where known now
+    if constexpr (MapDataset<Dataset>)
+      if (options.sampler || options.batch_sampler) units = -1;
+    const std::string where = "is at position " + std::to_string(s.position) + (batch_sampler ? " (batches)" : "");
+    if (units >= 0 && s.position > units)
+      return where + ", past the end of its epoch's " + std::to_string(units) + (batch_sampler ? " batches" : " samples");
+    const bool end = units < 0 || s.position == units;
+    if (!batch_sampler && !end && s.position % s.batch_size != 0)
+      return where + ", which no job of batch_size " + std::to_string(s.batch_size) + " reaches (a multiple of it, or the epoch's end)";
+    std::int64_t step = s.batch_size;  // units of one step of the saving job (plan::per_step)
+    if (batch_sampler) step = s.processes;
+    else if (!s.split && __builtin_mul_overflow(s.batch_size, s.processes, &step))
+      return "was saved by " + std::to_string(s.processes) + " processes, more than any job has";
+    const std::int64_t reached = s.position / step + (s.position % step != 0);
+    if (s.batches < reached || (s.batches > reached && !end))
+      return where + " after " + std::to_string(s.batches) + " batches; a job of " + std::to_string(s.processes) +
+             " process(es) reaches it in " + std::to_string(reached) + " (" + std::to_string(step) + " a step)";
+    if (s.generator_state.empty() && epoch_generator())
+      return "was saved without a generator state, and this loader shuffles: its order would not be the saved one";
+    return {};
+  }
 
   //! The user batch sampler's batches of the epoch `epoch` will run (asked once per epoch), indices checked.
   [[nodiscard]] std::shared_ptr<const std::vector<std::vector<std::int64_t>>> sampler_batches() {
@@ -314,6 +345,8 @@ struct LoaderCore {
     accel::detail::require(s.epoch >= 0 && s.batches >= 0 && s.position >= -1, "accel: load_state_dict: a negative epoch, batch count or position");
     if (const auto what = mismatch(s); !what.empty())
       throw InvalidArgument("accel: load_state_dict: the loader state " + what + "; resume with the loader that saved it");
+    if (const auto what = unreachable(s); !what.empty())
+      throw InvalidArgument("accel: load_state_dict: the loader state " + what + ": it is damaged, or not this loader's");
     global_restored_elsewhere = g == GlobalGenerator::restored_by_caller;
     epoch = s.epoch;
     start = std::max<std::int64_t>(s.position, 0);

@@ -134,6 +134,10 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
   //! What differs between the loader that saved `s` and this one (its path, dataset length or batch size), as the
   //! rest of a sentence ("was saved for a dataset of 1797 samples, this loader's has 1200"); "" when none does.
   [[nodiscard]] std::string state_mismatch(const LoaderState& s) const { return core_->mismatch(s); }
+  //! What makes `s` (of this loader's path, length and batch size) a state no job of this loader reaches: a position
+  //! past the epoch's end or between batches, a batch count that does not reach it, no generator state for a
+  //! shuffled order; "" when nothing does.
+  [[nodiscard]] std::string state_unreachable(const LoaderState& s) const { return core_->unreachable(s); }
   //! The same loader without the first `k` batches (steps, when dispatched) of its next epoch: Accelerate's
   //! `skip_first_batches`. It shares the sampler and the epoch counter, and keeps the padding marks.
   [[nodiscard]] PreparedLoader skip_first_batches(std::int64_t k) const {

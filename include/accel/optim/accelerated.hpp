@@ -18,6 +18,7 @@
 #include <accel/state/gradient_state.hpp>
 #include <accel/optim/grad_scaler.hpp>
 #include <accel/optim/sharded.hpp>
+#include <accel/optim/state_check.hpp>
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -119,7 +120,17 @@ class AcceleratedOptimizer {
     s_->opt->save(a);
     if (s_->sharded) a.write("zero_sharded", c10::IValue(std::int64_t(1)));
   }
-  void load(torch::serialize::InputArchive& a) {
+  //! Restores what `save` wrote; a state `check` refuses changes nothing.
+  void load(torch::serialize::InputArchive& a) { load_checked(a, /*keep=*/true); }
+  //! Refuses (`InvalidArgument` naming the group, the parameter and the field) a saved state this optimizer could
+  //! not have reached (Note [An optimizer's state from elsewhere] in optim/state_check.hpp), changing nothing.
+  void check(torch::serialize::InputArchive& a) const { load_checked(a, /*keep=*/false); }
+
+ private:
+  // Loads `a`, then checks what the optimizer holds; puts back the state and options it had (kept aside, not
+  // copied) unless the check passed and `keep`. LibTorch's load leaves the state of a parameter that the archive
+  // does not name: it loads into an empty state.
+  void load_checked(torch::serialize::InputArchive& a, bool keep) const {
     c10::IValue marked;
     const bool sharded = a.try_read("zero_sharded", marked);
     detail::require(sharded == bool(s_->sharded),
@@ -127,10 +138,26 @@ class AcceleratedOptimizer {
                               "and this job's is not; resume with either and the same number of processes"
                             : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
                               "(accel::shard::optimizer or accel::shard::gradients); resume with the configuration that saved it");
-    s_->opt->load(a);
+    auto& opt = *s_->opt;
+    auto kept_state = std::move(opt.state());
+    opt.state().clear();
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> kept_options;
+    for (auto& g : opt.param_groups()) kept_options.push_back(g.options().clone());
+    auto put_back = [&] {
+      opt.state() = std::move(kept_state);
+      for (std::size_t i = 0; i < kept_options.size(); ++i) opt.param_groups()[i].set_options(std::move(kept_options[i]));
+    };
+    std::string what;
+    try {
+      opt.load(a);
+      what = optimizer_state_problem(opt);
+    } catch (...) {
+      put_back();
+      throw;
+    }
+    if (!what.empty() || !keep) put_back();
+    if (!what.empty()) throw InvalidArgument("optimizer state: " + what);
   }
-
- private:
   std::shared_ptr<Shared> s_;
 };
 

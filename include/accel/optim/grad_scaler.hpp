@@ -28,6 +28,8 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -87,7 +89,11 @@ class GradScaler {
     a.write("scale", scale_.cpu());
     a.write("growth_tracker", growth_tracker_.cpu());
   }
+  //! Restores what `save` wrote; a state `check` refuses changes nothing.
   ACCEL_DECL void load(torch::serialize::InputArchive& a);
+  //! Refuses (`InvalidArgument` naming the field) a saved state the scaler cannot reach: a scale that is not one
+  //! finite positive float, a growth tracker that is not one integer of 0 or more.
+  ACCEL_DECL void check(torch::serialize::InputArchive& a) const;
 
  private:
   struct PerOptimizer {
@@ -147,7 +153,21 @@ ACCEL_DECL void GradScaler::update() {
   per_optimizer_.clear();
 }
 
+ACCEL_DECL void GradScaler::check(torch::serialize::InputArchive& a) const {
+  at::Tensor s, g;
+  a.read("scale", s);
+  a.read("growth_tracker", g);
+  if (s.numel() != 1 || s.scalar_type() != at::kFloat || !std::isfinite(s.item<float>()) || !(s.item<float>() > 0))
+    throw InvalidArgument("scaler state 'scale' is " + c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
+                          (s.numel() == 1 ? " of " + std::to_string(s.item<double>()) : std::string()) +
+                          " (one finite positive float)");
+  if (g.numel() != 1 || g.scalar_type() != at::kInt || g.item<int>() < 0)
+    throw InvalidArgument("scaler state 'growth_tracker' is " + c10::str(g.sizes()) + " " + std::string(c10::toString(g.scalar_type())) +
+                          (g.numel() == 1 ? " of " + std::to_string(g.item<double>()) : std::string()) +
+                          " (one integer, 0 or more: the good steps since the scale last changed)");
+}
 ACCEL_DECL void GradScaler::load(torch::serialize::InputArchive& a) {
+  check(a);
   at::Tensor s, g;
   a.read("scale", s);
   a.read("growth_tracker", g);

@@ -316,3 +316,40 @@ TEST_CASE("a loader state from another dataset, batch size or loading path is re
   same.load_state_dict(old);
   CHECK(same.size() == 2);  // 3 batches of 4 per process, one taken
 }
+
+TEST_CASE("a loader state that no job reaches is refused, naming the field; every state a job saves is reachable",
+          "[loader][resize]") {
+  const data::DataLoaderOptions opt{.batch_size = 4, .shuffle = true};
+  // The state after `steps` batches of a 2-process job over 20 samples (8 a step), and a loader of 3 processes.
+  auto saved_after = [&](int steps) {
+    auto l = data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{2, 0, nullptr});
+    int k = 0;
+    for (const auto& b : l) {
+      (void)b;
+      if (++k == steps) break;
+    }
+    return l.state_dict();
+  };
+  auto loader = data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{3, 1, nullptr});
+  for (int steps = 1; steps <= 2; ++steps) CHECK(loader.state_unreachable(saved_after(steps)).empty());
+  auto changed = [&](auto edit) {
+    auto s = saved_after(1);  // position 8 after 1 batch
+    edit(s);
+    return loader.state_unreachable(s);
+  };
+  CHECK_THAT(changed([](auto& s) { s.position = 24; }), Catch::Contains("is at position 24, past the end of its epoch's 20 samples"));
+  CHECK_THAT(changed([](auto& s) { s.position = 3; }), Catch::Contains("is at position 3, which no job of batch_size 4 reaches"));
+  CHECK_THAT(changed([](auto& s) { s.batches = std::int64_t(1) << 40; }),
+             Catch::Contains("after 1099511627776 batches; a job of 2 process(es) reaches it in 1 (8 a step)"));
+  CHECK_THAT(changed([](auto& s) { s.batches = 0; }), Catch::Contains("reaches it in 1"));
+  CHECK_THAT(changed([](auto& s) { s.generator_state.clear(); }), Catch::Contains("without a generator state, and this loader shuffles"));
+  // The end of the epoch (a skip past it) is reachable with more batches; a resized job's position too.
+  CHECK(changed([](auto& s) { s.position = 20, s.batches = 7; }).empty());
+  CHECK(changed([](auto& s) { s.position = 12, s.batches = 1, s.processes = 3; }).empty());  // 12 samples a step
+  CHECK_THROWS_WITH(loader.load_state_dict([&] {
+                      auto s = saved_after(1);
+                      s.position = 3;
+                      return s;
+                    }()),
+                    Catch::Contains("position 3") && Catch::Contains("it is damaged, or not this loader's"));
+}
