@@ -1,5 +1,5 @@
 // Hostile files: every file accel reads survives a bounded, seeded mutation campaign (tests/support/mutate.hpp).
-// For each format, ACCEL_FUZZ_CASES (default 10000) mutants of a valid file go straight to the format's reader,
+// For each format, ACCEL_FUZZ_CASES (default 10000; 3000 under AddressSanitizer) mutants of a valid file go straight to the format's reader,
 // bypassing the manifest (which would reject nearly all of them before any parser ran): the manifest's text, the
 // checkpoint description (accel_checkpoint.pt), a process's record bytes (step, RNG and loader states), a whole
 // process_<r>.pt, a model's and an optimizer's archive, and accel-plan's golden JSON. Then a smaller set goes
@@ -54,7 +54,10 @@ void refuse(std::size_t n) {
 }  // namespace
 
 // Every operator new of the process (LibTorch's strings and vectors included) goes through this one; the nothrow,
-// array and aligned forms of the standard library call it or allocate by the same rule below.
+// array and aligned forms of the standard library call it or allocate by the same rule below. Under AddressSanitizer
+// its own allocator keeps operator new (replacing it would pair ASan's allocations with our free): there the cap is
+// ASAN_OPTIONS's max_allocation_size_mb, and an allocation over it fails the run.
+#if !defined(__SANITIZE_ADDRESS__)
 void* operator new(std::size_t n) {
   if (n > alloc_cap) {
     refuse(n);
@@ -72,6 +75,7 @@ void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
+#endif
 
 namespace {
 
@@ -109,7 +113,12 @@ namespace mutate = accel_test::mutate;
 
 std::size_t cases() {
   const char* v = std::getenv("ACCEL_FUZZ_CASES");
-  return v ? std::size_t(std::strtoull(v, nullptr, 10)) : 10000;
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr std::size_t fallback = 3000;  // a few times slower under AddressSanitizer
+#else
+  constexpr std::size_t fallback = 10000;
+#endif
+  return v ? std::size_t(std::strtoull(v, nullptr, 10)) : fallback;
 }
 std::uint64_t seed() {
   const char* v = std::getenv("ACCEL_FUZZ_SEED");
@@ -521,4 +530,36 @@ TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to matc
   CHECK(rejected + loaded == n);
   CHECK(refused.load() == 0);
   fs::remove_all(root);
+}
+
+TEST_CASE("hostile files: a model's safetensors file (save_model's, through load_model), then a training step",
+          "[fuzz][safetensors]") {
+  arm();
+  refused = 0;
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("accel_fuzz_safetensors_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto [model, opt] = trained();
+  accel::checkpoint::save_model(*model, dir);
+  const auto file = dir / accel::checkpoint::safe_weights_name;
+  std::ifstream in(file, std::ios::binary);
+  const Bytes seed_bytes(std::istreambuf_iterator<char>(in), {});
+  // The header's length (8 bytes) is the size field; its JSON and the data follow.
+  mutate::Format f{"model.safetensors", seed_bytes, {}, {}, [](std::span<const std::uint8_t>) { return std::vector<mutate::Field>{{0, 8}}; }, {}};
+  const auto path = (dir / "mutant.safetensors").string();
+  campaign(f, path, [&](std::span<const std::uint8_t> b) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    auto target = small_model();
+    try {
+      accel::checkpoint::load_model(*target, path);
+    } catch (const accel::checkpoint::SafetensorsError& e) {
+      const std::string what = e.what();
+      if (what.find(path) == std::string::npos) throw std::runtime_error("a SafetensorsError not naming the file: " + what);
+      throw accel::FileError(path, what);  // the campaign's judge: one error, naming the file
+    }
+    for (const auto& t : target->parameters())
+      if (!inside_storage(t)) throw std::runtime_error("loaded a parameter outside its storage");
+    target->forward(torch::randn({4, 6})).sum().backward();  // a loaded model trains
+  });
+  fs::remove_all(dir);
 }
