@@ -19,6 +19,7 @@
 #include <accel/data/prepare.hpp>
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/schedulers.hpp>
+#include <accel/optim/sharded.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
@@ -429,6 +430,14 @@ struct Job {
       libtorch.step();
     }
   }
+  // `batches` batches of the loader (all of its epoch: -1).
+  void epoch(std::int64_t batches) {
+    std::int64_t seen = 0;
+    for (const auto& b : loader) {
+      (void)b;
+      if (++seen == batches) break;
+    }
+  }
   // What a loaded state holds that a job could not have: "" if nothing.
   std::string structural_problem() {
     for (const auto& t : model->parameters()) if (!inside_storage(t)) return "a parameter outside its storage";
@@ -443,27 +452,55 @@ struct Job {
   }
 };
 
+// A model whose Adam is sharded (ZeRO stage 1, one process): the checkpoint holds its partition, zero_0_rank0.pt.
+struct ZeroJob {
+  torch::nn::Sequential model = small_model();
+  std::shared_ptr<torch::optim::Adam> adam = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  std::shared_ptr<accel::ShardedOptimizer> sharded = std::make_shared<accel::ShardedOptimizer>(adam, nullptr, 1);
+  accel::checkpoint::Checkpointer ck;
+
+  ZeroJob() {
+    sharded->build();
+    ck.add_model(model.ptr());
+    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); }, [s = sharded](auto& a) { s->check(a); }},
+                      [s = sharded](auto& parts) { s->check_resharded(parts); },
+                      [s = sharded](auto& parts) { s->load_resharded(parts); }});
+  }
+  void train(std::int64_t batches) {
+    torch::manual_seed(1);
+    for (std::int64_t k = 0; k < batches; ++k) {
+      adam->zero_grad();
+      model->forward(torch::randn({4, 6})).pow(2).sum().backward();
+      sharded->step();
+    }
+  }
+  void epoch(std::int64_t) {}
+  std::string structural_problem() {
+    for (const auto& t : model->parameters()) if (!inside_storage(t)) return "a parameter outside its storage";
+    return accel::optimizer_state_problem(sharded->inner());
+  }
+};
+
 }  // namespace
 
-TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to match is refused naming the file, or is a "
-          "structurally valid state that trains and saves",
-          "[fuzz][forged]") {
+// The forged-checkpoint campaign over the checkpoint a `J` saves after its first steps (J: a job's registered
+// objects, with `ck`, `train`, `epoch` and `structural_problem`): `files` files, each changed in turn and the
+// manifest rewritten to match; each load is refused naming the changed file, or loads a state that trains, runs
+// an epoch and saves again.
+template <class J>
+void forge(const char* label, std::size_t files) {
   arm();
   refused = 0;
   namespace fs = std::filesystem;
-  const auto root = fs::temp_directory_path() / ("accel_forged_" + std::to_string(::getpid()));
+  const auto root = fs::temp_directory_path() / ("accel_forged_" + std::to_string(::getpid()) + "_" + label);
   const auto dir = root / "ckpt", work = root / "work", again = root / "again";
   const accel::checkpoint::Checkpointer::Process p{0, 1, c10::Device(c10::kCPU), [] {}};
-  Job saver;
+  J saver;
   saver.train(5);
-  std::int64_t seen = 0;
-  for (const auto& b : saver.loader) {  // mid-epoch: a position, a generator state
-    (void)b;
-    if (++seen == 3) break;
-  }
+  saver.epoch(3);  // mid-epoch: a position, a generator state
   saver.ck.save(dir, p, 1, false);
   {
-    Job fresh;
+    J fresh;
     REQUIRE(fresh.ck.load(dir, p) == 1);
     REQUIRE(fresh.structural_problem().empty());
   }
@@ -476,7 +513,7 @@ TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to matc
     formats.push_back(name.ends_with(".pt") ? archive_format(name, b) : mutate::Format{name, b, {}, {}, {}, {}});
   }
   std::sort(formats.begin(), formats.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  REQUIRE(formats.size() == 8);  // accel_checkpoint, custom_0, model, optimizer, process_0, scaler, scheduler, scheduler_1
+  REQUIRE(formats.size() == files);
   const std::size_t n = std::max<std::size_t>(cases() / 10, 80);
   std::size_t loaded = 0, rejected = 0, trained = 0;
   std::vector<std::string> failures;
@@ -491,7 +528,7 @@ TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to matc
     std::ofstream(work / f.name, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     accel::checkpoint::Manifest::of_directory(work).write(work);  // forged: the manifest lists the changed file
     const std::string where = "case " + std::to_string(i) + " (" + mutate::kind_name(kind) + " of " + f.name + "): ";
-    Job job;
+    J job;
     try {
       job.ck.load(work, p);
     } catch (...) {
@@ -514,7 +551,7 @@ TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to matc
     }
     try {
       job.train(2);
-      for (const auto& batch : job.loader) (void)batch;
+      job.epoch(-1);
       fs::remove_all(again);
       job.ck.save(again, p, 0, false);
       ++trained;
@@ -523,13 +560,23 @@ TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to matc
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "forged checkpoints: " << n << " cases over " << formats.size() << " files (seed " << seed() << "): " << rejected
+  std::cout << "forged checkpoints (" << label << "): " << n << " cases over " << formats.size() << " files (seed " << seed() << "): " << rejected
             << " refused naming the file, " << loaded << " loaded (" << trained << " trained and saved again), in " << seconds << " s\n";
   for (std::size_t k = 0; k < std::min<std::size_t>(failures.size(), 10); ++k) UNSCOPED_INFO(failures[k]);
   CHECK(failures.empty());
   CHECK(rejected + loaded == n);
   CHECK(refused.load() == 0);
   fs::remove_all(root);
+}
+
+TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to match is refused naming the file, or is a "
+          "structurally valid state that trains and saves",
+          "[fuzz][forged]") {
+  forge<Job>("job", 8);  // accel_checkpoint, custom_0, model, optimizer, process_0, scaler, scheduler, scheduler_1
+}
+
+TEST_CASE("forged checkpoints: a ZeRO partition of the optimizer state", "[fuzz][forged]") {
+  forge<ZeroJob>("zero", 4);  // accel_checkpoint, model, process_0, zero_0_rank0
 }
 
 TEST_CASE("hostile files: a model's safetensors file (save_model's, through load_model), then a training step",

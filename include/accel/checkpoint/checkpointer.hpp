@@ -35,6 +35,7 @@
 #include <fcntl.h>  // AT_FDCWD
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc)
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -202,6 +203,24 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   manifest.check_sizes(dir);
   const auto meta_path = (dir / meta_file).string();
   const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
+  // Every process of the saving job wrote its record (and its ZeRO partitions): the description's count of
+  // processes must match the files the manifest lists (a count from elsewhere would otherwise be blamed on a file
+  // that is merely missing).
+  {
+    auto listed = [&](const std::string& name) {
+      return std::any_of(manifest.files.begin(), manifest.files.end(), [&](const auto& e) { return e.name == name; });
+    };
+    auto missing = [&](const std::string& name) {
+      throw FileError(meta_path, "says " + std::to_string(meta.num_processes) + " process(es) wrote the checkpoint, and its "
+                                 "manifest lists no " + name + " (one of the two files is not this checkpoint's)");
+    };
+    if (std::uint64_t(meta.num_processes) > manifest.files.size()) missing(process_file(int(manifest.files.size())));
+    for (std::int64_t r = 0; r < meta.num_processes; ++r) {
+      if (!listed(process_file(int(r)))) missing(process_file(int(r)));
+      for (std::size_t i = 0; i < partitions_.size(); ++i)
+        if (!listed(partition_file(i, int(r)))) missing(partition_file(i, int(r)));
+    }
+  }
   const bool resized = meta.num_processes != p.count;
   accel::detail::require(!resized || meta.format_version >= 3,
                          "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +

@@ -127,9 +127,8 @@ class AcceleratedOptimizer {
   void check(torch::serialize::InputArchive& a) const { load_checked(a, /*keep=*/false); }
 
  private:
-  // Loads `a`, then checks what the optimizer holds; puts back the state and options it had (kept aside, not
-  // copied) unless the check passed and `keep`. LibTorch's load leaves the state of a parameter that the archive
-  // does not name: it loads into an empty state.
+  // Loads `a` and checks what the optimizer then holds (`load_and_check`), keeping it only if the check passed and
+  // `keep`.
   void load_checked(torch::serialize::InputArchive& a, bool keep) const {
     c10::IValue marked;
     const bool sharded = a.try_read("zero_sharded", marked);
@@ -138,24 +137,7 @@ class AcceleratedOptimizer {
                               "and this job's is not; resume with either and the same number of processes"
                             : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
                               "(accel::shard::optimizer or accel::shard::gradients); resume with the configuration that saved it");
-    auto& opt = *s_->opt;
-    auto kept_state = std::move(opt.state());
-    opt.state().clear();
-    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> kept_options;
-    for (auto& g : opt.param_groups()) kept_options.push_back(g.options().clone());
-    auto put_back = [&] {
-      opt.state() = std::move(kept_state);
-      for (std::size_t i = 0; i < kept_options.size(); ++i) opt.param_groups()[i].set_options(std::move(kept_options[i]));
-    };
-    std::string what;
-    try {
-      opt.load(a);
-      what = optimizer_state_problem(opt);
-    } catch (...) {
-      put_back();
-      throw;
-    }
-    if (!what.empty() || !keep) put_back();
+    const auto what = load_and_check(*s_->opt, a, keep);
     if (!what.empty()) throw InvalidArgument("optimizer state: " + what);
   }
   std::shared_ptr<Shared> s_;

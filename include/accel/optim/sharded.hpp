@@ -23,6 +23,7 @@
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
 #include <accel/optim/shard_traits.hpp>
+#include <accel/optim/state_check.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -362,6 +363,13 @@ ACCEL_DECL void ShardedOptimizer::check(torch::serialize::InputArchive& a) const
                           std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
                           std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
                           "; resume with the same number of processes and the same optimizer");
+  // The partition's state itself, as an optimizer over this rank's shards holds it once loaded (Note [An
+  // optimizer's state from elsewhere]): loaded into the inner optimizer, checked, and the inner optimizer's own put back.
+  if (!inner_) return;
+  torch::serialize::InputArchive part;
+  a.read("partition", part);
+  const auto what = load_and_check(*inner_, part, /*keep=*/false);
+  if (!what.empty()) throw InvalidArgument("optimizer partition: " + what);
 }
 
 ACCEL_DECL std::array<std::int64_t, 4> ShardedOptimizer::layout_of(torch::serialize::InputArchive& a) {

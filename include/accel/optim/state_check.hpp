@@ -25,17 +25,25 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace accel {
 
 //! What makes `opt`'s options or state one that it could not have reached ("group 0: 'momentum' is -0.5, ..."),
 //! "" if nothing (Note [An optimizer's state from elsewhere]).
 ACCEL_DECL std::string optimizer_state_problem(torch::optim::Optimizer& opt);
+
+//! Loads `a` into `opt` and returns `optimizer_state_problem` of what it then holds; puts back the state and options
+//! `opt` had (kept aside, not copied) when there is a problem, when the load throws, or unless `keep`. The load
+//! starts from an empty state (LibTorch's leaves the state of a parameter the archive does not name).
+ACCEL_DECL std::string load_and_check(torch::optim::Optimizer& opt, torch::serialize::InputArchive& a, bool keep);
 
 #if ACCEL_DEFINITIONS
 namespace detail {
@@ -199,6 +207,27 @@ ACCEL_DECL std::string optimizer_state_problem(torch::optim::Optimizer& opt) {
     }
   }
   return {};
+}
+
+ACCEL_DECL std::string load_and_check(torch::optim::Optimizer& opt, torch::serialize::InputArchive& a, bool keep) {
+  auto kept_state = std::move(opt.state());
+  opt.state().clear();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> kept_options;
+  for (auto& g : opt.param_groups()) kept_options.push_back(g.options().clone());
+  auto put_back = [&] {
+    opt.state() = std::move(kept_state);
+    for (std::size_t i = 0; i < kept_options.size(); ++i) opt.param_groups()[i].set_options(std::move(kept_options[i]));
+  };
+  std::string what;
+  try {
+    opt.load(a);
+    what = optimizer_state_problem(opt);
+  } catch (...) {
+    put_back();
+    throw;
+  }
+  if (!what.empty() || !keep) put_back();
+  return what;
 }
 #endif
 
