@@ -11,6 +11,7 @@
 //  2. Per-call costs (ns) of what a loop calls every step, each beside the raw LibTorch call it wraps.
 //  3. Rendezvous: 10 rounds of accel's (store, arrival check, heartbeat, Gloo mesh) against a bare TCPStore +
 //     ProcessGroupGloo, each on fresh ports, both sides released together from a side store; order alternates.
+//  4. Checkpoint archives: accel's zip and pickle checks beside LibTorch's own load_from of the same bytes.
 // Rank 0 writes entries of build/bench/results.json to argv[1].
 #include "mlp.hpp"
 
@@ -40,6 +41,9 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <span>
+#include <sstream>
+#include <string>
 #include <thread>
 
 namespace {
@@ -178,7 +182,7 @@ void release_together(c10d::Store& side, const std::string& key, int world) {
 
 int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
-  // Sections to run (train, replicas, calls, hooks, buffers, rendezvous): all by default.
+  // Sections to run (train, replicas, calls, hooks, buffers, rendezvous, checks): all by default.
   const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
   const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
   Acc acc;
@@ -400,6 +404,31 @@ int main(int argc, char** argv) try {
          {"worst_ratio", ours.back() / raw.back()}, {"rounds", ours.size()}, {"accel_rounds_seconds", ours_rounds},
          {"baseline_rounds_seconds", raw_rounds}});
   }
+  // 4. The checks of a checkpoint archive before LibTorch reads it (checkpoint/archive.hpp, checkpoint/pickle.hpp:
+  // the zip structure, every pickle run as LibTorch's unpickler would), against LibTorch's own load_from of the
+  // same bytes, which every load pays anyway. Two archives: 10 tensors of 1 MiB, 1000 tensors of 64 KiB.
+  if (wanted("checks") && rank == 0)
+    for (const int tensors : {10, 1000}) {
+      torch::serialize::OutputArchive out;
+      for (int k = 0; k < tensors; ++k) out.write("t" + std::to_string(k), at::randn({tensors == 10 ? 1024 : 64, 256}));
+      std::ostringstream saved;
+      out.save_to(saved);
+      const std::string b = saved.str();
+      const std::span<const std::uint8_t> bytes(reinterpret_cast<const std::uint8_t*>(b.data()), b.size());
+      double check = std::numeric_limits<double>::max(), load = check;
+      for (int round = 0; round < 20; ++round) {  // alternate; each side keeps its best
+        auto t0 = std::chrono::steady_clock::now();
+        accel::checkpoint::check_zip(bytes, "bench.pt");
+        check = std::min(check, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        t0 = std::chrono::steady_clock::now();
+        torch::serialize::InputArchive in;
+        in.load_from(b.data(), b.size());
+        load = std::min(load, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      add({{"name", "archive_checks_" + std::to_string(tensors) + "_tensors"}, {"accel_seconds", check},
+           {"baseline", "LibTorch's InputArchive::load_from of the same bytes"}, {"baseline_seconds", load},
+           {"ratio", check / load}, {"goal", 0.1}, {"archive_bytes", b.size()}, {"tensors", tensors}});
+    }
   if (rank == 0) std::ofstream(out_path) << entries.dump(2) << "\n";
   acc.wait_for_everyone();
   return 0;
