@@ -9,16 +9,40 @@
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdint>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace accel_test {
+
+//! What `out` holds, read back through its bytes (as a checkpoint file carries it).
+inline torch::serialize::InputArchive reread(torch::serialize::OutputArchive& out) {
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  return in;
+}
+//! `in`'s values with the one of `key` replaced by `value` (a file from elsewhere), as an archive to save.
+inline torch::serialize::OutputArchive with_value(torch::serialize::InputArchive& in, const std::string& key,
+                                                  const c10::IValue& value) {
+  torch::serialize::OutputArchive out;
+  for (const auto& k : in.keys()) {
+    c10::IValue v;
+    in.read(k, v);
+    out.write(k, k == key ? value : v);
+  }
+  return out;
+}
 
 //! A JSON file of tests/golden/data (vectors produced by Python Accelerate).
 inline nlohmann::json golden(const std::string& name) {

@@ -248,24 +248,21 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     load_archive(o.archive, manifest.read(dir, name), o.path, device);
     return o;
   };
+  // An optimizer's, scheduler's or the scaler's archive, opened and refused (naming the file) by the object's check.
+  auto open_checked = [&](const std::string& name, const Saveable& s) {
+    Opened o = open(name, p.device);
+    if (s.check) reading(o.path, [&] { s.check(o.archive); });
+    return o;
+  };
   std::vector<Opened> models, optimizers, schedulers;
   for (std::size_t i = 0; i < models_.size(); ++i) {
     models.push_back(open(indexed("model", i), p.device));
     check_module(*models_[i], models.back().archive, models.back().path, "");
   }
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-    optimizers.push_back(open(indexed("optimizer", i), p.device));
-    if (optimizers_[i].check) reading(optimizers.back().path, [&] { optimizers_[i].check(optimizers.back().archive); });
-  }
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-    schedulers.push_back(open(indexed("scheduler", i), p.device));
-    if (schedulers_[i].check) reading(schedulers.back().path, [&] { schedulers_[i].check(schedulers.back().archive); });
-  }
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open_checked(indexed("optimizer", i), optimizers_[i]));
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open_checked(indexed("scheduler", i), schedulers_[i]));
   std::optional<Opened> scaler;
-  if (scaler_) {
-    scaler = open(scaler_file, p.device);
-    if (scaler_->check) reading(scaler->path, [&] { scaler_->check(scaler->archive); });
-  }
+  if (scaler_) scaler = open_checked(scaler_file, *scaler_);
   std::vector<Opened> customs;
   std::vector<std::function<void()>> restore_custom;  // parsed and checked: restoring cannot fail on the data
   for (std::size_t i = 0; i < custom_.size(); ++i) {

@@ -62,6 +62,13 @@ inline std::string options_problem(const torch::optim::OptimizerOptions& o) {
   };
   auto at_least_0 = [&](const char* name, double v) { need(name, v, v >= 0, "0 or more"); };
   auto beta = [&](const char* name, double v) { need(name, v, v >= 0 && v < 1, "in [0, 1)"); };
+  auto adam_like = [&](const auto& a) {  // Adam's and AdamW's options have the same fields and checks
+    at_least_0("lr", a.lr());
+    at_least_0("eps", a.eps());
+    beta("betas[0]", std::get<0>(a.betas()));
+    beta("betas[1]", std::get<1>(a.betas()));
+    at_least_0("weight_decay", a.weight_decay());
+  };
   if (const auto* s = dynamic_cast<const torch::optim::SGDOptions*>(&o)) {
     at_least_0("lr", s->lr());
     at_least_0("momentum", s->momentum());
@@ -71,17 +78,9 @@ inline std::string options_problem(const torch::optim::OptimizerOptions& o) {
       out = "'nesterov' is true with momentum " + number(s->momentum()) + " and dampening " + number(s->dampening()) +
             " (Nesterov momentum needs a momentum and zero dampening)";
   } else if (const auto* a = dynamic_cast<const torch::optim::AdamOptions*>(&o)) {
-    at_least_0("lr", a->lr());
-    at_least_0("eps", a->eps());
-    beta("betas[0]", std::get<0>(a->betas()));
-    beta("betas[1]", std::get<1>(a->betas()));
-    at_least_0("weight_decay", a->weight_decay());
+    adam_like(*a);
   } else if (const auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) {
-    at_least_0("lr", w->lr());
-    at_least_0("eps", w->eps());
-    beta("betas[0]", std::get<0>(w->betas()));
-    beta("betas[1]", std::get<1>(w->betas()));
-    at_least_0("weight_decay", w->weight_decay());
+    adam_like(*w);
   } else if (const auto* r = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) {
     at_least_0("lr", r->lr());
     at_least_0("alpha", r->alpha());
@@ -132,21 +131,19 @@ inline std::string param_state_problem(const torch::optim::OptimizerParamState& 
   auto first = [&](std::string s) {
     if (out.empty()) out = std::move(s);
   };
+  auto adam_like = [&](const auto& a, const auto* opts) {  // Adam's and AdamW's states have the same fields
+    first(counter_problem("step", a.step()));
+    first(tensor_problem("exp_avg", a.exp_avg(), p, true));
+    first(tensor_problem("exp_avg_sq", a.exp_avg_sq(), p, true));
+    first(tensor_problem("max_exp_avg_sq", a.max_exp_avg_sq(), p, opts && opts->amsgrad()));
+  };
   if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
     const auto* opts = dynamic_cast<const torch::optim::SGDOptions*>(&o);
     first(tensor_problem("momentum_buffer", s->momentum_buffer(), p, opts && opts->momentum() != 0));
   } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    const auto* opts = dynamic_cast<const torch::optim::AdamOptions*>(&o);
-    first(counter_problem("step", a->step()));
-    first(tensor_problem("exp_avg", a->exp_avg(), p, true));
-    first(tensor_problem("exp_avg_sq", a->exp_avg_sq(), p, true));
-    first(tensor_problem("max_exp_avg_sq", a->max_exp_avg_sq(), p, opts && opts->amsgrad()));
+    adam_like(*a, dynamic_cast<const torch::optim::AdamOptions*>(&o));
   } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    const auto* opts = dynamic_cast<const torch::optim::AdamWOptions*>(&o);
-    first(counter_problem("step", w->step()));
-    first(tensor_problem("exp_avg", w->exp_avg(), p, true));
-    first(tensor_problem("exp_avg_sq", w->exp_avg_sq(), p, true));
-    first(tensor_problem("max_exp_avg_sq", w->max_exp_avg_sq(), p, opts && opts->amsgrad()));
+    adam_like(*w, dynamic_cast<const torch::optim::AdamWOptions*>(&o));
   } else if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     const auto* opts = dynamic_cast<const torch::optim::RMSpropOptions*>(&o);
     first(counter_problem("step", r->step()));

@@ -76,6 +76,15 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
 
 namespace {
 // Loads `dir` into a job like train_toy's, under `o`.
+// The checkpoint file `file` rewritten with `key` set to `value`, and its directory's manifest rewritten to match:
+// a file from elsewhere, not damage.
+void forge(const std::filesystem::path& file, const std::string& key, const c10::IValue& value) {
+  torch::serialize::InputArchive in;
+  in.load_from(file.string());
+  with_value(in, key, value).save_to(file.string());
+  accel::checkpoint::Manifest::of_directory(file.parent_path()).write(file.parent_path());
+}
+
 void load_like_toy(const std::filesystem::path& dir, accel::Options o, accel::LoadOptions l = {}) {
   Solo acc{o};
   Net net;
@@ -126,16 +135,7 @@ TEST_CASE("resume: a checkpoint of other training settings is refused naming bot
     }
     CHECK_THROWS_WITH(saved(3, true).load(other, one), Catch::Contains("disagree on mixed precision (GradScaler present in one only)"));
     // A format this accel does not read.
-    torch::serialize::InputArchive in;
-    in.load_from(other + "/" + ck::meta_file);
-    torch::serialize::OutputArchive out;
-    for (const auto& k : in.keys()) {
-      c10::IValue v;
-      in.read(k, v);
-      out.write(k, k == "format_version" ? c10::IValue(std::int64_t(99)) : v);
-    }
-    out.save_to(other + "/" + ck::meta_file);
-    ck::Manifest::of_directory(other).write(other);
+    forge(fs::path(other) / ck::meta_file, "format_version", std::int64_t(99));
     CHECK_THROWS_WITH(saved(3, false).load(other, one), Catch::Contains("checkpoint format 99, this accel reads formats 2 to 3"));
     fs::remove_all(other);
     // A sharded (ZeRO) optimizer's state, loaded into an unsharded job's optimizer.
@@ -159,16 +159,7 @@ TEST_CASE("resume: a checkpoint of other training settings is refused naming bot
              {"gradient_accumulation_steps", 0, "'gradient_accumulation_steps' is 0"},
              {"gradient_accumulation_steps", std::int64_t(1) << 40, "'gradient_accumulation_steps' is 1099511627776"}}) {
       INFO(key << " = " << value);
-      torch::serialize::InputArchive in;
-      in.load_from(meta);
-      torch::serialize::OutputArchive out;
-      for (const auto& k : in.keys()) {
-        c10::IValue v;
-        in.read(k, v);
-        out.write(k, k == key ? c10::IValue(value) : v);
-      }
-      out.save_to(meta);
-      accel::checkpoint::Manifest::of_directory(dir).write(dir);
+      forge(meta, key, value);
       try {
         load_like_toy(dir, {.gradient_accumulation_steps = 2}, {.allow_changed_settings = true});
         FAIL("loaded");
@@ -299,16 +290,7 @@ TEST_CASE("resume: a scheduler state from elsewhere with a counter out of range 
   // The scheduler's file rewritten with LibTorch's step count at -1 (4294967295 once truncated to its unsigned),
   // and the manifest rewritten to match: the file is what the manifest lists, not what accel wrote.
   const auto file = (dir / ck::indexed("scheduler", 0)).string();
-  torch::serialize::InputArchive in;
-  in.load_from(file);
-  torch::serialize::OutputArchive out;
-  for (const auto& k : in.keys()) {
-    c10::IValue v;
-    in.read(k, v);
-    out.write(k, k == "step_count" ? c10::IValue(std::int64_t(-1)) : v);
-  }
-  out.save_to(file);
-  ck::Manifest::of_directory(dir).write(dir);
+  forge(file, "step_count", std::int64_t(-1));
   try {
     load_like_toy(dir, {.gradient_accumulation_steps = 2});
     FAIL("loaded a scheduler step count of -1");

@@ -170,11 +170,7 @@ template <class From, class To>
 void copy_state(const From& from, To& to) {
   torch::serialize::OutputArchive out;
   from.save(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  std::istringstream read(bytes.str());
-  in.load_from(read);
+  auto in = reread(out);
   to.load(in);
 }
 
@@ -407,23 +403,9 @@ template <class Scheduler>
 torch::serialize::InputArchive forged_state(const Scheduler& s, const std::string& key, const c10::IValue& value) {
   torch::serialize::OutputArchive out;
   s.save(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive saved;
-  std::istringstream read(bytes.str());
-  saved.load_from(read);
-  torch::serialize::OutputArchive changed;
-  for (const auto& k : saved.keys()) {
-    c10::IValue v;
-    saved.read(k, v);
-    changed.write(k, k == key ? value : v);
-  }
-  std::ostringstream again;
-  changed.save_to(again);
-  torch::serialize::InputArchive in;
-  std::istringstream read_again(again.str());
-  in.load_from(read_again);
-  return in;
+  auto saved = reread(out);
+  auto changed = with_value(saved, key, value);
+  return reread(changed);
 }
 }  // namespace
 

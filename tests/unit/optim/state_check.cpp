@@ -2,6 +2,8 @@
 // tensor that does not fit its parameter, a counter below 0 or an option the constructor refuses is refused by
 // AcceleratedOptimizer::check and ::load, naming the group, the parameter and the field, and changes nothing; every
 // state a LibTorch optimizer reaches itself loads.
+#include "../support.hpp"
+
 #include <accel/optim/accelerated.hpp>
 
 #include <ATen/ops/ones.h>
@@ -19,7 +21,6 @@
 #include <cmath>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,12 +42,7 @@ struct Stepped {
     if (edit) edit(*opt);
     torch::serialize::OutputArchive out;
     opt->save(out);
-    std::ostringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    std::istringstream read(bytes.str());
-    in.load_from(read);
-    return in;
+    return accel_test::reread(out);
   }
 };
 
