@@ -60,6 +60,7 @@ void gather_for_metrics(const Args&);      // comm/gather_for_metrics.cpp
 void golden_e2e(const Args&);              // data/golden_e2e.cpp
 void golden_e2e_stream(const Args&);       // data/golden_e2e.cpp
 void dispatch(const Args&);                // data/dispatch.cpp
+void streams(const Args&);                 // data/streams.cpp
 void distributed_module(const Args&);      // model/distributed_module.cpp
 void ddp_buffers(const Args&);             // model/ddp_buffers.cpp
 void comm_hooks(const Args&);              // model/comm_hooks.cpp

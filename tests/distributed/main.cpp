@@ -7,6 +7,7 @@
 //   golden FILE [WORKERS]          data/: Accelerate's end-to-end vectors of this world size, sharded and dispatched
 //   golden-stream FILE [WORKERS]   data/: the same with the data given as a stream (an iterable dataset)
 //   dispatch                       data/: dispatched loading's transport (<= 1/N of a broadcast), slices, errors
+//   streams                        data/: streams of unknown length (no size(), a file, endless) on every path, cut, resumed
 //   ddp                            model/: DistributedModule equals one process on the concatenated batches
 //   ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
 //   comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
       {"sharding-collectives", mp::sharding_collectives},
       {"zero", mp::zero},                     {"replicas", mp::replicas},
-      {"dead-peer", mp::dead_peer}};
+      {"dead-peer", mp::dead_peer},           {"streams", mp::streams}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

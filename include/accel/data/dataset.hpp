@@ -8,6 +8,10 @@
 //! | `BatchedDataset` | a `MapDataset` with `get_batch(indices)`       | `TensorDataset`: one `index_select` per tensor |
 //! | `IterableDataset`| an input range of samples (no `get`)           | a generator, a file reader                |
 //!
+//! A stream's length is its own business: `size()` is optional. Without one (samples made on the fly, a file read
+//! as it goes, an endless generator that the loop stops) every loading path works, cut and resumed alike; the
+//! prepared loader then has no `size()` (it would have to read the stream to know).
+//!
 //! `TorchDataset` adapts LibTorch's `torch::data::datasets::Dataset` (MNIST, ...): `get(size_t)` and an
 //! optional `size()`.
 

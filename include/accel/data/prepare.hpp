@@ -127,11 +127,13 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
   // The one validation of the sharding rules, strict on every path (Accelerate's prepare_data_loader refuses
   // split_batches with a batch size that is not a round multiple of the processes, even where its classes would not).
   plan::validate(core->spec(ctx.process_index), plan::Loading::sharded, /*varying_ok=*/bool(o.batch_sampler));
-  if (o.shuffle && MapDataset<Dataset>) {
-    // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation).
-    core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
-                                                    o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed,
-                                                    RandomSamplerOptions{}, o.seed);
+  if constexpr (MapDataset<Dataset>) {
+    // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation). A stream has no
+    // indices to shuffle (refused above), nor, in general, a size.
+    if (o.shuffle)
+      core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
+                                                      o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed,
+                                                      RandomSamplerOptions{}, o.seed);
   }
   if constexpr (IterableDataset<Dataset> && Config::dispatch)
     return StreamDispatchedLoader<Dataset, Collate, Config, Slice>(core, DispatchTransport<Slice>{std::move(slice)});

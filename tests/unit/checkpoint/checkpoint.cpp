@@ -3,6 +3,8 @@
 #include "../support.hpp"
 #include "../training_support.hpp"
 
+#include "../../support/streams.hpp"
+
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <ranges>
 #include <sstream>
 #include <tuple>
 
@@ -70,6 +73,48 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
     CHECK_THROWS_WITH(acc.load_state(dir), Catch::Contains("holds 1 optimizers, this job prepared 0") &&
                                                Catch::Contains("prepare the same objects, in the same order"));
     CHECK_THROWS_WITH(acc.load_state(dir / "nowhere"), Catch::Contains("is not a checkpoint directory"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+// train_toy over a stream of unknown length (the toy samples made one by one, no size()): no shuffle, 2 workers.
+std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
+                                     const std::string& resume_dir) {
+  Solo acc{accel::Options{.seed = seed, .gradient_accumulation_steps = 2}};
+  Net net;
+  auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+  const auto toy = toy_data(70);
+  auto stream = Generated{70} | std::views::transform([toy](std::int64_t i) { return toy.get(i); });
+  static_assert(accel::data::IterableDataset<decltype(stream)> && !std::ranges::sized_range<decltype(stream)>);
+  auto [model, opt, loader] = acc.prepare(net, adam, accel::data::DataLoader(std::move(stream), {.batch_size = 8, .workers = 2}));
+  if (!resume_dir.empty()) acc.load_state(resume_dir);
+  std::int64_t seen = 0;
+  for (std::int64_t epoch = loader.epoch(); epoch < epochs; ++epoch) {
+    loader.set_epoch(epoch);
+    for (const auto& batch : loader) {
+      auto step = acc.accumulate(model);
+      acc.backward(torch::nn::functional::cross_entropy(model(batch.data), batch.target));
+      opt.step();
+      opt.zero_grad();
+      if (++seen == stop_after) {
+        acc.save_state(save_dir);
+        return {};
+      }
+    }
+  }
+  return snapshot_of(net);
+}
+}  // namespace
+
+TEST_CASE("resume: a job over a stream of unknown length ends bit-identical to one that never stopped", "[accelerator][checkpoint][stream]") {
+  accel::ProcessState::reset();
+  const auto dir = std::filesystem::temp_directory_path() / ("accel_resume_stream_" + std::to_string(::getpid()));
+  const auto straight = train_stream(11, 3, 0, "", "");
+  for (std::int64_t cut : {3, 9, 10, 20}) {  // inside the 1st and 2nd epochs, at the 2nd's end, in the 3rd
+    INFO("checkpoint after batch " << cut);
+    train_stream(11, 3, cut, dir.string(), "");
+    check_equal(train_stream(99, 3, 0, "", dir.string()), straight);
   }
   std::filesystem::remove_all(dir);
 }
