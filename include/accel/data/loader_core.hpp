@@ -133,6 +133,7 @@ struct LoaderCore {
   std::int64_t handed = 0, total = 0;
   std::vector<std::uint8_t> epoch_start_state;
   std::int64_t bytes_received = 0, bytes_broadcast_equivalent = 0;  // dispatched loading's transport
+  std::int64_t dispatch_capacity = 0;  // dispatched loading's message size, the same on every rank (transport.hpp)
   bool publish = true;  // registers with GradientState (prepared loaders do; the user's own loader does not)
   std::int64_t order_length = -1;  // the user sampler's last epoch length (-1: the dataset's size)
   // A user batch sampler's batches, asked for once per epoch (by `size()` or by the epoch itself).

@@ -6,7 +6,8 @@
 //!
 //! One epoch is one cursor that runs, for every step:
 //!
-//!     step -> fetch      the source, on the loader's workers (`DataLoaderOptions::workers`), ahead of the loop
+//!     step -> fetch      the source, on the loader's workers (`DataLoaderOptions::workers`), ahead of the loop,
+//!                        and the transport's packing (dispatched loading cuts rank 0's global batch there)
 //!          -> transport  on the loop's thread (dispatched loading's collectives keep their order)
 //!          -> place      the batch on the process's device (sharded loading places it on the worker)
 //!          -> publish    end_of_dataloader and every rank's rows to `GradientState`, while the loop holds it
@@ -45,7 +46,11 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
     Cursor(const std::shared_ptr<Core>& c, std::shared_ptr<const Transport> t)
         : core(c), transport(std::move(t)), registration(core->publish ? &GradientState::instance() : nullptr), epoch(core) {
       prefetcher.emplace(epoch.count(), core->options.workers, core->options.prefetch,
-                         [this](std::int64_t q) { return epoch.produce(q); });
+                         [this](std::int64_t q) {
+                           auto f = epoch.produce(q);
+                           if (f) transport->pack(*core, *f);  // on the worker, ahead of the loop
+                           return f;
+                         });
       if constexpr (requires { epoch.steps(); })  // this rank runs out first: Note [Joined steps]
         if (missing() > 0) {
           std::vector<GradientState::LoaderView> views;

@@ -8,7 +8,11 @@
 //! | transport           | payload                                   | what it does                                 |
 //! |---------------------|-------------------------------------------|----------------------------------------------|
 //! | `LocalTransport`    | this rank's batch, fetched and placed     | nothing (sharded loading)                    |
-//! | `DispatchTransport` | rank 0: the global batch and its `DispatchStep` | broadcasts the step's description, scatters every tensor leaf, places the slice |
+//! | `DispatchTransport` | rank 0: the global batch and its `DispatchStep` | packs every rank's message (on the workers), scatters them in one collective, places the slice |
+//!
+//! A transport may also `pack` a fetched step where it was fetched (on the loader's workers): the dispatched
+//! transport cuts rank 0's global batch into every rank's message there, so that the loop's thread only sends it
+//! (Note [One message per step]).
 
 #include <accel/comm/collectives.hpp>
 #include <accel/core/serialize.hpp>
@@ -18,13 +22,16 @@
 #include <accel/state/gradient_state.hpp>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -66,12 +73,166 @@ struct DispatchStep {
 inline auto accel_fields(DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
 inline auto accel_fields(const DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
 
-//! What dispatched loading fetches: the step's description (rank 0 fills it) and, on rank 0, the global batch.
+//! What dispatched loading fetches: the step's description (rank 0 fills it) and, on rank 0, the global batch and
+//! (packed on the worker that fetched it) every rank's message.
 template <class Batch>
 struct DispatchPayload {
   DispatchStep step;
   std::optional<Batch> global;
+  at::Tensor message;  //!< rank 0, no slice function: [N, length] bytes on the engine's device (`pack_step`)
 };
+
+// Note [One message per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Dispatched loading's transport is on the loop's thread (its collectives keep their order with the training's),
+// so every collective there is time the step loses: a broadcast of the step's description (two: its length, then
+// its bytes) and one scatter per tensor leaf cost 1.5 ms a step on 2 loaded CPU processes (benchmarks/README.md,
+// Prefetching). So a step is one scatter: rank 0 sends each rank one message of `capacity` bytes,
+//
+//     [ int64 length | int64 description bytes | description (DispatchStep, serialised) | leaf 0 rows | leaf 1 rows ... ]
+//
+// every part 16-byte aligned; a leaf's part holds the step's largest slice (`max(size)` rows of its trailing shape),
+// rank r's rows first. Every rank computes the offsets alone from the description (`MessageLayout`), and its leaves are
+// views into the received message (no copy). The capacity is the loader's, the same on every rank: it starts at 0
+// and grows only when a message does not fit, at a step every rank learns from the message's header: rank 0 then
+// sends the header alone (a scatter of the old capacity, or a broadcast of the length while the capacity is under
+// a header) and the message again at the new capacity (at least 1/8 more, so that growing shapes do not grow it at
+// every step). With fixed shapes the capacity is set by the first step and every later step is one scatter. Rank 0
+// packs the messages on the worker that fetched the step (`DispatchTransport::pack`), so the cutting and copying run
+// ahead of the loop too.
+
+//! Where every part of a step's message lies (Note [One message per step]), from its description alone.
+struct MessageLayout {
+  std::int64_t rows = 0, length = 0;
+  std::vector<std::int64_t> offset, row_bytes;  // per tensor leaf
+  static constexpr std::int64_t header = 16;
+  static std::int64_t aligned(std::int64_t n) { return (n + 15) / 16 * 16; }
+  //! The layout of `step`, whose serialised description has `description` bytes; refuses a description whose
+  //! sizes do not fit in an int64.
+  static MessageLayout of(const DispatchStep& step, std::int64_t description) {
+    MessageLayout m;
+    for (const auto s : step.size) m.rows = std::max(m.rows, s);
+    m.length = aligned(header + description);
+    for (std::size_t l = 0; l < step.dtypes.size(); ++l) {
+      std::int64_t bytes = std::int64_t(c10::elementSize(at::ScalarType(step.dtypes[l]))), part = 0;
+      bool overflow = false;
+      for (const auto d : step.shapes[l]) overflow |= d < 0 || __builtin_mul_overflow(bytes, d, &bytes);
+      overflow |= __builtin_mul_overflow(bytes, m.rows, &part) || part > INT64_MAX - 16 - m.length;
+      accel::detail::require(!overflow, "accel: dispatched loading: a step's batch is too large to send (leaf " + std::to_string(l) + ")");
+      m.offset.push_back(m.length);
+      m.row_bytes.push_back(bytes);
+      m.length += aligned(part);
+    }
+    return m;
+  }
+};
+
+//! Rank 0: the step's description completed with every tensor leaf's dtype and trailing shape, and every rank's
+//! message packed (`payload.message`). A batch that cannot be cut (a leaf with no rows) becomes the step's error,
+//! which every rank then stops with.
+template <class Batch>
+void pack_step(const PrepareContext& ctx, DispatchPayload<Batch>& payload) {
+  auto& step = payload.step;
+  const int N = ctx.num_processes;
+  const auto dev = ctx.comm ? ctx.comm->device() : c10::Device(c10::kCPU);
+  std::vector<at::Tensor> leaves;
+  step.dtypes.clear(), step.shapes.clear();
+  if (payload.global && step.error.empty()) {
+    try {
+      for_each_tensor(*payload.global, [&](const at::Tensor& t) {
+        accel::detail::require(t.dim() >= 1, "accel: dispatched loading cuts every tensor of a batch along its first "
+                                             "dimension; a leaf has none (a 0-d tensor): give it one, or pass a slice function");
+        step.dtypes.push_back(std::int8_t(t.scalar_type()));
+        step.shapes.push_back(t.sizes().slice(1).vec());
+        leaves.push_back(t);
+      });
+    } catch (const std::exception& e) {
+      step.error = e.what(), step.dtypes.clear(), step.shapes.clear(), leaves.clear();
+    }
+  }
+  std::vector<std::uint8_t> description;
+  accel::serialize(step, description);
+  const auto layout = MessageLayout::of(step, std::int64_t(description.size()));
+  // The header and the description, the same for every rank.
+  at::Tensor head = at::zeros({MessageLayout::aligned(MessageLayout::header + std::int64_t(description.size()))}, at::kByte);
+  auto* h = head.data_ptr<std::uint8_t>();
+  const std::int64_t sizes[2] = {layout.length, std::int64_t(description.size())};
+  std::memcpy(h, sizes, sizeof sizes);
+  if (!description.empty()) std::memcpy(h + MessageLayout::header, description.data(), description.size());
+  at::Tensor message = at::zeros({N, layout.length}, at::TensorOptions().dtype(at::kByte).device(dev));
+  message.narrow(1, 0, head.numel()).copy_(head.to(dev).unsqueeze(0).expand({N, head.numel()}));
+  for (std::size_t l = 0; l < leaves.size(); ++l) {
+    const at::Tensor src = leaves[l].to(dev);
+    for (int r = 0; r < N; ++r) {
+      const std::int64_t rows = step.size[std::size_t(r)];
+      if (rows == 0) continue;
+      std::vector<std::int64_t> shape{rows};
+      shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
+      message[r].narrow(0, layout.offset[l], rows * layout.row_bytes[l]).view(src.scalar_type()).view(shape)
+          .copy_(src.narrow(0, step.begin[std::size_t(r)], rows));
+    }
+  }
+  payload.message = std::move(message);
+}
+
+//! Every rank: its message of the step (one scatter of `capacity` bytes from rank 0, two when the capacity grows:
+//! Note [One message per step]), as a 1-d byte tensor on the engine's device.
+ACCEL_DECL at::Tensor receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity);
+#if ACCEL_DEFINITIONS
+ACCEL_DECL at::Tensor receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
+  if (!ctx.comm || ctx.num_processes == 1) return sent[0];
+  const int me = ctx.process_index, N = ctx.num_processes;
+  const auto dev = ctx.comm->device();
+  const auto bytes = at::TensorOptions().dtype(at::kByte).device(dev);
+  auto read_length = [](const at::Tensor& m) {
+    const at::Tensor h = m.narrow(0, 0, MessageLayout::header).cpu();
+    std::int64_t v[2];
+    std::memcpy(v, h.data_ptr<std::uint8_t>(), sizeof v);
+    accel::detail::require(v[0] >= MessageLayout::header + v[1] && v[1] >= 0, "accel: dispatched loading: a message from rank 0 "
+                                                                            "has a malformed header (length " + std::to_string(v[0]) + ")");
+    return v[0];
+  };
+  // Rank 0's messages at `capacity` bytes (padded, or the header alone when they do not fit).
+  auto chunks = [&] {
+    std::vector<at::Tensor> out;
+    if (me != 0) return out;
+    const std::int64_t length = sent.size(1);
+    at::Tensor padded = sent;
+    if (length != capacity) {
+      padded = at::zeros({N, capacity}, bytes);
+      padded.narrow(1, 0, std::min(length, capacity)).copy_(sent.narrow(1, 0, std::min(length, capacity)));
+      if (length > capacity) {  // the header alone, saying how long the message is
+        const std::int64_t v[2] = {length, 0};
+        at::Tensor h = at::empty({MessageLayout::header}, at::kByte);
+        std::memcpy(h.data_ptr<std::uint8_t>(), v, sizeof v);
+        padded.narrow(1, 0, MessageLayout::header).copy_(h.to(dev).unsqueeze(0).expand({N, MessageLayout::header}));
+      }
+    }
+    for (int r = 0; r < N; ++r) out.push_back(padded[r]);
+    return out;
+  };
+  std::int64_t length = 0;
+  at::Tensor mine;
+  if (capacity < MessageLayout::header) {  // nothing sent yet: the length first
+    at::Tensor n = at::full({2}, me == 0 ? sent.size(1) : 0, at::TensorOptions().dtype(at::kLong).device(dev));
+    ctx.comm->broadcast(n, 0);
+    length = n[0].item<std::int64_t>();
+    accel::detail::require(length >= MessageLayout::header, "accel: dispatched loading: rank 0 announced a message of " +
+                                                                std::to_string(length) + " bytes");
+  } else {
+    mine = at::empty({capacity}, bytes);
+    ctx.comm->scatter(mine, chunks(), 0);
+    length = read_length(mine);
+  }
+  if (length > capacity) {
+    capacity = std::max(length, MessageLayout::aligned(capacity + capacity / 8));
+    mine = at::empty({capacity}, bytes);
+    ctx.comm->scatter(mine, chunks(), 0);
+    accel::detail::require(read_length(mine) == length, "accel: dispatched loading: rank 0's message changed length");
+  }
+  return mine.narrow(0, 0, length);
+}
+#endif
 
 //! Every rank learns rank 0's description of the step (a typed broadcast); rank 0's loading error stops every rank
 //! with its message. Returns whether there is a step (false: the end of a stream).
@@ -86,13 +247,15 @@ ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
 }
 #endif
 
-//! Rank 0 sends the step's description (typed broadcast), then every tensor leaf of the global batch is cut into
-//! per-rank chunks (padded to one size) and scattered, and every rank keeps its `size[me]` rows. Returns this
-//! rank's batch; counts the bytes received and those a broadcast of the whole global batch would have cost.
+//! Every rank's batch of the step: its message received (Note [One message per step]) and its leaves viewed in it,
+//! `size[me]` rows each; with a slice function, the description broadcast and rank 0's cut parts scattered as
+//! objects. Counts the tensor bytes received and those a broadcast of the whole global batch would have cost.
 template <class Batch, class Slice>
-Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const std::optional<Batch>& global,
+Batch dispatch_transport(const PrepareContext& ctx, DispatchPayload<Batch>& payload, std::int64_t& capacity,
                          std::int64_t& bytes_received, std::int64_t& bytes_broadcast, const Slice& slice) {
   const int me = ctx.process_index, N = ctx.num_processes;
+  auto& step = payload.step;
+  const auto& global = payload.global;
   if constexpr (!std::is_same_v<Slice, NoSlice>) {
     // A slice function: rank 0 cuts the global batch with it and every rank receives its part, serialised
     // (any serialisable batch: tensors, strings, numbers, described structs).
@@ -103,44 +266,45 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
     if (ctx.comm && N > 1) return scatter_object(ctx.comm, parts, 0);
     return parts.at(std::size_t(me));
   } else if constexpr (TensorStructure<Batch>) {
-    if (me == 0 && global) {
-      step.dtypes.clear(), step.shapes.clear();
-      for_each_tensor(*global, [&](const at::Tensor& t) {
-        step.dtypes.push_back(std::int8_t(t.scalar_type()));
-        step.shapes.push_back(t.sizes().slice(1).vec());
-      });
+    const at::Tensor message = receive_message(ctx, payload.message, capacity);
+    const at::Tensor head = message.narrow(0, 0, std::min<std::int64_t>(message.numel(), 4096)).cpu();
+    std::int64_t sizes[2];
+    std::memcpy(sizes, head.data_ptr<std::uint8_t>(), sizeof sizes);
+    const at::Tensor description = sizes[1] + MessageLayout::header <= head.numel()
+                                       ? head
+                                       : message.narrow(0, 0, MessageLayout::header + sizes[1]).cpu();
+    std::span<const std::uint8_t> in(description.data_ptr<std::uint8_t>() + MessageLayout::header, std::size_t(sizes[1]));
+    if (me != 0) {
+      step = DispatchStep{};
+      accel::deserialize(step, in);
     }
-    if (!receive_step(ctx, step)) return Batch{};
-    const std::int64_t rows = *std::max_element(step.size.begin(), step.size.end());
+    // Rank 0's error stops every rank (thrown here, every rank having its message); no step: the end of a stream.
+    if (!receive_step(PrepareContext{.num_processes = N, .process_index = me}, step)) return Batch{};
+    for (std::size_t l = 0; l < step.dtypes.size(); ++l)
+      accel::detail::require(accel::detail::serialisable_dtype(step.dtypes[l]), "accel: dispatched loading: a message from rank 0 names an unknown dtype");
+    accel::detail::require(int(step.size.size()) == N && step.shapes.size() == step.dtypes.size(),
+                           "accel: dispatched loading: a message from rank 0 describes another number of ranks");
+    const auto layout = MessageLayout::of(step, sizes[1]);
+    accel::detail::require(layout.length == message.numel(), "accel: dispatched loading: a message from rank 0 is " +
+                                                                 std::to_string(message.numel()) + " bytes, its description says " +
+                                                                 std::to_string(layout.length));
     const std::int64_t total = std::accumulate(step.size.begin(), step.size.end(), std::int64_t{0});
     Batch out{};
-    if (me == 0 && global) out = *global;
+    if (me == 0 && payload.global) out = *payload.global;
     std::size_t leaf = 0;
-    const auto dev = ctx.comm ? ctx.comm->device() : c10::Device(c10::kCPU);
     for_each_tensor(out, [&](at::Tensor& t) {
       const std::size_t l = leaf++;
       accel::detail::require(l < step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
-      std::vector<std::int64_t> shape{rows};
+      std::vector<std::int64_t> shape{layout.rows};
       shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
-      const auto opts = at::TensorOptions().dtype(at::ScalarType(step.dtypes[l])).device(dev);
-      std::vector<at::Tensor> chunks;
-      if (me == 0) {
-        const at::Tensor src = t.to(dev);
-        for (int r = 0; r < N; ++r) {
-          at::Tensor chunk = at::zeros(shape, opts);
-          if (step.size[std::size_t(r)] > 0)
-            chunk.narrow(0, 0, step.size[std::size_t(r)]).copy_(src.narrow(0, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
-          chunks.push_back(chunk);
-        }
-      }
-      at::Tensor mine = at::empty(shape, opts);
-      if (ctx.comm && N > 1) ctx.comm->scatter(mine, chunks, 0);
-      else mine = chunks.at(std::size_t(me));
-      const std::int64_t row_bytes = (mine.numel() / std::max<std::int64_t>(rows, 1)) * std::int64_t(mine.element_size());
-      bytes_received += rows * row_bytes;
-      bytes_broadcast += total * row_bytes;
-      t = mine.narrow(0, 0, step.size[std::size_t(me)]);
+      bytes_received += layout.rows * layout.row_bytes[l];
+      bytes_broadcast += total * layout.row_bytes[l];
+      t = message.narrow(0, layout.offset[l], layout.rows * layout.row_bytes[l])
+              .view(at::ScalarType(step.dtypes[l]))
+              .view(shape)
+              .narrow(0, 0, step.size[std::size_t(me)]);
     });
+    accel::detail::require(leaf == step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
     return out;
   } else {
     static_assert(!std::is_same_v<Slice, NoSlice>,
@@ -155,6 +319,8 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchStep& step, const st
 //! Sharded loading: the source fetched (and placed) this rank's own batch; nothing moves.
 struct LocalTransport {
   template <class Core, class Batch>
+  void pack(const Core&, detail::Fetched<Batch>&) const {}
+  template <class Core, class Batch>
   std::optional<Batch> deliver(Core&, detail::Fetched<Batch>& f) const {
     return std::move(f.payload);
   }
@@ -166,10 +332,16 @@ struct LocalTransport {
 template <class Slice = NoSlice>
 struct DispatchTransport {
   Slice slice;
+  //! On the worker that fetched the step: rank 0 packs every rank's message (not with a slice function).
+  template <class Core, class Batch>
+  void pack(const Core& k, detail::Fetched<detail::DispatchPayload<Batch>>& f) const {
+    if constexpr (std::is_same_v<Slice, NoSlice> && TensorStructure<Batch>)
+      if (k.ctx.process_index == 0) detail::pack_step(k.ctx, f.payload);
+  }
   template <class Core, class Batch>
   std::optional<Batch> deliver(Core& k, detail::Fetched<detail::DispatchPayload<Batch>>& f) const {
     auto& step = f.payload.step;
-    Batch out = detail::dispatch_transport(k.ctx, step, f.payload.global, k.bytes_received, k.bytes_broadcast_equivalent, slice);
+    Batch out = detail::dispatch_transport(k.ctx, f.payload, k.dispatch_capacity, k.bytes_received, k.bytes_broadcast_equivalent, slice);
     if (!step.has_step) return std::nullopt;
     if (!f.view.plans) f.view = {.end_of_dataloader = step.end, .direct = {step.size, step.real}};
     return k.placement()(std::move(out));

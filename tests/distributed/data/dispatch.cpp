@@ -6,7 +6,9 @@
 #include <accel/data/loader.hpp>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/scalar_tensor.h>
 
@@ -91,6 +93,43 @@ void dispatch(const Args&) {
   check(message.find("loading batch " + step + " of epoch 0") != std::string::npos &&
             message.find("failed: stack expects each tensor to be equal size") != std::string::npos,
         "a batch rank 0 cannot collate stops every rank with its message (got: " + message + ")");
+
+  // One message per step (Note [One message per step]): batches whose trailing shape changes from step to step,
+  // growing past the message's capacity and shrinking again, over 3 epochs; every row holds its sample's id.
+  const auto ragged_collate = [](const std::vector<std::int64_t>& batch) {
+    const std::int64_t width = 1 + (batch.front() * 7) % 23;  // the step's width: up and down
+    at::Tensor x = at::zeros({std::int64_t(batch.size()), width}, at::kLong);
+    for (std::size_t i = 0; i < batch.size(); ++i) x[std::int64_t(i)].fill_(batch[i]);
+    return torch::data::Example<>{x, at::tensor(batch, at::kLong)};
+  };
+  accel::data::DataLoader widths(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 3}, ragged_collate);
+  auto wl = accel::data::prepare_data_loader<Dispatch>(widths, state);
+  bool rows_right = true;
+  std::int64_t id_sum = 0;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (const auto& b : wl) {
+      rows_right &= b.data.size(0) == b.target.size(0) && b.data.dim() == 2 && b.data.size(1) >= 1;
+      for (std::int64_t i = 0; i < b.data.size(0); ++i) rows_right &= at::equal(b.data[i], at::full({b.data.size(1)}, b.target[i].item<std::int64_t>(), at::kLong));
+      const std::int64_t real = accel::GradientState::instance().layout().real[std::size_t(tally.rank)];
+      for (std::int64_t i = 0; i < real; ++i) id_sum += b.target[i].item<std::int64_t>();
+    }
+  }
+  check(rows_right, "dispatched batches whose width changes every step: every rank's rows hold their ids");
+  check(accel::reduce(state.comm(), at::scalar_tensor(id_sum, at::kLong), accel::Reduction::sum).item<std::int64_t>() == 3 * 325,
+        "dispatched batches whose width changes every step: the real rows are every sample once per epoch");
+  // A leaf with no first dimension cannot be cut: every rank stops with rank 0's message (not rank 0 alone).
+  accel::data::DataLoader scalar(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 2},
+                                 [](const std::vector<std::int64_t>& batch) {
+                                   return torch::data::Example<>{at::tensor(batch, at::kLong), at::scalar_tensor(1.0)};
+                                 });
+  message.clear();
+  try {
+    for (const auto& b : accel::data::prepare_data_loader<Dispatch>(scalar, state)) (void)b;
+  } catch (const accel::Error& e) {
+    message = e.what();
+  }
+  check(message.find("a leaf has none (a 0-d tensor)") != std::string::npos,
+        "a batch with a 0-d tensor stops every rank with rank 0's message (got: " + message + ")");
 }
 
 }  // namespace mp
