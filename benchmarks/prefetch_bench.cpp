@@ -43,6 +43,10 @@ constexpr int kWarmup = 5, kSteps = 60;
 constexpr double kComputeTarget = 9.1e-3;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
 
 torch::data::Example<> sample(std::int64_t i) {
   std::this_thread::sleep_for(kWait);
@@ -90,8 +94,7 @@ struct Compute {
         run();
         t.push_back(seconds_since(s) / reps);
       }
-      std::sort(t.begin(), t.end());
-      reps = std::max(1, int(kComputeTarget / t[t.size() / 2] + 0.5));
+      reps = std::max(1, int(kComputeTarget / median(t) + 0.5));
     }
   }
 };
@@ -110,8 +113,7 @@ double step_seconds(Loader& loader, const Compute& compute, const accel::Process
     ++it;
     if (s >= kWarmup) times.push_back(seconds_since(t));
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 // The same reads by hand, no transport: `readers` plain threads (none: the loop reads) each read a whole batch of
@@ -175,8 +177,7 @@ double hand_seconds(std::int64_t samples, int readers, const Compute& compute, c
   }
   cv.notify_all();
   for (auto& t : threads) t.join();
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 // One step's reading alone, on the rank that reads most: `samples` samples waited for in a row.
@@ -187,8 +188,7 @@ double fetch_seconds(std::int64_t samples) {
     for (std::int64_t i = 0; i < samples; ++i) (void)sample(i);
     times.push_back(seconds_since(t));
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 }  // namespace
 
@@ -199,19 +199,7 @@ int main(int argc, char** argv) {
   Compute compute;
   compute.calibrate();
   // The step without data (compute and the per-step all-reduce): what the loop costs when batches are free.
-  double compute_alone = 0;
-  {
-    std::vector<double> t;
-    at::Tensor sync = at::ones({1});
-    for (int s = 0; s < kWarmup + kSteps; ++s) {
-      const auto start = Clock::now();
-      compute.run();
-      if (N > 1) state.comm()->all_reduce(sync);
-      if (s >= kWarmup) t.push_back(seconds_since(start));
-    }
-    std::sort(t.begin(), t.end());
-    compute_alone = t[t.size() / 2];
-  }
+  const double compute_alone = hand_seconds(0, 0, compute, state);
   const double fetch_own = fetch_seconds(kBatch), fetch_global = fetch_seconds(kBatch * N);
   using Sharded = accel::CheckedConfig<accel::dist::gloo>;
   using Dispatched = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;

@@ -11,6 +11,9 @@
 
 namespace accel_test {
 
+//! Batches of sample ids, as the loader tests compare them.
+using Batches = std::vector<std::vector<std::int64_t>>;
+
 //! 0, 1, ..., n-1.
 inline std::vector<std::int64_t> iota_vector(std::int64_t n) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(n));

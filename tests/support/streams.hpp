@@ -1,7 +1,12 @@
 #pragma once
 // Streams of unknown length, as users write them (data/dataset.hpp, `IterableDataset`): shared by the unit and
 // multi-process loader tests. None has a `size()`; each yields the ids 0, 1, 2, ... so that its batches can be
-// compared with those of a sized stream (`std::views::all` of a vector) and a map-style dataset.
+// compared with those of a sized stream (`std::views::all` of a vector) and a map-style dataset. `take` runs a
+// loader's loop as a user does, leaving it after k batches.
+#include "samples.hpp"
+
+#include <accel/state/gradient_state.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -11,8 +16,25 @@
 #include <ranges>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace accel_test {
+
+//! The first `k` batches (every one when k < 0) of a loader's next epoch, and end_of_dataloader after each: the loop
+//! leaves once it holds k batches, so the loader has yielded exactly k.
+template <class Loader>
+std::pair<Batches, std::vector<bool>> take(Loader& loader, std::int64_t k) {
+  Batches out;
+  std::vector<bool> ends;
+  if (k == 0) return {out, ends};
+  for (const auto& b : loader) {
+    out.push_back(as_vector(b));
+    ends.push_back(accel::GradientState::instance().end_of_dataloader());
+    if (std::int64_t(out.size()) == k) break;
+  }
+  return {out, ends};
+}
 
 //! Samples made on the fly, `n` of them, by an iterator and a sentinel: no `size()`, nothing stored.
 struct Generated {

@@ -52,7 +52,6 @@ inline nlohmann::json golden(const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-using Batches = std::vector<std::vector<std::int64_t>>;
 using Indices = accel::data::RangeDataset<std::vector<std::int64_t>>;
 
 inline Batches as_batches(const nlohmann::json& j) { return j.get<Batches>(); }

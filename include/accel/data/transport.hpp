@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -105,15 +106,19 @@ struct DispatchPayload {
 struct MessageLayout {
   std::int64_t rows = 0, length = 0;
   std::vector<std::int64_t> offset, row_bytes;  // per tensor leaf
-  static constexpr std::int64_t header = 16;
+  static constexpr std::int64_t header = 16;    // int64 length, int64 description bytes
   static std::int64_t aligned(std::int64_t n) { return (n + 15) / 16 * 16; }
-  //! The layout of `step`, whose serialised description has `description` bytes; refuses a description whose
-  //! sizes do not fit in an int64.
-  static MessageLayout of(const DispatchStep& step, std::int64_t description) {
+  //! The layout of `step` (a step of `N` ranks), whose serialised description has `description` bytes. Refuses a
+  //! description that is not one of N ranks, names an unknown dtype, or whose sizes do not fit in an int64.
+  static MessageLayout of(const DispatchStep& step, std::int64_t description, int N) {
+    accel::detail::require((!step.has_step || int(step.size.size()) == N) && step.shapes.size() == step.dtypes.size(),
+                           "accel: dispatched loading: a message from rank 0 describes another number of ranks or leaves");
     MessageLayout m;
     for (const auto s : step.size) m.rows = std::max(m.rows, s);
     m.length = aligned(header + description);
     for (std::size_t l = 0; l < step.dtypes.size(); ++l) {
+      accel::detail::require(accel::detail::serialisable_dtype(step.dtypes[l]),
+                             "accel: dispatched loading: a message from rank 0 names an unknown dtype");
       std::int64_t bytes = std::int64_t(c10::elementSize(at::ScalarType(step.dtypes[l]))), part = 0;
       bool overflow = false;
       for (const auto d : step.shapes[l]) overflow |= d < 0 || __builtin_mul_overflow(bytes, d, &bytes);
@@ -125,7 +130,39 @@ struct MessageLayout {
     }
     return m;
   }
+  //! `rows` rows of leaf `l` in the message `bytes` (rank r's part of rank 0's messages, or the one received).
+  static at::Tensor leaf(const at::Tensor& bytes, const MessageLayout& m, const DispatchStep& step, std::size_t l, std::int64_t rows) {
+    std::vector<std::int64_t> shape{rows};
+    shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
+    return bytes.narrow(0, m.offset[l], rows * m.row_bytes[l]).view(at::ScalarType(step.dtypes[l])).view(shape);
+  }
+  //! The header and `description`, padded to 16 bytes (CPU): the start of every rank's message, or (no description)
+  //! the header alone that announces a message longer than the capacity.
+  static at::Tensor head(std::int64_t length, std::span<const std::uint8_t> description) {
+    at::Tensor h = at::zeros({aligned(header + std::int64_t(description.size()))}, at::kByte);
+    const std::int64_t sizes[2] = {length, std::int64_t(description.size())};
+    std::memcpy(h.data_ptr<std::uint8_t>(), sizes, sizeof sizes);
+    if (!description.empty()) std::memcpy(h.data_ptr<std::uint8_t>() + header, description.data(), description.size());
+    return h;
+  }
+  //! The length and description bytes a received message's header gives (checked).
+  static std::pair<std::int64_t, std::int64_t> read_head(const at::Tensor& bytes) {
+    const at::Tensor h = bytes.narrow(0, 0, header).cpu();
+    std::int64_t v[2];
+    std::memcpy(v, h.data_ptr<std::uint8_t>(), sizeof v);
+    accel::detail::require(v[1] >= 0 && v[0] >= header + v[1], "accel: dispatched loading: a message from rank 0 has a "
+                                                               "malformed header (length " + std::to_string(v[0]) + ")");
+    return {v[0], v[1]};
+  }
 };
+
+//! Rank 0's loading error stops every rank with its message (on rank 0, the message itself). Returns whether there
+//! is a step (false: the end of a stream).
+inline bool step_or_error(int rank, const DispatchStep& step) {
+  if (!step.error.empty())
+    throw Error(rank == 0 ? step.error : "accel: rank " + std::to_string(rank) + ": dispatched loading stopped: " + step.error);
+  return step.has_step;
+}
 
 //! Rank 0: the step's description completed with every tensor leaf's dtype and trailing shape, and every rank's
 //! message packed (`payload.message`). A batch that cannot be cut (a leaf with no rows) becomes the step's error,
@@ -152,66 +189,45 @@ void pack_step(const PrepareContext& ctx, DispatchPayload<Batch>& payload) {
   }
   std::vector<std::uint8_t> description;
   accel::serialize(step, description);
-  const auto layout = MessageLayout::of(step, std::int64_t(description.size()));
-  // The header and the description, the same for every rank.
-  at::Tensor head = at::zeros({MessageLayout::aligned(MessageLayout::header + std::int64_t(description.size()))}, at::kByte);
-  auto* h = head.data_ptr<std::uint8_t>();
-  const std::int64_t sizes[2] = {layout.length, std::int64_t(description.size())};
-  std::memcpy(h, sizes, sizeof sizes);
-  if (!description.empty()) std::memcpy(h + MessageLayout::header, description.data(), description.size());
+  const auto layout = MessageLayout::of(step, std::int64_t(description.size()), N);
+  const at::Tensor head = MessageLayout::head(layout.length, description).to(dev);
   at::Tensor message = at::zeros({N, layout.length}, at::TensorOptions().dtype(at::kByte).device(dev));
-  message.narrow(1, 0, head.numel()).copy_(head.to(dev).unsqueeze(0).expand({N, head.numel()}));
+  message.narrow(1, 0, head.numel()).copy_(head.unsqueeze(0).expand({N, head.numel()}));
   for (std::size_t l = 0; l < leaves.size(); ++l) {
     const at::Tensor src = leaves[l].to(dev);
-    for (int r = 0; r < N; ++r) {
-      const std::int64_t rows = step.size[std::size_t(r)];
-      if (rows == 0) continue;
-      std::vector<std::int64_t> shape{rows};
-      shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
-      message[r].narrow(0, layout.offset[l], rows * layout.row_bytes[l]).view(src.scalar_type()).view(shape)
-          .copy_(src.narrow(0, step.begin[std::size_t(r)], rows));
-    }
+    for (int r = 0; r < N; ++r)
+      if (const std::int64_t rows = step.size[std::size_t(r)]; rows > 0)
+        MessageLayout::leaf(message[r], layout, step, l, rows).copy_(src.narrow(0, step.begin[std::size_t(r)], rows));
   }
   payload.message = std::move(message);
 }
 
 //! Every rank: its message of the step (one scatter of `capacity` bytes from rank 0, two when the capacity grows:
-//! Note [One message per step]), as a 1-d byte tensor on the engine's device.
-ACCEL_DECL at::Tensor receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity);
+//! Note [One message per step]) as a 1-d byte tensor on the engine's device, and its description's bytes.
+ACCEL_DECL std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity);
 #if ACCEL_DEFINITIONS
-ACCEL_DECL at::Tensor receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
-  if (!ctx.comm || ctx.num_processes == 1) return sent[0];
+ACCEL_DECL std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
+  if (!ctx.comm || ctx.num_processes == 1) return {sent[0], MessageLayout::read_head(sent[0]).second};
   const int me = ctx.process_index, N = ctx.num_processes;
   const auto dev = ctx.comm->device();
   const auto bytes = at::TensorOptions().dtype(at::kByte).device(dev);
-  auto read_length = [](const at::Tensor& m) {
-    const at::Tensor h = m.narrow(0, 0, MessageLayout::header).cpu();
-    std::int64_t v[2];
-    std::memcpy(v, h.data_ptr<std::uint8_t>(), sizeof v);
-    accel::detail::require(v[0] >= MessageLayout::header + v[1] && v[1] >= 0, "accel: dispatched loading: a message from rank 0 "
-                                                                            "has a malformed header (length " + std::to_string(v[0]) + ")");
-    return v[0];
-  };
   // Rank 0's messages at `capacity` bytes (padded, or the header alone when they do not fit).
   auto chunks = [&] {
     std::vector<at::Tensor> out;
     if (me != 0) return out;
     const std::int64_t length = sent.size(1);
     at::Tensor padded = sent;
-    if (length != capacity) {
+    if (length > capacity) {
       padded = at::zeros({N, capacity}, bytes);
-      padded.narrow(1, 0, std::min(length, capacity)).copy_(sent.narrow(1, 0, std::min(length, capacity)));
-      if (length > capacity) {  // the header alone, saying how long the message is
-        const std::int64_t v[2] = {length, 0};
-        at::Tensor h = at::empty({MessageLayout::header}, at::kByte);
-        std::memcpy(h.data_ptr<std::uint8_t>(), v, sizeof v);
-        padded.narrow(1, 0, MessageLayout::header).copy_(h.to(dev).unsqueeze(0).expand({N, MessageLayout::header}));
-      }
+      padded.narrow(1, 0, MessageLayout::header).copy_(MessageLayout::head(length, {}).to(dev).unsqueeze(0).expand({N, MessageLayout::header}));
+    } else if (length < capacity) {
+      padded = at::zeros({N, capacity}, bytes);
+      padded.narrow(1, 0, length).copy_(sent);
     }
     for (int r = 0; r < N; ++r) out.push_back(padded[r]);
     return out;
   };
-  std::int64_t length = 0;
+  std::int64_t length = 0, description = 0;
   at::Tensor mine;
   if (capacity < MessageLayout::header) {  // nothing sent yet: the length first
     at::Tensor n = at::full({2}, me == 0 ? sent.size(1) : 0, at::TensorOptions().dtype(at::kLong).device(dev));
@@ -222,15 +238,17 @@ ACCEL_DECL at::Tensor receive_message(const PrepareContext& ctx, const at::Tenso
   } else {
     mine = at::empty({capacity}, bytes);
     ctx.comm->scatter(mine, chunks(), 0);
-    length = read_length(mine);
+    std::tie(length, description) = MessageLayout::read_head(mine);
   }
   if (length > capacity) {
     capacity = std::max(length, MessageLayout::aligned(capacity + capacity / 8));
     mine = at::empty({capacity}, bytes);
     ctx.comm->scatter(mine, chunks(), 0);
-    accel::detail::require(read_length(mine) == length, "accel: dispatched loading: rank 0's message changed length");
+    const auto again = MessageLayout::read_head(mine);
+    accel::detail::require(again.first == length, "accel: dispatched loading: rank 0's message changed length");
+    description = again.second;
   }
-  return mine.narrow(0, 0, length);
+  return {mine.narrow(0, 0, length), description};
 }
 #endif
 
@@ -240,10 +258,7 @@ ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step);
 #if ACCEL_DEFINITIONS
 ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
   if (ctx.comm && ctx.num_processes > 1) step = broadcast_object(ctx.comm, step, 0);
-  if (!step.error.empty())
-    throw Error(ctx.process_index == 0 ? step.error
-                                       : "accel: rank " + std::to_string(ctx.process_index) + ": dispatched loading stopped: " + step.error);
-  return step.has_step;
+  return step_or_error(ctx.process_index, step);
 }
 #endif
 
@@ -266,43 +281,30 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchPayload<Batch>& payl
     if (ctx.comm && N > 1) return scatter_object(ctx.comm, parts, 0);
     return parts.at(std::size_t(me));
   } else if constexpr (TensorStructure<Batch>) {
-    const at::Tensor message = receive_message(ctx, payload.message, capacity);
-    const at::Tensor head = message.narrow(0, 0, std::min<std::int64_t>(message.numel(), 4096)).cpu();
-    std::int64_t sizes[2];
-    std::memcpy(sizes, head.data_ptr<std::uint8_t>(), sizeof sizes);
-    const at::Tensor description = sizes[1] + MessageLayout::header <= head.numel()
-                                       ? head
-                                       : message.narrow(0, 0, MessageLayout::header + sizes[1]).cpu();
-    std::span<const std::uint8_t> in(description.data_ptr<std::uint8_t>() + MessageLayout::header, std::size_t(sizes[1]));
-    if (me != 0) {
+    const auto received = receive_message(ctx, payload.message, capacity);
+    const at::Tensor& message = received.first;
+    const std::int64_t description = received.second;
+    if (me != 0) {  // rank 0 has its own description
+      const at::Tensor bytes = message.narrow(0, MessageLayout::header, description).cpu();
+      std::span<const std::uint8_t> in(bytes.data_ptr<std::uint8_t>(), std::size_t(description));
       step = DispatchStep{};
       accel::deserialize(step, in);
     }
-    // Rank 0's error stops every rank (thrown here, every rank having its message); no step: the end of a stream.
-    if (!receive_step(PrepareContext{.num_processes = N, .process_index = me}, step)) return Batch{};
-    for (std::size_t l = 0; l < step.dtypes.size(); ++l)
-      accel::detail::require(accel::detail::serialisable_dtype(step.dtypes[l]), "accel: dispatched loading: a message from rank 0 names an unknown dtype");
-    accel::detail::require(int(step.size.size()) == N && step.shapes.size() == step.dtypes.size(),
-                           "accel: dispatched loading: a message from rank 0 describes another number of ranks");
-    const auto layout = MessageLayout::of(step, sizes[1]);
+    if (!step_or_error(me, step)) return Batch{};
+    const auto layout = MessageLayout::of(step, description, N);
     accel::detail::require(layout.length == message.numel(), "accel: dispatched loading: a message from rank 0 is " +
                                                                  std::to_string(message.numel()) + " bytes, its description says " +
                                                                  std::to_string(layout.length));
     const std::int64_t total = std::accumulate(step.size.begin(), step.size.end(), std::int64_t{0});
     Batch out{};
-    if (me == 0 && payload.global) out = *payload.global;
+    if (me == 0 && global) out = *global;
     std::size_t leaf = 0;
     for_each_tensor(out, [&](at::Tensor& t) {
       const std::size_t l = leaf++;
       accel::detail::require(l < step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
-      std::vector<std::int64_t> shape{layout.rows};
-      shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
       bytes_received += layout.rows * layout.row_bytes[l];
       bytes_broadcast += total * layout.row_bytes[l];
-      t = message.narrow(0, layout.offset[l], layout.rows * layout.row_bytes[l])
-              .view(at::ScalarType(step.dtypes[l]))
-              .view(shape)
-              .narrow(0, 0, step.size[std::size_t(me)]);
+      t = MessageLayout::leaf(message, layout, step, l, layout.rows).narrow(0, 0, step.size[std::size_t(me)]);
     });
     accel::detail::require(leaf == step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
     return out;

@@ -21,21 +21,8 @@
 namespace mp {
 
 namespace stream_tests {
-using Batches = std::vector<std::vector<std::int64_t>>;
-
-// The first `k` batches (every one when k < 0) of the loader's next epoch, and end_of_dataloader after each.
-template <class Loader>
-std::pair<Batches, std::vector<bool>> take(Loader& loader, std::int64_t k) {
-  Batches out;
-  std::vector<bool> ends;
-  if (k == 0) return {out, ends};
-  for (const auto& b : loader) {
-    out.push_back(accel_test::as_vector(b));
-    ends.push_back(accel::GradientState::instance().end_of_dataloader());
-    if (std::int64_t(out.size()) == k) break;
-  }
-  return {out, ends};
-}
+using accel_test::Batches;
+using accel_test::take;
 
 template <class Config>
 int streams_of(const accel::ProcessState& state, const std::filesystem::path& file, int workers) {

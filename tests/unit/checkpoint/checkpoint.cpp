@@ -24,14 +24,15 @@
 using namespace accel_test;
 
 namespace {
-// Trains Net on the toy data for `epochs` epochs with Adam, StepLR, 2-step accumulation and a shuffled loader.
+// Trains Net for `epochs` epochs on `data` (a loader of `options`) with Adam, StepLR and 2-step accumulation.
 // `stop_after` > 0: stop after that many batches overall and save to `save_dir`. `resume_dir`: load first.
-std::vector<at::Tensor> train_toy(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
-                                  const std::string& resume_dir) {
+template <class Data>
+std::vector<at::Tensor> train_on(Data data, const accel::data::DataLoaderOptions& options, std::uint64_t seed, int epochs,
+                                 std::int64_t stop_after, const std::string& save_dir, const std::string& resume_dir) {
   Solo acc{accel::Options{.seed = seed, .gradient_accumulation_steps = 2}};
   Net net;
   auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, opt, loader, sched] = acc.prepare(net, adam, accel::data::DataLoader(toy_data(70), {.batch_size = 8, .shuffle = true}),
+  auto [model, opt, loader, sched] = acc.prepare(net, adam, accel::data::DataLoader(std::move(data), options),
                                                  std::make_shared<torch::optim::StepLR>(*adam, 3, 0.5));
   if (!resume_dir.empty()) acc.load_state(resume_dir);
   std::int64_t seen = 0;
@@ -39,7 +40,7 @@ std::vector<at::Tensor> train_toy(std::uint64_t seed, int epochs, std::int64_t s
     loader.set_epoch(epoch);
     for (const auto& batch : loader) {
       auto step = acc.accumulate(model);
-      acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+      acc.backward(torch::nn::functional::cross_entropy(model(batch.data), batch.target));
       opt.step();
       sched.step();
       opt.zero_grad();
@@ -50,6 +51,21 @@ std::vector<at::Tensor> train_toy(std::uint64_t seed, int epochs, std::int64_t s
     }
   }
   return snapshot_of(net);
+}
+
+// The toy data (70 samples), shuffled, batch 8.
+std::vector<at::Tensor> train_toy(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
+                                  const std::string& resume_dir) {
+  return train_on(toy_data(70), {.batch_size = 8, .shuffle = true}, seed, epochs, stop_after, save_dir, resume_dir);
+}
+
+// The same samples as a stream of unknown length (made one by one, no size()), batch 8, 2 workers.
+std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
+                                     const std::string& resume_dir) {
+  const auto toy = toy_data(70);
+  auto stream = Generated{70} | std::views::transform([toy](std::int64_t i) { return toy.get(i); });
+  static_assert(accel::data::IterableDataset<decltype(stream)> && !std::ranges::sized_range<decltype(stream)>);
+  return train_on(std::move(stream), {.batch_size = 8, .workers = 2}, seed, epochs, stop_after, save_dir, resume_dir);
 }
 }  // namespace
 
@@ -77,36 +93,6 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
   std::filesystem::remove_all(dir);
 }
 
-namespace {
-// train_toy over a stream of unknown length (the toy samples made one by one, no size()): no shuffle, 2 workers.
-std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
-                                     const std::string& resume_dir) {
-  Solo acc{accel::Options{.seed = seed, .gradient_accumulation_steps = 2}};
-  Net net;
-  auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
-  const auto toy = toy_data(70);
-  auto stream = Generated{70} | std::views::transform([toy](std::int64_t i) { return toy.get(i); });
-  static_assert(accel::data::IterableDataset<decltype(stream)> && !std::ranges::sized_range<decltype(stream)>);
-  auto [model, opt, loader] = acc.prepare(net, adam, accel::data::DataLoader(std::move(stream), {.batch_size = 8, .workers = 2}));
-  if (!resume_dir.empty()) acc.load_state(resume_dir);
-  std::int64_t seen = 0;
-  for (std::int64_t epoch = loader.epoch(); epoch < epochs; ++epoch) {
-    loader.set_epoch(epoch);
-    for (const auto& batch : loader) {
-      auto step = acc.accumulate(model);
-      acc.backward(torch::nn::functional::cross_entropy(model(batch.data), batch.target));
-      opt.step();
-      opt.zero_grad();
-      if (++seen == stop_after) {
-        acc.save_state(save_dir);
-        return {};
-      }
-    }
-  }
-  return snapshot_of(net);
-}
-}  // namespace
-
 TEST_CASE("resume: a job over a stream of unknown length ends bit-identical to one that never stopped", "[accelerator][checkpoint][stream]") {
   accel::ProcessState::reset();
   const auto dir = std::filesystem::temp_directory_path() / ("accel_resume_stream_" + std::to_string(::getpid()));
@@ -120,7 +106,6 @@ TEST_CASE("resume: a job over a stream of unknown length ends bit-identical to o
 }
 
 namespace {
-// Loads `dir` into a job like train_toy's, under `o`.
 // The checkpoint file `file` rewritten with `key` set to `value`, and its directory's manifest rewritten to match:
 // a file from elsewhere, not damage.
 void forge(const std::filesystem::path& file, const std::string& key, const c10::IValue& value) {
@@ -130,6 +115,7 @@ void forge(const std::filesystem::path& file, const std::string& key, const c10:
   accel::checkpoint::Manifest::of_directory(file.parent_path()).write(file.parent_path());
 }
 
+// Loads `dir` into a job like train_toy's, under `o`.
 void load_like_toy(const std::filesystem::path& dir, accel::Options o, accel::LoadOptions l = {}) {
   Solo acc{o};
   Net net;

@@ -25,20 +25,6 @@ constexpr bool has_size = requires(const L& l) { l.size(); };
 using Solo = accel::Config<accel::dist::none, accel::place::none, accel::rng::none>;
 using Dispatched = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;
 
-// The first `k` batches (all of them when k < 0) of a loader's next epoch, and the end_of_dataloader flags.
-template <class Loader>
-std::pair<Batches, std::vector<bool>> take(Loader& loader, std::int64_t k) {
-  Batches out;
-  std::vector<bool> ends;
-  if (k == 0) return {out, ends};
-  for (const auto& b : loader) {
-    out.push_back(as_vector(b));
-    ends.push_back(accel::GradientState::instance().end_of_dataloader());
-    if (std::int64_t(out.size()) == k) break;  // the loop leaves: the loader has yielded k batches, no more
-  }
-  return {out, ends};
-}
-
 std::filesystem::path scratch(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("accel_streams_" + std::to_string(::getpid()) + "_" + name);
 }
