@@ -121,6 +121,12 @@ class Rendezvous final : public Monitor {
   [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
   //! The engine is connected: the one-shot keys are read no more (Note [Authenticated keys]).
   void settled() { kv_->settled(); }
+  //! How long ago the store last answered this rank's beat: the age of its beat key as the others read it (a
+  //! diagnostic; benchmarks/heartbeat_sim.cpp samples it).
+  [[nodiscard]] Clock::duration beat_age() const {
+    std::lock_guard<std::mutex> lock(beat_->mu);
+    return Clock::now() - beat_->last_ok;
+  }
 
  private:
   void stop_heartbeat() {

@@ -29,6 +29,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -103,6 +104,32 @@ class Seal {
   std::string secret_;
 };
 
+//! The store requests of this process, every connection of every `JobStore` together (a request is one round trip
+//! to the store; a multi-get of N keys is one request and N keys): what a job costs its store, which at hundreds
+//! of ranks is the resource the heartbeat must spare (Note [The heartbeat at scale] in comm/heartbeat.hpp).
+//! accel-launch prints its own with `ACCEL_STORE_TRAFFIC=1`.
+struct StoreTraffic {
+  std::uint64_t requests = 0, keys = 0;
+  //! This process's totals so far.
+  [[nodiscard]] static StoreTraffic now() noexcept {
+    return {counters().requests.load(std::memory_order_relaxed), counters().keys.load(std::memory_order_relaxed)};
+  }
+  //! Counts one request that names `keys` keys.
+  static void count(std::size_t keys = 1) noexcept {
+    counters().requests.fetch_add(1, std::memory_order_relaxed);
+    counters().keys.fetch_add(keys, std::memory_order_relaxed);
+  }
+
+ private:
+  struct Atomic {
+    std::atomic<std::uint64_t> requests{0}, keys{0};
+  };
+  static Atomic& counters() noexcept {
+    static auto* c = new Atomic;  // never destroyed: a heartbeat left behind may count during the exit
+    return *c;
+  }
+};
+
 //! The job's keys on its store: with a job secret, every value sealed on write and checked on read (Note
 //! [Authenticated keys]); without one, the values pass as they are. Either way, a key this process keeps
 //! rewriting (the heartbeat's) can be checked for a foreign writer (`holds`). Instances made with `sharing`
@@ -142,12 +169,12 @@ class JobStore final : public c10d::Store {
       std::lock_guard<std::mutex> lock(shared_->mu);
       if (shared_->repairing) shared_->ledger[key] = sealed;
     }
-    inner_->set(key, sealed);
+    req()->set(key, sealed);
   }
   //! Like `set`, but never repaired: keys rewritten anyway (the heartbeat's). Returns the bytes written (for `holds`).
   std::vector<std::uint8_t> set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) {
     auto sealed = seal(key, value);
-    inner_->set(key, sealed);
+    req()->set(key, sealed);
     return sealed;
   }
   //! Whether `key` still holds `written` (what `set_volatile` returned); reports it once when another writer
@@ -155,43 +182,43 @@ class JobStore final : public c10d::Store {
   bool holds(const std::string& key, const std::vector<std::uint8_t>& written) { return !replaced(key, written); }
 
   std::vector<std::uint8_t> get(const std::string& key) override {
-    if (auto o = open_or_report(key, inner_->get(key))) return std::move(*o);  // waits for the key to exist
+    if (auto o = open_or_report(key, req()->get(key))) return std::move(*o);  // waits for the key to exist
     return authentic(key, Clock::now() + timeout_);                          // a forged value: wait for an authentic one
   }
   //! The authentic value of `key`, or nothing when it is absent or fails (reported); never blocks on absence.
   std::optional<std::vector<std::uint8_t>> try_get(const std::string& key) {
-    if (!inner_->check({key})) return std::nullopt;
-    return open_or_report(key, inner_->get(key));
+    if (!req()->check({key})) return std::nullopt;
+    return open_or_report(key, req()->get(key));
   }
 
   std::vector<std::uint8_t> compareSet(const std::string& key, const std::vector<std::uint8_t>& expected,
                                        const std::vector<std::uint8_t>& desired) override {
     const auto sealed = seal(key, desired);
-    auto held = inner_->compareSet(key, expected.empty() ? expected : seal(key, expected), sealed);
+    auto held = req()->compareSet(key, expected.empty() ? expected : seal(key, expected), sealed);
     if (auto o = open_or_report(key, held)) return std::move(*o);
     // A forged value holds the key: it is not trusted, and the authentic write takes its place.
-    inner_->set(key, sealed);
+    req()->set(key, sealed);
     return desired;
   }
 
   bool check(const std::vector<std::string>& keys) override {
-    if (!inner_->check(keys)) return false;
+    if (!req(keys.size())->check(keys)) return false;
     if (!seal_) return true;
     for (const auto& k : keys)
-      if (!open_or_report(k, inner_->get(k))) return false;
+      if (!open_or_report(k, req()->get(k))) return false;
     return true;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     const auto deadline = Clock::now() + timeout;
-    inner_->wait(keys, timeout);
+    req(keys.size())->wait(keys, timeout);
     if (!seal_) return;
     for (const auto& k : keys) authentic(k, deadline);
   }
 
-  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
-  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
-  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  int64_t add(const std::string& key, int64_t value) override { return req()->add(key, value); }
+  bool deleteKey(const std::string& key) override { return req()->deleteKey(key); }
+  int64_t getNumKeys() override { return req()->getNumKeys(); }
   void setTimeout(const std::chrono::milliseconds& timeout) override {
     c10d::Store::setTimeout(timeout);
     inner_->setTimeout(timeout);
@@ -206,7 +233,7 @@ class JobStore final : public c10d::Store {
       ledger = shared_->ledger;
     }
     for (const auto& [k, sealed] : ledger)
-      if (replaced(k, sealed)) inner_->set(k, sealed);
+      if (replaced(k, sealed)) req()->set(k, sealed);
   }
   //! The engine is connected: one-shot keys are read no more, and need no repair.
   void settled() {
@@ -217,6 +244,11 @@ class JobStore final : public c10d::Store {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // The connection, for one request naming `keys` keys (counted: StoreTraffic).
+  [[nodiscard]] c10d::Store* req(std::size_t keys = 1) const {
+    StoreTraffic::count(keys);
+    return inner_.get();
+  }
   [[nodiscard]] std::vector<std::uint8_t> seal(const std::string& key, const std::vector<std::uint8_t>& v) const {
     return seal_ ? seal_->seal(key, v) : v;
   }
@@ -230,14 +262,14 @@ class JobStore final : public c10d::Store {
   // The first authentic value of an existing `key` before `deadline` (a waiting reader outlasts a foreign writer).
   std::vector<std::uint8_t> authentic(const std::string& key, Clock::time_point deadline) {
     for (;;) {
-      if (auto o = open_or_report(key, inner_->get(key))) return std::move(*o);
+      if (auto o = open_or_report(key, req()->get(key))) return std::move(*o);
       if (Clock::now() >= deadline) throw forged_for(key);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   // Whether `key` no longer holds `sealed`, as this process wrote it (reported once).
   bool replaced(const std::string& key, const std::vector<std::uint8_t>& sealed) {
-    if (inner_->check({key}) && inner_->get(key) == sealed) return false;
+    if (req()->check({key}) && req()->get(key) == sealed) return false;
     report(key, seal_ ? "was replaced by a value this process did not write (a client outside the job); written again"
                       : "was replaced by a value this process did not write (a client outside the job; set "
                         "ACCEL_JOB_SECRET to authenticate values)");
