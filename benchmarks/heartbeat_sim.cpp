@@ -191,8 +191,9 @@ int child(const Params& p) {
         ++next;
         continue;
       }
+      // marks: 0 start, 1 idle end, 2 watched end, 3 freeze, 4 a peer timeout later; phases (0,1) (1,2) (3,4)
       const std::size_t phase = next == 1 ? 0 : next == 2 ? 1 : 2;
-      if (next >= 1)
+      if (next >= 1 && next != 3)
         for (int i = 0; i < p.count; ++i)
           if (p.first + i != p.frozen) add(ages[phase], rz[std::size_t(i)]->beat_age());
       std::this_thread::sleep_for(100ms);
@@ -357,10 +358,11 @@ int parent(Params p, const char* self) {
     nlohmann::json j;
     in >> j;
     const auto& t = j["traffic"];
-    for (std::size_t ph = 0; ph < 3 && ph + 1 < t.size(); ++ph) {
-      // the frozen rank's process stops counting at the freeze
-      req[ph] += double(t[ph + 1][0].get<std::uint64_t>() - t[ph][0].get<std::uint64_t>());
-      keys[ph] += double(t[ph + 1][1].get<std::uint64_t>() - t[ph][1].get<std::uint64_t>());
+    for (std::size_t ph = 0; ph < 3; ++ph) {
+      const std::size_t a = ph < 2 ? ph : 3;  // the phases' marks: (0,1) (1,2) (3,4)
+      if (a + 1 >= t.size()) continue;         // the frozen rank's process stops counting at the freeze
+      req[ph] += double(t[a + 1][0].get<std::uint64_t>() - t[a][0].get<std::uint64_t>());
+      keys[ph] += double(t[a + 1][1].get<std::uint64_t>() - t[a][1].get<std::uint64_t>());
     }
     for (std::size_t ph = 0; ph < j["ages"].size(); ++ph)
       for (auto& [b, n] : j["ages"][ph].items()) ages[ph][std::stol(b)] += n.get<long>();
@@ -408,7 +410,7 @@ int parent(Params p, const char* self) {
   result["not_named"] = unnamed;
   result["name_after_s"] = {{"first", first}, {"last", last}, {"goal", limit}};
   if (!p.json.empty()) std::ofstream(p.json) << result.dump(2) << "\n";
-  for (const auto& path : outs) std::remove(path.c_str());
+  if (!std::getenv("SIM_KEEP")) for (const auto& path : outs) std::remove(path.c_str());
   ::rmdir(dir.c_str());
   return 0;
 }
