@@ -9,7 +9,8 @@
 //                                            watched after 1 s; any error here is a false report
 //   frozen    from freeze = watched end + 0.5 s: the frozen rank's process is stopped, and every other rank
 //                                            enters a collective that only the watch can end (load and ages are
-//                                            measured over its first peer timeout, before anyone is named)
+//                                            measured until two heartbeats before a peer timeout: before anyone
+//                                            can name it)
 // Measured: store requests and keys per second in each phase (StoreTraffic, every process summed), the age of
 // every rank's beat key (sampled every 100 ms), false reports, and the time from the freeze to the error that
 // names the frozen rank on each healthy rank (the "waited" of its message), with any other rank it names.
@@ -88,9 +89,10 @@ Params parse(int argc, char** argv) {
 
 // The phases, in milliseconds from t0.
 struct Timeline {
-  long idle_end, watched_end, freeze, deadline;
+  long idle_end, watched_end, freeze, frozen_end, deadline;
   explicit Timeline(const Params& p)
       : idle_end(2000), watched_end(idle_end + p.collectives * p.collective.count()), freeze(watched_end + 500),
+        frozen_end(freeze + std::max<long>(1000, p.peer_timeout.count() - 2 * p.interval.count())),
         deadline(freeze + p.peer_timeout.count() + 8 * p.interval.count() + 4000) {}
 };
 
@@ -180,7 +182,7 @@ int child(const Params& p) {
   std::vector<Histogram> ages(3);
   std::atomic<bool> done{false};
   std::thread sampler([&] {
-    const long bounds[] = {0, tl.idle_end, tl.watched_end, tl.freeze, tl.freeze + p.peer_timeout.count()};
+    const long bounds[] = {0, tl.idle_end, tl.watched_end, tl.freeze, tl.frozen_end};
     std::size_t next = 0;
     std::this_thread::sleep_until(at(t0, 0));
     while (!done && next < 5) {
@@ -226,7 +228,8 @@ int child(const Params& p) {
       } catch (const std::exception& e) {
         const std::string msg = e.what();
         std::lock_guard<std::mutex> lock(mu);
-        names.push_back({{"rank", r}, {"waited_s", waited_s(msg)}, {"named", named(msg)}, {"error", msg}});
+        const double thrown = std::chrono::duration<double>(Clock::now() - at(t0, tl.freeze)).count();
+        names.push_back({{"rank", r}, {"waited_s", waited_s(msg)}, {"thrown_s", thrown}, {"named", named(msg)}, {"error", msg}});
       }
     });
   // The frozen rank's process reports before it is stopped.
@@ -381,7 +384,7 @@ int parent(Params p, const char* self) {
   }
   std::sort(waits.begin(), waits.end());
   const double secs[3] = {double(tl.idle_end) / 1000, double(tl.watched_end - tl.idle_end) / 1000,
-                          double(p.peer_timeout.count()) / 1000};
+                          double(tl.frozen_end - tl.freeze) / 1000};
   const char* phase[3] = {"idle", "watched", "frozen"};
   nlohmann::json result = {{"ranks", p.ranks}, {"procs", p.procs}, {"frozen_rank", p.frozen},
                            {"interval_ms", p.interval.count()}, {"peer_timeout_ms", p.peer_timeout.count()},

@@ -13,7 +13,9 @@
 #include <accel/comm/collective_id.hpp>
 #include <accel/comm/listen.hpp>
 #include <accel/comm/store.hpp>
+#include <accel/comm/summary.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +36,7 @@ namespace rendezvous_detail {
 //! A `Rendezvous`'s heartbeat: its thread (`run`), and what the thread shares with the others (`Beat`).
 struct Heartbeat {
   static constexpr std::size_t kPublished = 8;  // collectives each rank publishes
+  static constexpr int kAggregators = 2;        // rank 0, and rank 1, its deputy (Note [The heartbeat at scale])
 
   //! What the heartbeat thread shares with the others (it outlives the Rendezvous when stuck on the store).
   struct Beat {
@@ -52,25 +55,32 @@ struct Heartbeat {
     bool failed = false, failed_written = false;
     Clock::time_point next_beat{};  // when the next beat is due
     // a rank that ended, as its launcher reported it (Note [Ended ranks]); looked for every quick look while
-    // `waiters` > 0, else every beat
+    // `waiters` > 0, and in every summary read
     int waiters = 0;
     std::optional<EndedRank> ended;
     Clock::time_point ended_seen{};  // when this heartbeat found it
-    // the others, read while `watchers` > 0
+    // the others, as the aggregators' summaries say, read every beat while `watchers` or `waiters` > 0
     int watchers = 0;
-    std::uint64_t epoch = 0;        // bumped when watching starts: changes are measured from then
-    std::uint64_t rounds = 0;       // completed reads of the others
-    Clock::time_point last_ok{};    // the last beat the store answered
-    struct Peer {
-      std::int64_t beats = -1;
-      Clock::time_point changed{};
-      std::uint64_t epoch = 0;
-      std::vector<CollectiveId> published;
-      bool failed = false;
+    std::uint64_t epoch = 0;   // bumped when watching starts: changes are measured from then
+    Clock::time_point watch_began{};
+    std::uint64_t rounds = 0;  // completed reads of the summaries
+    Clock::time_point last_ok{};  // the last beat the store answered
+    struct Source {            // one aggregator's summary
+      bool seen = false;
+      Summary summary;
+      Clock::time_point advanced{}, read{};  // when its round last changed, when it was last read
+      std::uint64_t epoch = 0;               // the watch it was last read in
     };
-    std::vector<Peer> peers;
+    std::array<Source, kAggregators> from;
 
     [[nodiscard]] std::string key(const char* what, int r) const { return prefix + what + "/" + std::to_string(r); }
+    //! The summary to believe: the one that advanced last (rank 0's on a tie); null before any was read.
+    [[nodiscard]] const Source* current() const {
+      const Source* best = nullptr;
+      for (const auto& s : from)
+        if (s.seen && (!best || s.advanced > best->advanced)) best = &s;
+      return best;
+    }
   };
 
   static std::string encode(const std::array<CollectiveId, kPublished>& mine, std::uint64_t issued) {
@@ -89,9 +99,60 @@ struct Heartbeat {
     return out;
   }
 
-  // The heartbeat: writes this rank's beat key (its count, its failure, its last collectives), reads the others'
-  // while someone watches, looks for a rank that ended (every beat, and every quick look while someone waits:
-  // Note [Ended ranks]), and repairs this rank's one-shot keys until the engine is connected. Only `b` is touched:
+  //! What an aggregator keeps of every rank between its beats.
+  struct Peer {
+    std::int64_t beats = -1;
+    Clock::time_point changed{};
+    std::vector<CollectiveId> published;
+    bool failed = false;
+  };
+
+  //! One beat of an aggregator: every rank's beat key in one multi-get, and the summary of them.
+  static Summary aggregate(JobStore& store, const Beat& b, std::vector<Peer>& peers, std::uint64_t round,
+                           const std::optional<EndedRank>& ended) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < b.size; ++r) keys.push_back(b.key("beat", r));
+    const auto values = store.try_get_all(keys);
+    const auto now = Clock::now();
+    Summary s;
+    s.round = round, s.ended = ended;
+    std::vector<std::vector<CollectiveId>> published(std::size_t(b.size));
+    for (int r = 0; r < b.size; ++r) {
+      auto& p = peers[std::size_t(r)];
+      if (p.changed == Clock::time_point{}) p.changed = now;  // ages count from the aggregator's first look
+      if (const auto& v = values[std::size_t(r)]) {
+        std::istringstream in(std::string(v->begin(), v->end()));
+        std::int64_t beats = -1;
+        int failed = 0;
+        if (in >> beats >> failed) {  // not written yet, or not authentic: what was known stands
+          if (beats != p.beats) p.changed = now;
+          p.beats = beats, p.failed = failed != 0;
+          std::string rest;
+          std::getline(in, rest);  // the end of the first line
+          std::getline(in, rest);
+          p.published = decode(rest);
+        }
+      }
+      const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.changed);
+      if (age >= b.opt.heartbeat_interval * 2) s.late.push_back({r, std::int64_t(age.count())});
+      if (p.failed) s.failed.push_back(r);
+      published[std::size_t(r)] = p.published;
+    }
+    s.mismatches = Summary::differences(published);
+    // The latest ranks when many are (a summary every rank reads twice a second stays small).
+    if (s.late.size() > Summary::kLate) {
+      std::partial_sort(s.late.begin(), s.late.begin() + std::ptrdiff_t(Summary::kLate), s.late.end(),
+                        [](const auto& x, const auto& y) { return x.age_ms > y.age_ms; });
+      s.late.resize(Summary::kLate);
+      std::sort(s.late.begin(), s.late.end(), [](const auto& x, const auto& y) { return x.rank < y.rank; });
+    }
+    return s;
+  }
+
+  // The heartbeat: writes this rank's beat key (its count, its failure, its last collectives) in one request;
+  // on ranks 0 and 1, aggregates every rank's into a summary (Note [The heartbeat at scale]); reads the summary
+  // while someone watches or waits; looks for a rank that ended every quick look while someone waits (Note
+  // [Ended ranks]); and repairs this rank's one-shot keys until the engine is connected. Only `b` is touched:
   // the thread may outlive the Rendezvous.
   static void run(std::shared_ptr<Beat> b) {
     c10::intrusive_ptr<JobStore> own;
@@ -101,60 +162,61 @@ struct Heartbeat {
     }
     auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
     const std::string ended_key = b->prefix + EndedRank::key_name;  // the attempt's prefix: EndedRank::key
+    const bool lead = b->rank == 0 && b->size > 1, deputy = b->rank == 1;
+    const auto started = Clock::now();
+    std::vector<Peer> peers(lead || deputy ? std::size_t(b->size) : 0);
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
-    std::vector<std::uint8_t> written;  // the beat key's bytes as last written (sealed)
+    std::vector<std::uint8_t> written, summary_written;  // the keys' bytes as last written (sealed)
     bool full = true;  // a beat; otherwise a quick look at the ended key alone
-    // The delay of the next quick look: from 5 ms, doubling up to `quick_look()` (a launcher sees a process end
-    // a few milliseconds after its connections close; a long wait costs one look per quick look).
-    const auto first_look = std::min(std::chrono::milliseconds(5), b->opt.quick_look());
+    // Quick looks while someone waits: from 5 ms, doubling up to `quick_look()`; with many ranks no more often
+    // than every `size` x 0.5 ms, so that the job's looks stay near 2,000 a second (at 1,024 ranks: a heartbeat).
+    const auto floor = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::microseconds(500) * b->size);
+    const auto first_look = std::max(std::min(std::chrono::milliseconds(5), b->opt.quick_look()), floor);
+    const auto last_look = std::max(b->opt.quick_look(), floor);
     auto step = first_look;
     std::unique_lock<std::mutex> lock(b->mu);
     while (own && !b->stop) {
       const std::uint64_t issued = b->issued;
       if (full && issued != b->published) published = encode(b->mine, issued);
       const bool fail = b->failed;
-      const bool watch = b->watchers > 0;
+      const bool read = (b->watchers > 0 || b->waiters > 0 || deputy) && b->size > 1;
       const std::uint64_t epoch = b->epoch;
       const bool look = !b->ended.has_value();
+      // The deputy aggregates while rank 0's summary has not advanced for three heartbeats.
+      const auto stale = b->opt.heartbeat_interval * 3;
+      const bool aggregating = lead || (deputy && Clock::now() - (b->from[0].seen ? b->from[0].advanced : started) > stale);
       lock.unlock();
-      std::vector<Beat::Peer> seen;
       std::optional<EndedRank> ended;
-      bool read_others = false;
+      std::optional<Summary> got[kAggregators];
       try {
-        // The ended key before the others' beats: a rank that ended wrote its last beat before its launcher
-        // reported it, so what is read next is its last word (a mismatch it published, its failure).
-        if (look)
+        // The ended key before the beats: a rank that ended wrote its last beat before its launcher reported it,
+        // so what is read next is its last word (a mismatch it published, its failure).
+        if (look && (aggregating || !full))
           if (const auto v = own->try_get(ended_key))
             if ((ended = EndedRank::decode(std::string(v->begin(), v->end()))) && (ended->rank == b->rank || ended->rank >= b->size))
               ended.reset();
         if (full) {
-          // Whether the beat key still holds what this rank last wrote: a foreign writer is reported, even when
-          // nobody reads the key before it is written again.
-          if (!written.empty()) own->holds(b->key("beat", b->rank), written);
+          // A compare-and-set: a foreign writer is reported, even when nobody reads the key before it is written again.
           const std::string beat = std::to_string(++beats) + " " + (fail ? "1" : "0") + "\n" + published;
-          written = own->set_volatile(b->key("beat", b->rank), bytes(beat));
+          written = own->rewrite(b->key("beat", b->rank), written, bytes(beat));
           own->repair();
-        }
-        if (watch && (full || ended)) {
-          read_others = true;
-          seen.resize(std::size_t(b->size));
-          for (int r = 0; r < b->size; ++r) {
-            if (r == b->rank) continue;
-            auto& p = seen[std::size_t(r)];
-            if (const auto v = own->try_get(b->key("beat", r))) {
-              std::istringstream in(std::string(v->begin(), v->end()));
-              int failed = 0;
-              if (in >> p.beats >> failed) {
-                p.failed = failed != 0;
-                std::string rest;
-                std::getline(in, rest);  // the end of the first line
-                std::getline(in, rest);
-                p.published = decode(rest);
-              } else {
-                p.beats = -1;
-              }
-            }
+          if (aggregating) {
+            lock.lock();
+            const std::optional<EndedRank> known = ended ? ended : b->ended;
+            lock.unlock();
+            got[b->rank] = aggregate(*own, *b, peers, std::uint64_t(beats), known);
+            summary_written = own->rewrite(b->key("summary", b->rank), summary_written, bytes(got[b->rank]->encode()));
+          }
+          if (read) {
+            // Rank 0's summary, unless this rank wrote it; the deputy's too while rank 0's is stale.
+            lock.lock();
+            const bool want1 = b->size > 2 && !(deputy && aggregating) &&
+                               (!b->from[0].seen || Clock::now() - b->from[0].advanced > stale);
+            lock.unlock();
+            for (int a = 0; a < kAggregators; ++a)
+              if (a != b->rank && (a == 0 || want1))
+                if (const auto v = own->try_get(b->key("summary", a))) got[a] = Summary::decode(std::string(v->begin(), v->end()));
           }
         }
       } catch (const std::exception&) {
@@ -169,31 +231,28 @@ struct Heartbeat {
         if (fail) b->failed_written = true;
         b->next_beat = now + b->opt.heartbeat_interval;
       }
-      const bool found = ended.has_value();
-      if (found) b->ended = std::move(ended), b->ended_seen = now;
-      if (read_others) {
-        for (int r = 0; r < b->size; ++r) {
-          if (r == b->rank) continue;
-          auto& p = b->peers[std::size_t(r)];
-          auto& s = seen[std::size_t(r)];
-          if (s.beats < 0) {  // not written yet, or not authentic: what was known stands
-            if (p.epoch != epoch) p.changed = now, p.epoch = epoch;
-            continue;
-          }
-          if (p.epoch != epoch || p.beats != s.beats) p.changed = now;
-          p.beats = s.beats, p.epoch = epoch, p.published = std::move(s.published), p.failed = s.failed;
-        }
-        ++b->rounds;
+      bool fresh = false;
+      for (int a = 0; a < kAggregators; ++a) {
+        if (!got[a]) continue;
+        auto& src = b->from[std::size_t(a)];
+        if (!src.seen || src.summary.round != got[a]->round || src.epoch != epoch) src.advanced = now;
+        src.seen = true, src.read = now, src.epoch = epoch, src.summary = std::move(*got[a]), fresh = true;
+        if (!ended && src.summary.ended && src.summary.ended->rank != b->rank && src.summary.ended->rank < b->size)
+          ended = src.summary.ended;
       }
-      if (read_others || found) b->cv.notify_all();
+      if (full && read) ++b->rounds;
+      const bool found = ended.has_value() && !b->ended;
+      if (found) b->ended = std::move(ended), b->ended_seen = now;
+      if ((full && read) || found || fresh) b->cv.notify_all();
       // Sleep until the next beat, or a quick look while someone waits and no rank is known to have ended; less
       // when someone starts watching or waiting, fails, or stops us.
       const std::uint64_t e = b->epoch;
-      const bool hurried = b->waiters > 0 && !b->ended;
+      const bool hurried = b->waiters > 0 && !b->ended && first_look < b->opt.heartbeat_interval;
       const auto until = hurried ? std::min(b->next_beat, now + step) : b->next_beat;
-      step = hurried ? std::min(step * 2, b->opt.quick_look()) : first_look;
+      step = hurried ? std::min(step * 2, last_look) : first_look;
       b->cv.wait_until(lock, until, [&] {
-        return b->stop || b->epoch != e || (b->failed && !b->failed_written) || (!hurried && b->waiters > 0 && !b->ended);
+        return b->stop || b->epoch != e || (b->failed && !b->failed_written) || (!hurried && b->waiters > 0 && !b->ended &&
+                                                                                 first_look < b->opt.heartbeat_interval);
       });
       if (b->epoch != e) step = first_look;  // a census, or a watch, begins: look soon again
       // A beat when it is due, or when someone starts watching or fails; a quick look otherwise.

@@ -51,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +62,7 @@ namespace accel::comm {
 class Rendezvous final : public Monitor {
   //! The collectives each rank publishes.
   static constexpr std::size_t kPublished = rendezvous_detail::Heartbeat::kPublished;
+  static constexpr int kAggregators = rendezvous_detail::Heartbeat::kAggregators;
   //! What the heartbeat thread shares with the others (comm/heartbeat.hpp).
   using Beat = rendezvous_detail::Heartbeat::Beat;
 
@@ -89,7 +91,6 @@ class Rendezvous final : public Monitor {
     beat_->addr = addr_, beat_->port = port_, beat_->rank = rank_, beat_->size = size_, beat_->prefix = prefix_;
     beat_->opt = opt_;
     beat_->kv = kv_;
-    beat_->peers.resize(std::size_t(size_));
     beat_->last_ok = Clock::now();
     heartbeat_ = std::thread([b = beat_] { rendezvous_detail::Heartbeat::run(b); });
     enlist(this, true);
@@ -182,9 +183,15 @@ class Rendezvous final : public Monitor {
     };
     for (;;) {
       try {
-        for (int r = 0; r < size_; ++r) {
-          if (seen[std::size_t(r)]) continue;
-          if (kv_->try_get(arrived_key(r))) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
+        // The arrival values not yet seen authentic, in one multi-get (a request per rank, not per rank and key).
+        std::vector<std::string> keys;
+        std::vector<int> who;
+        for (int r = 0; r < size_; ++r)
+          if (!seen[std::size_t(r)]) keys.push_back(arrived_key(r)), who.push_back(r);
+        const auto values = kv_->try_get_all(keys);
+        for (std::size_t i = 0; i < who.size(); ++i) {
+          const int r = who[i];
+          if (values[i]) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
           else if (r == rank_) kv_->set(arrived_key(r), std::vector<uint8_t>{1});  // ours, replaced: again
           else forged[std::size_t(r)] = true;
         }
@@ -219,7 +226,7 @@ class Rendezvous final : public Monitor {
   [[nodiscard]] std::shared_ptr<void> watch() override {
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
-      if (beat_->watchers++ == 0) ++beat_->epoch;
+      if (beat_->watchers++ == 0) ++beat_->epoch, beat_->watch_began = Clock::now();
     }
     beat_->cv.notify_all();  // read the others now, not at the next beat
     return std::shared_ptr<void>(beat_.get(), [b = beat_](void*) {  // not null: a guard that tests true
@@ -267,14 +274,7 @@ class Rendezvous final : public Monitor {
                              " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
     if (std::string others = differing_locked(id); !others.empty()) return {K::mismatch, others};
     if (beat_->ended && beat_->ended->signal && ended_now_locked()) return {K::ended, ended_locked()};
-    std::string silent, failed;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      const auto& p = beat_->peers[std::size_t(r)];
-      if (p.epoch != beat_->epoch) continue;  // not read since this watch began
-      if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
-      if (now - p.changed > opt_.peer_timeout) silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
-    }
+    const auto [silent, failed] = others_locked(now);
     if (!failed.empty()) return {K::failed, "failed (its error says why): " + failed};
     if (!silent.empty())
       return {K::silent, "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: "
@@ -294,24 +294,40 @@ class Rendezvous final : public Monitor {
       // launcher reports a rank that ended (Note [Ended ranks]).
       const auto interval = opt_.heartbeat_interval;
       const std::uint64_t r0 = beat_->rounds;
+      const auto began = Clock::now();
       beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
       if (beat_->rounds == r0)
         return {K::silent, host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
                                  : "the rendezvous store at " + where() + " is gone (the launcher hosting it ended)"};
-      std::vector<std::int64_t> before;
-      for (const auto& p : beat_->peers) before.push_back(p.beats);
+      std::uint64_t before[kAggregators];
+      for (int a = 0; a < kAggregators; ++a) before[a] = beat_->from[std::size_t(a)].summary.round;
       const std::uint64_t r1 = beat_->rounds;
       const auto killed = [&] { return beat_->ended && beat_->ended->signal; };  // named at once (Note [Ended ranks])
-      beat_->cv.wait_for(lock, interval * 5, [&] { return beat_->rounds >= r1 + 3 || killed(); });
+      // Three reads, and four heartbeats since the census began: a rank that stopped before it is then at least two
+      // heartbeats late in the summary read last (the aggregator sees a beat up to one heartbeat after it is written,
+      // and this rank reads the summary up to one heartbeat after that).
+      beat_->cv.wait_for(lock, interval * 5, [&] {
+        return killed() || (beat_->rounds >= r1 + 3 && Clock::now() >= began + interval * 4);
+      });
       if (id)
         if (std::string others = differing_locked(*id); !others.empty()) return {K::mismatch, others};
-      std::string dead, failed;
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_ || (killed() && r == beat_->ended->rank)) continue;
-        const auto& p = beat_->peers[std::size_t(r)];
-        if (p.failed) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
-        else if (!killed() && (beat_->rounds == r1 || p.beats == before[std::size_t(r)])) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
+      // Stopped: a rank the summary lists as late (no new beat for two heartbeats), an aggregator whose summary did
+      // not advance while this rank read it (Note [The heartbeat at scale]); a rank that failed is named as such.
+      std::set<int> stopped, failing;
+      const bool read = beat_->rounds > r1;
+      if (const auto* cur = beat_->current()) {
+        failing.insert(cur->summary.failed.begin(), cur->summary.failed.end());
+        if (read)
+          for (const auto& l : cur->summary.late) stopped.insert(l.rank);
       }
+      for (int a = 0; a < kAggregators && a < size_; ++a)
+        if (aggregator_expected_locked(a) && (!read || beat_->from[std::size_t(a)].summary.round == before[a])) stopped.insert(a);
+      std::string dead, failed;
+      const auto skip = [&](int r) { return r == rank_ || r >= size_ || (killed() && r == beat_->ended->rank); };
+      for (int r : failing)
+        if (!skip(r)) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
+      for (int r : stopped)
+        if (!skip(r) && !failing.count(r) && !killed()) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
       std::string out = killed()       ? ended_locked()
                         : dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
                                        : "not responding: " + dead;
@@ -351,13 +367,55 @@ class Rendezvous final : public Monitor {
   // "rank 1 issued ...; rank 2 issued ..." for the peers that published another operation under `own`'s number
   // (called with the lock held).
   [[nodiscard]] std::string differing_locked(const CollectiveId& own) const {
+    constexpr std::size_t kNamed = 8;  // ranks named one by one per operation; the others as ranges
     std::string out;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      for (const auto& c : beat_->peers[std::size_t(r)].published)
-        if (c.seq == own.seq && !(c == own)) out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " issued " + c.describe());
+    std::set<std::string> said;
+    for (const auto& src : beat_->from) {
+      if (!src.seen) continue;
+      for (const auto& m : src.summary.mismatches)
+        for (const auto& v : m) {
+          if (v.id.seq != own.seq || v.id == own || !said.insert(v.id.encode()).second) continue;
+          std::vector<int> ranks;
+          for (int r : v.ranks)
+            if (r != rank_ && r < size_) ranks.push_back(r);
+          for (std::size_t i = 0; i < ranks.size() && i < kNamed; ++i)
+            out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(ranks[i]) + " issued " + v.id.describe());
+          if (ranks.size() > kNamed)
+            out += "; " + std::to_string(ranks.size() - kNamed) + " more ranks (" +
+                   Summary::ranks_text(std::vector<int>(ranks.begin() + kNamed, ranks.end())) + ") issued " + v.id.describe();
+        }
     }
     return out;
+  }
+  // Whether aggregator `a`'s summary is expected now: rank 0's always, the deputy's while rank 0's is stale.
+  [[nodiscard]] bool aggregator_expected_locked(int a) const {
+    if (a == rank_ || size_ < 2) return false;
+    if (a == 0) return true;
+    return size_ > 2 && Clock::now() - since_locked(0) > opt_.heartbeat_interval * 3;
+  }
+  // When aggregator `a`'s summary last advanced, as read in this watch (else when the watch began).
+  [[nodiscard]] Clock::time_point since_locked(int a) const {
+    const auto& s = beat_->from[std::size_t(a)];
+    return s.seen && s.epoch == beat_->epoch ? s.advanced : beat_->watch_began;
+  }
+  // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
+  [[nodiscard]] std::pair<std::string, std::string> others_locked(Clock::time_point now) const {
+    std::set<int> silent;
+    std::string failed;
+    if (const auto* cur = beat_->current(); cur && cur->epoch == beat_->epoch) {
+      for (int r : cur->summary.failed)
+        if (r != rank_ && r < size_) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
+      // Ages as published, plus the time since this rank read them (at most a heartbeat: a summary that stopped
+      // advancing says nothing new).
+      const auto extra = std::min<Clock::duration>(now - cur->read, opt_.heartbeat_interval);
+      for (const auto& l : cur->summary.late)
+        if (l.rank != rank_ && l.rank < size_ && std::chrono::milliseconds(l.age_ms) + extra > opt_.peer_timeout) silent.insert(l.rank);
+    }
+    for (int a = 0; a < kAggregators && a < size_; ++a)
+      if (aggregator_expected_locked(a) && now - since_locked(a) > opt_.peer_timeout) silent.insert(a);
+    std::string out;
+    for (int r : silent) out += (out.empty() ? "rank " : ", rank ") + std::to_string(r);
+    return {out, failed};
   }
   // ---- exit (Note [Exit]) ----
 

@@ -171,15 +171,19 @@ class JobStore final : public c10d::Store {
     }
     req()->set(key, sealed);
   }
-  //! Like `set`, but never repaired: keys rewritten anyway (the heartbeat's). Returns the bytes written (for `holds`).
-  std::vector<std::uint8_t> set_volatile(const std::string& key, const std::vector<std::uint8_t>& value) {
+  //! Writes `value` to a key this process keeps rewriting (the heartbeat's; never repaired) in one request, a
+  //! compare-and-set against `written` (what the previous call returned; empty the first time): a key that no
+  //! longer holds it was replaced or deleted by a foreign writer, which is reported once, and written again.
+  //! Returns the bytes written (the next call's `written`).
+  std::vector<std::uint8_t> rewrite(const std::string& key, const std::vector<std::uint8_t>& written,
+                                    const std::vector<std::uint8_t>& value) {
     auto sealed = seal(key, value);
-    req()->set(key, sealed);
+    if (req()->compareSet(key, written, sealed) != sealed) {
+      report(key, replaced_text());
+      req()->set(key, sealed);
+    }
     return sealed;
   }
-  //! Whether `key` still holds `written` (what `set_volatile` returned); reports it once when another writer
-  //! replaced it.
-  bool holds(const std::string& key, const std::vector<std::uint8_t>& written) { return !replaced(key, written); }
 
   std::vector<std::uint8_t> get(const std::string& key) override {
     if (auto o = open_or_report(key, req()->get(key))) return std::move(*o);  // waits for the key to exist
@@ -189,6 +193,21 @@ class JobStore final : public c10d::Store {
   std::optional<std::vector<std::uint8_t>> try_get(const std::string& key) {
     if (!req()->check({key})) return std::nullopt;
     return open_or_report(key, req()->get(key));
+  }
+
+  //! The authentic values of `keys` (nothing for one absent or failing, reported), in two requests (a check and a
+  //! multi-get) when they all exist; one by one otherwise. Never blocks on absence.
+  std::vector<std::optional<std::vector<std::uint8_t>>> try_get_all(const std::vector<std::string>& keys) {
+    std::vector<std::optional<std::vector<std::uint8_t>>> out;
+    out.reserve(keys.size());
+    if (keys.empty()) return out;
+    if (req(keys.size())->check(keys)) {
+      const auto values = req(keys.size())->multiGet(keys);
+      for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(open_or_report(keys[i], values[i]));
+    } else {
+      for (const auto& k : keys) out.push_back(try_get(k));
+    }
+    return out;
   }
 
   std::vector<std::uint8_t> compareSet(const std::string& key, const std::vector<std::uint8_t>& expected,
@@ -232,8 +251,18 @@ class JobStore final : public c10d::Store {
       if (!shared_->repairing) return;
       ledger = shared_->ledger;
     }
-    for (const auto& [k, sealed] : ledger)
-      if (replaced(k, sealed)) req()->set(k, sealed);
+    std::vector<std::string> keys;
+    for (const auto& [k, sealed] : ledger) keys.push_back(k);
+    // Every key at once when they all exist (two requests a beat, whatever their number), else one by one.
+    std::vector<std::vector<std::uint8_t>> held;
+    if (!keys.empty() && req(keys.size())->check(keys)) held = req(keys.size())->multiGet(keys);
+    std::size_t i = 0;
+    for (const auto& [k, sealed] : ledger) {
+      const bool same = held.empty() ? !replaced(k, sealed) : held[i] == sealed;
+      if (!same && !held.empty()) report(k, replaced_text());
+      if (!same) req()->set(k, sealed);
+      ++i;
+    }
   }
   //! The engine is connected: one-shot keys are read no more, and need no repair.
   void settled() {
@@ -270,10 +299,13 @@ class JobStore final : public c10d::Store {
   // Whether `key` no longer holds `sealed`, as this process wrote it (reported once).
   bool replaced(const std::string& key, const std::vector<std::uint8_t>& sealed) {
     if (req()->check({key}) && req()->get(key) == sealed) return false;
-    report(key, seal_ ? "was replaced by a value this process did not write (a client outside the job); written again"
-                      : "was replaced by a value this process did not write (a client outside the job; set "
-                        "ACCEL_JOB_SECRET to authenticate values)");
+    report(key, replaced_text());
     return true;
+  }
+  [[nodiscard]] const char* replaced_text() const {
+    return seal_ ? "was replaced by a value this process did not write (a client outside the job); written again"
+                 : "was replaced by a value this process did not write (a client outside the job; set "
+                   "ACCEL_JOB_SECRET to authenticate values)";
   }
   void report(const std::string& key, const std::string& what) {
     std::lock_guard<std::mutex> lock(shared_->mu);
