@@ -16,7 +16,8 @@
 // names the frozen rank on each healthy rank (the "waited" of its message), with any other rank it names.
 //
 //   accel_bench_heartbeat_sim --ranks 1024 --procs 4 [--interval-ms 500 --peer-timeout-ms 5000
-//                              --collective-ms 2000 --collectives 3 --json out.json]
+//                              --collective-ms 2000 --collectives 3 --frozen RANK --json out.json]
+// (the frozen rank: N/2 + 1 by default; 0 freezes the aggregator, whose deputy, rank 1, takes over)
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/rendezvous.hpp>
 
@@ -295,7 +296,7 @@ int parent(Params p, const char* self) {
   p.port = store->getPort();
   p.job = "sim-" + comm::random_hex(4);
   p.secret = comm::random_hex(16);
-  p.frozen = p.ranks / 2 + 1 < p.ranks ? p.ranks / 2 + 1 : p.ranks - 1;
+  if (p.frozen < 0 || p.frozen >= p.ranks) p.frozen = p.ranks / 2 + 1 < p.ranks ? p.ranks / 2 + 1 : p.ranks - 1;
   const std::string dir = "/tmp/accel-heartbeat-sim-" + std::to_string(::getpid());
   ::mkdir(dir.c_str(), 0700);
 

@@ -216,7 +216,7 @@ struct Heartbeat {
             lock.unlock();
             for (int a = 0; a < kAggregators; ++a)
               if (a != b->rank && (a == 0 || want1))
-                if (const auto v = own->try_get(b->key("summary", a))) got[a] = Summary::decode(std::string(v->begin(), v->end()));
+                if (const auto v = own->peek(b->key("summary", a))) got[a] = Summary::decode(std::string(v->begin(), v->end()));
           }
         }
       } catch (const std::exception&) {

@@ -195,6 +195,15 @@ class JobStore final : public c10d::Store {
     return open_or_report(key, req()->get(key));
   }
 
+  //! The authentic value of `key`, or nothing when it is absent or fails (reported), in one request that never
+  //! blocks: a compare-and-set whose expected value no writer of the job writes (a single zero byte)
+  //! returns what the key holds, and changes nothing.
+  std::optional<std::vector<std::uint8_t>> peek(const std::string& key) {
+    static const std::vector<std::uint8_t> none{0};
+    auto held = req()->compareSet(key, none, none);
+    if (held == none) return std::nullopt;  // absent
+    return open_or_report(key, held);
+  }
   //! The authentic values of `keys` (nothing for one absent or failing, reported), in two requests (a check and a
   //! multi-get) when they all exist; one by one otherwise. Never blocks on absence.
   std::vector<std::optional<std::vector<std::uint8_t>>> try_get_all(const std::vector<std::string>& keys) {
