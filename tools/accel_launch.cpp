@@ -671,5 +671,15 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   // c10d logs every retry of a connection (with a stack trace); the launcher says what went wrong itself.
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
-  return Launcher(std::move(s)).main();
+  // ACCEL_STORE_TRAFFIC=1: the launcher's own store requests at its end (what it costs the store: benchmarks/README.md).
+  const auto t0 = std::chrono::steady_clock::now();
+  const int nnodes = s.nnodes, node = s.node_rank;
+  const int code = Launcher(std::move(s)).main();
+  if (const char* v = std::getenv("ACCEL_STORE_TRAFFIC"); v && std::string(v) == "1") {
+    const auto t = accel::comm::StoreTraffic::now();
+    std::fprintf(stderr, "accel-launch: %sstore traffic: %llu requests, %llu keys in %.3f s\n",
+                 nnodes > 1 ? ("node " + std::to_string(node) + ": ").c_str() : "", (unsigned long long)t.requests,
+                 (unsigned long long)t.keys, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return code;
 }
