@@ -116,7 +116,8 @@ class Monitor {
   virtual void issued(const CollectiveId& id) noexcept = 0;
   //! The collective this rank issued as number `seq`, while it is among the last ones recorded.
   [[nodiscard]] virtual std::optional<CollectiveId> own(std::uint64_t seq) const = 0;
-  //! While the result (never null) lives, the heartbeat also reads every other rank's counter and collectives.
+  //! While the result (never null) lives, the heartbeat also reads what rank 0 gathers of every rank's counter and
+  //! collectives (Note [The heartbeat at scale] in comm/heartbeat.hpp).
   [[nodiscard]] virtual std::shared_ptr<void> watch() = 0;
   //! While the result (never null) lives, the heartbeat looks for a rank that ended every
   //! `CommOptions::quick_look()` instead of every beat (a collective that waits; a census).

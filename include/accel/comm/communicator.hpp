@@ -19,9 +19,9 @@
 //!
 //! Note [Frozen peers]: a peer that stops without dying (SIGSTOP, a deadlock, a stuck file system, a hung
 //! driver) keeps its connections open, so the engine would wait for the whole collective timeout. A collective
-//! that has not completed within a second is therefore *watched*: the heartbeat also reads every other rank's
-//! counter, and a rank whose counter has not moved for `CommOptions::peer_timeout` (30 s by default) ends the
-//! wait with an error naming it. A process busy in a long computation keeps beating (the heartbeat is a thread
+//! that has not completed within a second is therefore *watched*: the heartbeat also reads the summary that rank 0
+//! gathers of every rank's counter (Note [The heartbeat at scale] in comm/heartbeat.hpp), and a rank whose counter
+//! has not moved for `CommOptions::peer_timeout` (30 s by default) ends the wait with an error naming it. A process busy in a long computation keeps beating (the heartbeat is a thread
 //! of its own) and is never reported; its peers simply wait, up to `CommOptions::timeout`.
 //!
 //! Note [Mismatched collectives]: every rank must issue the same collectives in the same order. Each collective

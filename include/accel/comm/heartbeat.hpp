@@ -1,14 +1,40 @@
 #pragma once
 //! \file
 //! The heartbeat of a `Rendezvous` (comm/rendezvous.hpp): the thread that writes this rank's beat key (its
-//! count, its failure, its last collectives), reads the other ranks' while someone waits, looks for a rank that
-//! ended (Note [Ended ranks] in comm/job_identity.hpp), and repairs this rank's one-shot keys until the engine is
-//! connected, and the snapshot it shares with the other threads.
+//! count, its failure, its last collectives), on ranks 0 and 1 aggregates every rank's into a summary, reads the
+//! summary while someone waits, looks for a rank that ended (Note [Ended ranks] in comm/job_identity.hpp), and
+//! repairs this rank's one-shot keys until the engine is connected, and the snapshot it shares with the other
+//! threads.
 //!
 //! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
 //! a store op to a frozen host never returns, so nothing else may wait on one. What it learns goes into a
 //! snapshot that the waiting thread reads under a lock; a heartbeat stuck on a frozen store is seen as a
 //! snapshot that stopped ageing, and is abandoned (detached) when the process ends.
+//!
+//! Note [The heartbeat at scale]
+//! ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+//! Hundreds of ranks share one store (a c10d TCPStore: one thread serving every request), so the heartbeat's
+//! traffic grows O(N) in total, never O(N^2) (measured by benchmarks/heartbeat_sim.cpp; README, "Scale"):
+//! - every rank writes its beat key once a heartbeat, in one compare-and-set against what it wrote last (a foreign
+//!   writer is found by the same request: `JobStore::rewrite`);
+//! - rank 0, the aggregator, reads every rank's beat key in one check and one multi-get a heartbeat, and publishes
+//!   `summary/0` (`Summary`, comm/summary.hpp): the ranks whose beat has not changed for two heartbeats and for how
+//!   long (the latest 64), the ranks that failed, the collectives on which ranks differ (the earliest 4), and the
+//!   rank its launcher reported ended;
+//! - a rank that watches or waits reads the summary once a heartbeat, in one request that never blocks
+//!   (`JobStore::peek`), and judges from it: a rank late by more than the peer timeout is frozen (Note [Frozen
+//!   peers]), a failed rank ends the wait, a differing collective is a mismatch;
+//! - while a collective waits, each rank also looks at the launcher's `ended` key between beats, no more often
+//!   than every N x 0.5 ms (about 2,000 looks a second for the job; from about 1,000 ranks on, once a heartbeat,
+//!   through the summary).
+//! The aggregator's summary is also its own beat: a summary that stops advancing is rank 0 frozen. Rank 1, its
+//! deputy, reads `summary/0` every heartbeat; when it has not advanced for three heartbeats, rank 1 aggregates and
+//! publishes `summary/1` (which lists rank 0 late like any other), and every watching rank reads it too while
+//! rank 0's is stale. So a frozen aggregator is named like any other rank, within the peer timeout plus a few
+//! heartbeats; what the deputy cannot see is a rank that froze in the same moment as rank 0 (its age counts from
+//! the deputy's first look). Both frozen: every watching rank names ranks 0 and 1 when neither summary has
+//! advanced for the peer timeout. Ages are measured by the aggregator's clock from its own first look, so no
+//! clock is compared across machines.
 
 #include <accel/comm/collective_id.hpp>
 #include <accel/comm/listen.hpp>
@@ -68,8 +94,11 @@ struct Heartbeat {
     struct Source {            // one aggregator's summary
       bool seen = false;
       Summary summary;
-      Clock::time_point advanced{}, read{};  // when its round last changed, when it was last read
-      std::uint64_t epoch = 0;               // the watch it was last read in
+      // When its round last changed, as this rank saw it (measured afresh after a gap in the reads: a summary is
+      // only known stale from continuous reads), and when it was last read.
+      Clock::time_point advanced{}, read{};
+      //! Whether it was read within two heartbeats of `now`: what it says is current.
+      [[nodiscard]] bool recent(Clock::time_point now, Clock::duration interval) const { return seen && now - read <= interval * 2; }
     };
     std::array<Source, kAggregators> from;
 
@@ -181,7 +210,6 @@ struct Heartbeat {
       if (full && issued != b->published) published = encode(b->mine, issued);
       const bool fail = b->failed;
       const bool read = (b->watchers > 0 || b->waiters > 0 || deputy) && b->size > 1;
-      const std::uint64_t epoch = b->epoch;
       const bool look = !b->ended.has_value();
       // The deputy aggregates while rank 0's summary has not advanced for three heartbeats.
       const auto stale = b->opt.heartbeat_interval * 3;
@@ -235,8 +263,8 @@ struct Heartbeat {
       for (int a = 0; a < kAggregators; ++a) {
         if (!got[a]) continue;
         auto& src = b->from[std::size_t(a)];
-        if (!src.seen || src.summary.round != got[a]->round || src.epoch != epoch) src.advanced = now;
-        src.seen = true, src.read = now, src.epoch = epoch, src.summary = std::move(*got[a]), fresh = true;
+        if (!src.recent(now, b->opt.heartbeat_interval) || src.summary.round != got[a]->round) src.advanced = now;
+        src.seen = true, src.read = now, src.summary = std::move(*got[a]), fresh = true;
         if (!ended && src.summary.ended && src.summary.ended->rank != b->rank && src.summary.ended->rank < b->size)
           ended = src.summary.ended;
       }

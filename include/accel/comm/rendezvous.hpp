@@ -3,13 +3,15 @@
 //! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` (hosted by rank 0, or by the launcher;
 //! listening only where comm/store.hpp says, its keys under the job's id, its values sealed with the job's
 //! secret when there is one), every rank announcing itself (a missing rank is named), and a heartbeat per
-//! process that publishes this rank's last collectives and, while someone waits, reads the other ranks' (the
+//! process that publishes this rank's last collectives and, while someone waits, reads what rank 0 gathered of the
+//! other ranks' (the
 //! `Monitor` of communicator.hpp: Notes [Dead peers], [Frozen peers], [Mismatched collectives]). The engines
 //! (Gloo, NCCL) exchange their addresses through its store.
 //!
 //! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
-//! "<beats> <failed>" and the last collectives), `job/...` (the engines' own: Gloo's addresses, NCCL's id), and
-//! `ended` (written by the launcher, read by every heartbeat: Note [Ended ranks] in comm/job_identity.hpp).
+//! "<beats> <failed>" and the last collectives), `summary/0` and `summary/1` (the aggregator's and its deputy's:
+//! Note [The heartbeat at scale] in comm/heartbeat.hpp), `job/...` (the engines' own: Gloo's addresses, NCCL's id),
+//! and `ended` (written by the launcher: Note [Ended ranks] in comm/job_identity.hpp).
 //!
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
 //!
@@ -393,16 +395,16 @@ class Rendezvous final : public Monitor {
     if (a == 0) return true;
     return size_ > 2 && Clock::now() - since_locked(0) > opt_.heartbeat_interval * 3;
   }
-  // When aggregator `a`'s summary last advanced, as read in this watch (else when the watch began).
+  // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began).
   [[nodiscard]] Clock::time_point since_locked(int a) const {
     const auto& s = beat_->from[std::size_t(a)];
-    return s.seen && s.epoch == beat_->epoch ? s.advanced : beat_->watch_began;
+    return s.recent(Clock::now(), opt_.heartbeat_interval) ? s.advanced : std::max(s.advanced, beat_->watch_began);
   }
   // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
   [[nodiscard]] std::pair<std::string, std::string> others_locked(Clock::time_point now) const {
     std::set<int> silent;
     std::string failed;
-    if (const auto* cur = beat_->current(); cur && cur->epoch == beat_->epoch) {
+    if (const auto* cur = beat_->current(); cur && cur->recent(now, opt_.heartbeat_interval)) {
       for (int r : cur->summary.failed)
         if (r != rank_ && r < size_) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
       // Ages as published, plus the time since this rank read them (at most a heartbeat: a summary that stopped
