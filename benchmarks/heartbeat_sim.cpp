@@ -21,6 +21,7 @@
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/rendezvous.hpp>
 
+#include <c10/util/Logging.h>
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
@@ -422,6 +423,8 @@ int parent(Params p, const char* self) {
 }  // namespace sim
 
 int main(int argc, char** argv) {
+  // c10d warns once per connection that a loopback client has no host name: 2,048 lines at 1,024 ranks.
+  if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
   try {
     const sim::Params p = sim::parse(argc, argv);
     return p.child ? sim::child(p) : sim::parent(p, "/proc/self/exe");

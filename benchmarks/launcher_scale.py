@@ -2,7 +2,8 @@
 """The launcher's own store traffic at N nodes, simulated on one machine: N accel-launch processes (one per "node",
 all on loopback, node 0 hosting the store) each start one process that sleeps, and print their store requests at
 their end (ACCEL_STORE_TRAFFIC=1). Three runs separate the costs:
-  short      the processes sleep S seconds: the node meeting, the generation's end, the launchers leaving
+  short      the processes sleep S seconds: the generation's end, the launchers leaving (the node meeting, which
+             lasts as long as the launchers take to start, is counted apart: each prints its traffic after it)
   long       the same with S + 10 seconds: the 10 more seconds are the launchers' polling alone
   restart    as short, but one process exits 1 after S seconds and --max-restarts 1 restarts every node's process
              into generation 1: a failure and a restart generation
@@ -17,7 +18,8 @@ import subprocess
 import sys
 import time
 
-TRAFFIC = re.compile(r"store traffic: (\d+) requests, (\d+) keys in ([0-9.]+) s")
+TRAFFIC = re.compile(r"store traffic at the end: (\d+) requests, (\d+) keys in ([0-9.]+) s")
+MEETING = re.compile(r"store traffic after the meeting: (\d+) requests, (\d+) keys in ([0-9.]+) s")
 
 
 def free_port():
@@ -40,7 +42,8 @@ def run(launch, nodes, sleep, fail_rank=None):
         cmd = [launch, "--nnodes", str(nodes), "--node-rank", str(n), "--nproc-per-node", "1", "--master-addr",
                "127.0.0.1", "--master-port", str(port), "--max-restarts", "1", "--grace", "1", "--", "sh", "-c", script]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    requests = keys = 0
+    requests = keys = meet_requests = meet_keys = 0
+    meet_s = 0.0
     codes = []
     for p in procs:
         _, err = p.communicate(timeout=600)
@@ -50,10 +53,16 @@ def run(launch, nodes, sleep, fail_rank=None):
             sys.exit(f"launcher_scale: a launcher printed no traffic (exit {p.returncode}):\n{err[-2000:]}")
         requests += int(m.group(1))
         keys += int(m.group(2))
+        m = MEETING.search(err)
+        meet_requests += int(m.group(1))
+        meet_keys += int(m.group(2))
+        meet_s = max(meet_s, float(m.group(3)))
     wall = time.monotonic() - t0
     if any(codes):
         sys.exit(f"launcher_scale: launchers failed: {sorted(set(codes))}")
-    return {"requests": requests, "keys": keys, "wall_s": wall}
+    # after the meeting: the generations, the polling, the end
+    return {"requests": requests - meet_requests, "keys": keys - meet_keys, "wall_s": wall,
+            "meeting": {"requests": meet_requests, "keys": meet_keys, "last_launcher_s": meet_s}}
 
 
 def main():
@@ -67,15 +76,18 @@ def main():
     long_ = run(a.launch, a.nodes, a.sleep + 10)
     restart = run(a.launch, a.nodes, a.sleep, fail_rank=a.nodes // 2)
     poll = {k: (long_[k] - short[k]) / 10 for k in ("requests", "keys")}  # per second, the whole job
-    once = {k: short[k] - poll[k] * (a.sleep + 1) for k in ("requests", "keys")}  # meeting, end, leaving
+    once = {k: short[k] - poll[k] * a.sleep for k in ("requests", "keys")}  # a generation's end, leaving
+    meet = short["meeting"]
     # the restart run polls for about two generations of `sleep`
     restart_cost = {k: restart[k] - short[k] - poll[k] * a.sleep for k in ("requests", "keys")}
     out = {"nodes": a.nodes, "sleep_s": a.sleep, "short": short, "long": long_, "restart": restart,
-           "polling_per_s": poll, "meeting_and_end": once, "failure_and_restart": restart_cost}
+           "polling_per_s": poll, "meeting": meet, "end": once, "failure_and_restart": restart_cost}
     print(f"launchers at {a.nodes} nodes (one process each, on loopback):")
     print(f"  polling:            {poll['requests']:8.0f} requests/s {poll['keys']:8.0f} keys/s for the job "
           f"({poll['requests'] / a.nodes:.1f} requests/s per node)")
-    print(f"  meeting and end:    {once['requests']:8.0f} requests   {once['keys']:8.0f} keys "
+    print(f"  meeting:            {meet['requests']:8.0f} requests   {meet['keys']:8.0f} keys "
+          f"({meet['requests'] / a.nodes:.1f} per node); the last launcher met after {meet['last_launcher_s']:.1f} s")
+    print(f"  end of a job:       {once['requests']:8.0f} requests   {once['keys']:8.0f} keys "
           f"({once['requests'] / a.nodes:.1f} per node); wall {short['wall_s']:.1f} s for a {a.sleep:g} s job")
     print(f"  failure + restart:  {restart_cost['requests']:8.0f} requests   {restart_cost['keys']:8.0f} keys "
           f"({restart_cost['requests'] / a.nodes:.1f} per node); wall {restart['wall_s']:.1f} s")

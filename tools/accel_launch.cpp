@@ -65,6 +65,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
+// When the launcher started (ACCEL_STORE_TRAFFIC's times).
+const auto g_started = std::chrono::steady_clock::now();
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 // SIGUSR1 / SIGUSR2 (SLURM's --signal=USR1@<seconds> before a requeue) are forwarded to every process and end
@@ -192,6 +194,7 @@ class Launcher {
 
   int main() {
     if (!join()) return 1;  // signals end the launcher until its processes exist
+    traffic("after the meeting");
     struct sigaction sa{};
     sa.sa_handler = on_signal;
     ::sigaction(SIGINT, &sa, nullptr);
@@ -231,6 +234,14 @@ class Launcher {
   [[nodiscard]] std::string done_key(int g, int node) const { return key(std::to_string(g) + "/done/" + std::to_string(node)); }
   [[nodiscard]] std::string join_key(int node) const { return key("join/" + std::to_string(node)); }
 
+  // ACCEL_STORE_TRAFFIC=1: the launcher's store requests so far (what it costs the store: benchmarks/README.md).
+  void traffic(const char* when) const {
+    const char* v = std::getenv("ACCEL_STORE_TRAFFIC");
+    if (!v || std::string(v) != "1") return;
+    const auto t = accel::comm::StoreTraffic::now();
+    say("store traffic " + std::string(when) + ": " + std::to_string(t.requests) + " requests, " + std::to_string(t.keys) +
+        " keys in " + std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - g_started).count()) + " s");
+  }
   void say(const std::string& what) const {
     std::fprintf(stderr, "accel-launch: %s%s\n", s_.nnodes > 1 ? ("node " + std::to_string(s_.node_rank) + ": ").c_str() : "",
                  what.c_str());
@@ -326,6 +337,12 @@ class Launcher {
   // Ends the job: the launchers of nodes > 0 tell node 0 they are done with the store; node 0 waits for them
   // (bounded) so that its store outlives their last look at it.
   int finish(int code) {
+    const int c = leave(code);
+    traffic("at the end");
+    return c;
+  }
+  // Nodes > 0 say they are done with the store; node 0, its host, waits for them (bounded).
+  int leave(int code) {
     if (s_.nnodes == 1 || !store_) return code;
     try {
       if (s_.node_rank != 0) {
@@ -671,15 +688,5 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   // c10d logs every retry of a connection (with a stack trace); the launcher says what went wrong itself.
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
-  // ACCEL_STORE_TRAFFIC=1: the launcher's own store requests at its end (what it costs the store: benchmarks/README.md).
-  const auto t0 = std::chrono::steady_clock::now();
-  const int nnodes = s.nnodes, node = s.node_rank;
-  const int code = Launcher(std::move(s)).main();
-  if (const char* v = std::getenv("ACCEL_STORE_TRAFFIC"); v && std::string(v) == "1") {
-    const auto t = accel::comm::StoreTraffic::now();
-    std::fprintf(stderr, "accel-launch: %sstore traffic: %llu requests, %llu keys in %.3f s\n",
-                 nnodes > 1 ? ("node " + std::to_string(node) + ": ").c_str() : "", (unsigned long long)t.requests,
-                 (unsigned long long)t.keys, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return code;
+  return Launcher(std::move(s)).main();
 }

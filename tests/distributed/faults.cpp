@@ -26,7 +26,7 @@ struct Victim : accel::Accelerator<accel::dist::from_env> {};
 
 // Trains on 400 samples; before the 5th batch the last rank raises `sig` (SIGKILL: dead; SIGSTOP: frozen). The
 // survivors must end with an error: reaching the end is a failure.
-void train_until_signal(const accel::comm::CommOptions& comm, int sig, const char* what) {
+void train_until_signal(const accel::comm::CommOptions& comm, int sig, const char* what, int victim = -1) {
   Victim acc{accel::Options{.comm = comm}};
   tally.rank = acc.process_index();
   const int N = acc.num_processes();
@@ -37,7 +37,7 @@ void train_until_signal(const accel::comm::CommOptions& comm, int sig, const cha
                                                                   {.batch_size = 4, .shuffle = true}));
   int step = 0;
   for (const auto& b : loader) {
-    if (++step == 5 && tally.rank == N - 1) ::raise(sig);
+    if (++step == 5 && tally.rank == (victim < 0 ? N - 1 : victim)) ::raise(sig);
     auto sync = acc.accumulate(model);
     acc.backward(torch::mse_loss(model(b.data), b.target));
     opt.step();
@@ -104,7 +104,7 @@ void dead_peer(const Args& args) {
 void freeze_mid_training(const Args& args) {
   train_until_signal({.timeout = std::chrono::seconds(120), .rendezvous_timeout = std::chrono::seconds(20),
                       .peer_timeout = std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")))},
-                     SIGSTOP, "frozen");
+                     SIGSTOP, "frozen", std::stoi(arg(args, 1, "-1")));
 }
 
 // The last rank computes for ARG ms (longer than the 2 s peer timeout) before joining an all_reduce: a busy
