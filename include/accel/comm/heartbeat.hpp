@@ -50,6 +50,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -109,6 +110,61 @@ struct Heartbeat {
       for (const auto& s : from)
         if (s.seen && (!best || s.advanced > best->advanced)) best = &s;
       return best;
+    }
+
+    // ---- what the summaries say of the others (the lock held) ----
+
+    // "rank 1 issued ...; rank 2 issued ..." for the ranks that published another operation under `own`'s number.
+    [[nodiscard]] std::string differing(const CollectiveId& own) const {
+      constexpr std::size_t kNamed = 8;  // ranks named one by one per operation; the others as ranges
+      std::string out;
+      std::set<std::string> said;
+      for (const auto& src : from) {
+        if (!src.seen) continue;
+        for (const auto& m : src.summary.mismatches)
+          for (const auto& v : m) {
+            if (v.id.seq != own.seq || v.id == own || !said.insert(v.id.encode()).second) continue;
+            std::vector<int> ranks;
+            for (int r : v.ranks)
+              if (r != rank && r < size) ranks.push_back(r);
+            for (std::size_t i = 0; i < ranks.size() && i < kNamed; ++i)
+              out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(ranks[i]) + " issued " + v.id.describe());
+            if (ranks.size() > kNamed)
+              out += "; " + std::to_string(ranks.size() - kNamed) + " more ranks (" +
+                     Summary::ranks_text(std::vector<int>(ranks.begin() + kNamed, ranks.end())) + ") issued " + v.id.describe();
+          }
+      }
+      return out;
+    }
+    // Whether aggregator `a`'s summary is expected now: rank 0's always, the deputy's while rank 0's is stale.
+    [[nodiscard]] bool aggregator_expected(int a) const {
+      if (a == rank || size < 2) return false;
+      if (a == 0) return true;
+      return size > 2 && Clock::now() - since(0) > opt.heartbeat_interval * 3;
+    }
+    // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began).
+    [[nodiscard]] Clock::time_point since(int a) const {
+      const auto& s = from[std::size_t(a)];
+      return s.recent(Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
+    }
+    // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
+    [[nodiscard]] std::pair<std::string, std::string> others(Clock::time_point now) const {
+      std::set<int> silent;
+      std::string failed;
+      if (const auto* cur = current(); cur && cur->recent(now, opt.heartbeat_interval)) {
+        for (int r : cur->summary.failed)
+          if (r != rank && r < size) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
+        // Ages as published, plus the time since this rank read them (at most a heartbeat: a summary that stopped
+        // advancing says nothing new).
+        const auto extra = std::min<Clock::duration>(now - cur->read, opt.heartbeat_interval);
+        for (const auto& l : cur->summary.late)
+          if (l.rank != rank && l.rank < size && std::chrono::milliseconds(l.age_ms) + extra > opt.peer_timeout) silent.insert(l.rank);
+      }
+      for (int a = 0; a < kAggregators && a < size; ++a)
+        if (aggregator_expected(a) && now - since(a) > opt.peer_timeout) silent.insert(a);
+      std::string out;
+      for (int r : silent) out += (out.empty() ? "rank " : ", rank ") + std::to_string(r);
+      return {out, failed};
     }
   };
 

@@ -264,7 +264,7 @@ class Rendezvous final : public Monitor {
 
   [[nodiscard]] std::string differing(const CollectiveId& own) const override {
     std::lock_guard<std::mutex> lock(beat_->mu);
-    return differing_locked(own);
+    return beat_->differing(own);
   }
 
   [[nodiscard]] Finding verdict(const CollectiveId& id) const override {
@@ -274,9 +274,9 @@ class Rendezvous final : public Monitor {
     if (now - beat_->last_ok > opt_.peer_timeout)
       return {K::silent, "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
                              " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
-    if (std::string others = differing_locked(id); !others.empty()) return {K::mismatch, others};
+    if (std::string others = beat_->differing(id); !others.empty()) return {K::mismatch, others};
     if (beat_->ended && beat_->ended->signal && ended_now_locked()) return {K::ended, ended_locked()};
-    const auto [silent, failed] = others_locked(now);
+    const auto [silent, failed] = beat_->others(now);
     if (!failed.empty()) return {K::failed, "failed (its error says why): " + failed};
     if (!silent.empty())
       return {K::silent, "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: "
@@ -312,7 +312,7 @@ class Rendezvous final : public Monitor {
         return killed() || (beat_->rounds >= r1 + 3 && Clock::now() >= began + interval * 4);
       });
       if (id)
-        if (std::string others = differing_locked(*id); !others.empty()) return {K::mismatch, others};
+        if (std::string others = beat_->differing(*id); !others.empty()) return {K::mismatch, others};
       // Stopped: a rank the summary lists as late (no new beat for two heartbeats), an aggregator whose summary did
       // not advance while this rank read it (Note [The heartbeat at scale]); a rank that failed is named as such.
       std::set<int> stopped, failing;
@@ -323,7 +323,7 @@ class Rendezvous final : public Monitor {
           for (const auto& l : cur->summary.late) stopped.insert(l.rank);
       }
       for (int a = 0; a < kAggregators && a < size_; ++a)
-        if (aggregator_expected_locked(a) && (!read || beat_->from[std::size_t(a)].summary.round == before[a])) stopped.insert(a);
+        if (beat_->aggregator_expected(a) && (!read || beat_->from[std::size_t(a)].summary.round == before[a])) stopped.insert(a);
       std::string dead, failed;
       const auto skip = [&](int r) { return r == rank_ || r >= size_ || (killed() && r == beat_->ended->rank); };
       for (int r : failing)
@@ -366,59 +366,6 @@ class Rendezvous final : public Monitor {
   }
 
  private:
-  // "rank 1 issued ...; rank 2 issued ..." for the peers that published another operation under `own`'s number
-  // (called with the lock held).
-  [[nodiscard]] std::string differing_locked(const CollectiveId& own) const {
-    constexpr std::size_t kNamed = 8;  // ranks named one by one per operation; the others as ranges
-    std::string out;
-    std::set<std::string> said;
-    for (const auto& src : beat_->from) {
-      if (!src.seen) continue;
-      for (const auto& m : src.summary.mismatches)
-        for (const auto& v : m) {
-          if (v.id.seq != own.seq || v.id == own || !said.insert(v.id.encode()).second) continue;
-          std::vector<int> ranks;
-          for (int r : v.ranks)
-            if (r != rank_ && r < size_) ranks.push_back(r);
-          for (std::size_t i = 0; i < ranks.size() && i < kNamed; ++i)
-            out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(ranks[i]) + " issued " + v.id.describe());
-          if (ranks.size() > kNamed)
-            out += "; " + std::to_string(ranks.size() - kNamed) + " more ranks (" +
-                   Summary::ranks_text(std::vector<int>(ranks.begin() + kNamed, ranks.end())) + ") issued " + v.id.describe();
-        }
-    }
-    return out;
-  }
-  // Whether aggregator `a`'s summary is expected now: rank 0's always, the deputy's while rank 0's is stale.
-  [[nodiscard]] bool aggregator_expected_locked(int a) const {
-    if (a == rank_ || size_ < 2) return false;
-    if (a == 0) return true;
-    return size_ > 2 && Clock::now() - since_locked(0) > opt_.heartbeat_interval * 3;
-  }
-  // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began).
-  [[nodiscard]] Clock::time_point since_locked(int a) const {
-    const auto& s = beat_->from[std::size_t(a)];
-    return s.recent(Clock::now(), opt_.heartbeat_interval) ? s.advanced : std::max(s.advanced, beat_->watch_began);
-  }
-  // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
-  [[nodiscard]] std::pair<std::string, std::string> others_locked(Clock::time_point now) const {
-    std::set<int> silent;
-    std::string failed;
-    if (const auto* cur = beat_->current(); cur && cur->recent(now, opt_.heartbeat_interval)) {
-      for (int r : cur->summary.failed)
-        if (r != rank_ && r < size_) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
-      // Ages as published, plus the time since this rank read them (at most a heartbeat: a summary that stopped
-      // advancing says nothing new).
-      const auto extra = std::min<Clock::duration>(now - cur->read, opt_.heartbeat_interval);
-      for (const auto& l : cur->summary.late)
-        if (l.rank != rank_ && l.rank < size_ && std::chrono::milliseconds(l.age_ms) + extra > opt_.peer_timeout) silent.insert(l.rank);
-    }
-    for (int a = 0; a < kAggregators && a < size_; ++a)
-      if (aggregator_expected_locked(a) && now - since_locked(a) > opt_.peer_timeout) silent.insert(a);
-    std::string out;
-    for (int r : silent) out += (out.empty() ? "rank " : ", rank ") + std::to_string(r);
-    return {out, failed};
-  }
   // ---- exit (Note [Exit]) ----
 
   // The rendezvous of this process, for the exit handler; the handler is registered with the first.
