@@ -185,7 +185,7 @@ class Communicator {
   [[noreturn]] ACCEL_DECL void fail_mismatch(const CollectiveId& id, const std::string& others);
   //! A mismatch the engine's data revealed, at `id` or at one of the unchecked collectives before it: names
   //! the first collective where another rank's operation differs, from what the heartbeats published (waiting
-  //! up to three heartbeats for them).
+  //! up to five heartbeats for them).
   [[noreturn]] ACCEL_DECL void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects);
   //! Takes the unchecked collectives' fingerprints into `id` (it carries a check).
   void carry_unchecked(CollectiveId& id) noexcept {
@@ -307,7 +307,9 @@ ACCEL_DECL CollectiveId Communicator::begin(OpKind kind, c10::ScalarType dtype, 
           others = monitor_->differing(*own);
           if (!others.empty()) at = *own;
         }
-      if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 3) break;
+      // Five heartbeats: the other rank's beat, rank 0's summary of it and this rank's read of that (Note [The
+      // heartbeat at scale] in comm/heartbeat.hpp) take up to one each.
+      if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 5) break;
       std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
     }
   }

@@ -136,16 +136,20 @@ struct Heartbeat {
       }
       return out;
     }
-    // Whether aggregator `a`'s summary is expected now: rank 0's always, the deputy's while rank 0's is stale.
+    // Whether aggregator `a`'s summary is expected now: rank 0's always (on the others), the deputy's on ranks 2 and
+    // up once their continuous reads show rank 0's stale for three heartbeats (when the deputy takes over).
     [[nodiscard]] bool aggregator_expected(int a) const {
       if (a == rank || size < 2) return false;
       if (a == 0) return true;
-      return size > 2 && Clock::now() - since(0) > opt.heartbeat_interval * 3;
+      const auto now = Clock::now();
+      return rank >= 2 && from[0].recent(now, opt.heartbeat_interval) && now - from[0].advanced > opt.heartbeat_interval * 3;
     }
-    // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began).
+    // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began);
+    // the deputy's counts from two heartbeats after it was due to take over at the earliest.
     [[nodiscard]] Clock::time_point since(int a) const {
       const auto& s = from[std::size_t(a)];
-      return s.recent(Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
+      const auto seen = s.recent(Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
+      return a == 0 ? seen : std::max(seen, from[0].advanced + opt.heartbeat_interval * 5);
     }
     // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
     [[nodiscard]] std::pair<std::string, std::string> others(Clock::time_point now) const {
@@ -265,7 +269,8 @@ struct Heartbeat {
       const std::uint64_t issued = b->issued;
       if (full && issued != b->published) published = encode(b->mine, issued);
       const bool fail = b->failed;
-      const bool read = (b->watchers > 0 || b->waiters > 0 || deputy) && b->size > 1;
+      const bool watching = b->watchers > 0 || b->waiters > 0 || deputy;
+      const bool read = watching && b->size > 1;
       const bool look = !b->ended.has_value();
       // The deputy aggregates while rank 0's summary has not advanced for three heartbeats.
       const auto stale = b->opt.heartbeat_interval * 3;
@@ -304,7 +309,7 @@ struct Heartbeat {
           }
         }
       } catch (const std::exception&) {
-        lock.lock();
+        if (!lock.owns_lock()) lock.lock();
         break;  // the store is gone: the waiting thread sees `last_ok` age
       }
       lock.lock();
@@ -324,10 +329,10 @@ struct Heartbeat {
         if (!ended && src.summary.ended && src.summary.ended->rank != b->rank && src.summary.ended->rank < b->size)
           ended = src.summary.ended;
       }
-      if (full && read) ++b->rounds;
+      if (full && watching) ++b->rounds;  // one rank alone has no summary to read: a round all the same
       const bool found = ended.has_value() && !b->ended;
       if (found) b->ended = std::move(ended), b->ended_seen = now;
-      if ((full && read) || found || fresh) b->cv.notify_all();
+      if ((full && watching) || found || fresh) b->cv.notify_all();
       // Sleep until the next beat, or a quick look while someone waits and no rank is known to have ended; less
       // when someone starts watching or waiting, fails, or stops us.
       const std::uint64_t e = b->epoch;

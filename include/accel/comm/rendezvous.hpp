@@ -323,7 +323,9 @@ class Rendezvous final : public Monitor {
           for (const auto& l : cur->summary.late) stopped.insert(l.rank);
       }
       for (int a = 0; a < kAggregators && a < size_; ++a)
-        if (beat_->aggregator_expected(a) && (!read || beat_->from[std::size_t(a)].summary.round == before[a])) stopped.insert(a);
+        if (beat_->aggregator_expected(a) && Clock::now() > beat_->since(a) + interval * 2 &&
+            (!read || beat_->from[std::size_t(a)].summary.round == before[a]))
+          stopped.insert(a);
       std::string dead, failed;
       const auto skip = [&](int r) { return r == rank_ || r >= size_ || (killed() && r == beat_->ended->rank); };
       for (int r : failing)

@@ -178,6 +178,10 @@ class JobStore final : public c10d::Store {
   std::vector<std::uint8_t> rewrite(const std::string& key, const std::vector<std::uint8_t>& written,
                                     const std::vector<std::uint8_t>& value) {
     auto sealed = seal(key, value);
+    if (written.empty()) {  // the first write: nothing of ours to compare with
+      req()->set(key, sealed);
+      return sealed;
+    }
     if (req()->compareSet(key, written, sealed) != sealed) {
       report(key, replaced_text());
       req()->set(key, sealed);

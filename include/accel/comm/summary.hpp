@@ -29,8 +29,9 @@ struct Summary {
     int rank = 0;
     std::int64_t age_ms = 0;
   };
-  static constexpr std::size_t kMismatches = 4;  //!< collectives listed, the earliest first
-  static constexpr std::size_t kLate = 64;       //!< late ranks listed, the latest first
+  static constexpr std::size_t kMismatches = 16;  //!< collectives listed, the earliest first (two ranks' windows)
+  static constexpr std::size_t kLate = 64;        //!< late ranks listed, the oldest beats first
+  static constexpr int kMaxRank = 1 << 24;        //!< ranks beyond are refused (a forged value)
 
   std::uint64_t round = 0;            //!< the aggregator's beat count: a summary that stops advancing is its silence
   std::optional<EndedRank> ended;     //!< the launcher's report (Note [Ended ranks])
@@ -42,7 +43,11 @@ struct Summary {
   [[nodiscard]] std::string encode() const {
     std::string out = "S ";
     out.append(std::to_string(round)).append("\nE ");
-    if (ended) out.append(ended->encode());
+    if (ended) {  // one line, whatever the launcher's text says
+      std::string e = ended->encode();
+      std::replace(e.begin(), e.end(), '\n', ' ');
+      out.append(e);
+    }
     out.append("\nL");
     for (const auto& l : late) out.append(" ").append(std::to_string(l.rank)).append(":").append(std::to_string(l.age_ms));
     out.append("\nF ").append(ranks_text(failed)).append("\n");
@@ -75,7 +80,10 @@ struct Summary {
             while (l >> item) {
               const auto colon = item.find(':');
               if (colon == std::string::npos) return std::nullopt;
-              s.late.push_back({std::stoi(item.substr(0, colon)), std::stoll(item.substr(colon + 1))});
+              const int r = std::stoi(item.substr(0, colon));
+              const long long age = std::stoll(item.substr(colon + 1));
+              if (r < 0 || r >= kMaxRank || age < 0 || age > 1000000000LL) return std::nullopt;  // a day and more: forged
+              s.late.push_back({r, age});
             }
             break;
           }
@@ -146,9 +154,10 @@ struct Summary {
     while (std::getline(in, part, ',')) {
       if (part.empty()) continue;
       const auto dash = part.find('-');
-      const int a = std::stoi(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
-      if (b < a || b - a > (1 << 20)) throw std::out_of_range("a range of ranks");
-      for (int r = a; r <= b; ++r) out.push_back(r);
+      const long long a = std::stoll(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoll(part.substr(dash + 1));
+      if (a < 0 || b < a || b >= kMaxRank || out.size() + std::size_t(b - a + 1) > std::size_t(kMaxRank))
+        throw std::out_of_range("a range of ranks");
+      for (long long r = a; r <= b; ++r) out.push_back(int(r));
     }
     return out;
   }

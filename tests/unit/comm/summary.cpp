@@ -53,8 +53,19 @@ TEST_CASE("the heartbeat's summary reads back exactly, or is refused", "[comm][s
     CHECK((empty->round == 0 && !empty->ended && empty->late.empty() && empty->failed.empty()));
   }
   SECTION("anything else is refused") {
-    for (const std::string bad : {"", "garbage", "S x\n", "S 1\nL 3\n", "S 1\nQ 2\n", "S 1\nM 1 2 3=0\n", "S 1\nF 9-2\n"})
+    for (const std::string bad : {"", "garbage", "S x\n", "S 1\nL 3\n", "S 1\nQ 2\n", "S 1\nM 1 2 3=0\n", "S 1\nF 9-2\n",
+                                  // forged: ranks and ages out of range, never a loop past INT_MAX or an overflow
+                                  "S 1\nF 2147483000-2147483647\n", "S 1\nF -1\n", "S 1\nL -3:5\n", "S 1\nL 3:-5\n",
+                                  "S 1\nL 3:9223372036854775807\n", "S 1\nF 0-16000000,0-16000000\n"})
       CHECK_FALSE(Summary::decode(bad));
+  }
+  SECTION("the launcher's text stays on its line") {
+    Summary s;
+    s.ended = accel::comm::EndedRank{2, 0, "exited\nwith code 1"};
+    s.failed = {1};
+    const auto back = Summary::decode(s.encode());
+    REQUIRE(back);
+    CHECK(back->failed == std::vector<int>{1});
   }
 }
 
@@ -74,7 +85,7 @@ TEST_CASE("the aggregator finds the collectives on which ranks differ", "[comm][
   }
   SECTION("the earliest few only") {
     std::vector<std::vector<CollectiveId>> many(2);
-    for (std::uint64_t s = 1; s <= 8; ++s) many[0].push_back(op(s, OpKind::all_reduce, 1)), many[1].push_back(op(s, OpKind::broadcast, 1));
+    for (std::uint64_t s = 1; s <= 20; ++s) many[0].push_back(op(s, OpKind::all_reduce, 1)), many[1].push_back(op(s, OpKind::broadcast, 1));
     const auto few = Summary::differences(many);
     REQUIRE(few.size() == Summary::kMismatches);
     CHECK(few.front().front().id.seq == 1);
