@@ -19,7 +19,7 @@
 //!   writer is found by the same request: `JobStore::rewrite`);
 //! - rank 0, the aggregator, reads every rank's beat key in one check and one multi-get a heartbeat, and publishes
 //!   `summary/0` (`Summary`, comm/summary.hpp): the ranks whose beat has not changed for two heartbeats and for how
-//!   long (the latest 64), the ranks that failed, the collectives on which ranks differ (the earliest 4), and the
+//!   long (the 64 oldest), the ranks that failed, the collectives on which ranks differ (the earliest 16), and the
 //!   rank its launcher reported ended;
 //! - a rank that watches or waits reads the summary once a heartbeat, in one request that never blocks
 //!   (`JobStore::peek`), and judges from it: a rank late by more than the peer timeout is frozen (Note [Frozen
