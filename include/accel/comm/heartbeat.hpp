@@ -197,10 +197,8 @@ struct Heartbeat {
   };
 
   //! One beat of an aggregator: every rank's beat key in one multi-get, and the summary of them.
-  static Summary aggregate(JobStore& store, const Beat& b, std::vector<Peer>& peers, std::uint64_t round,
-                           const std::optional<EndedRank>& ended) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < b.size; ++r) keys.push_back(b.key("beat", r));
+  static Summary aggregate(JobStore& store, const Beat& b, const std::vector<std::string>& keys, std::vector<Peer>& peers,
+                           std::uint64_t round, const std::optional<EndedRank>& ended) {
     const auto values = store.try_get_all(keys);
     const auto now = Clock::now();
     Summary s;
@@ -254,6 +252,8 @@ struct Heartbeat {
     const bool lead = b->rank == 0 && b->size > 1, deputy = b->rank == 1;
     const auto started = Clock::now();
     std::vector<Peer> peers(lead || deputy ? std::size_t(b->size) : 0);
+    std::vector<std::string> beat_keys;  // every rank's beat key, for an aggregator (made once, read every beat)
+    for (int r = 0; r < int(peers.size()); ++r) beat_keys.push_back(b->key("beat", r));
     std::int64_t beats = 0;
     std::string published;  // the collectives last encoded
     std::vector<std::uint8_t> written, summary_written;  // the keys' bytes as last written (sealed)
@@ -294,7 +294,7 @@ struct Heartbeat {
             lock.lock();
             const std::optional<EndedRank> known = ended ? ended : b->ended;
             lock.unlock();
-            got[b->rank] = aggregate(*own, *b, peers, std::uint64_t(beats), known);
+            got[b->rank] = aggregate(*own, *b, beat_keys, peers, std::uint64_t(beats), known);
             summary_written = own->rewrite(b->key("summary", b->rank), summary_written, bytes(got[b->rank]->encode()));
           }
           if (read) {
