@@ -1,5 +1,5 @@
 // The frozen-peer watch at scale, simulated on one machine: N ranks, each running the real rendezvous, heartbeat
-// and watch (comm/rendezvous.hpp, comm/heartbeat.hpp, Communicator::await) against one real TCPStore, no engine.
+// and watch (state/rendezvous/rendezvous.hpp, state/rendezvous/heartbeat.hpp, Communicator::await) against one real TCPStore, no engine.
 // The ranks live as threads in a few processes; the rank that freezes lives alone in a process of its own, which
 // receives SIGSTOP (its heartbeat stops, its connections stay open: Note [Frozen peers]).
 //
@@ -19,7 +19,7 @@
 //                              --collective-ms 2000 --collectives 3 --frozen RANK --json out.json]
 // (the frozen rank: N/2 + 1 by default; 0 freezes the aggregator, whose deputy, rank 1, takes over)
 #include <accel/comm/communicator.hpp>
-#include <accel/comm/rendezvous.hpp>
+#include <accel/state/rendezvous/rendezvous.hpp>
 
 #include <c10/util/Logging.h>
 #include <nlohmann/json.hpp>
@@ -158,20 +158,20 @@ comm::CommOptions options(const Params& p) {
 
 int child(const Params& p) {
   const comm::CommOptions opt = options(p);
-  std::vector<std::unique_ptr<comm::Rendezvous>> rz(std::size_t(p.count));
+  std::vector<std::unique_ptr<rendezvous::Rendezvous>> rz(std::size_t(p.count));
   {
     std::vector<std::thread> meet;
     for (int i = 0; i < p.count; ++i)
       meet.emplace_back([&, i] {
-        comm::RendezvousSpec spec;
+        rendezvous::RendezvousSpec spec;
         spec.addr = "127.0.0.1", spec.port = p.port, spec.rank = p.first + i, spec.size = p.ranks;
-        spec.host_store = false, spec.job = comm::JobIdentity{p.job, p.secret};
-        rz[std::size_t(i)] = std::make_unique<comm::Rendezvous>(spec, opt);
+        spec.host_store = false, spec.job = rendezvous::JobIdentity{p.job, p.secret};
+        rz[std::size_t(i)] = std::make_unique<rendezvous::Rendezvous>(spec, opt);
         rz[std::size_t(i)]->settled();
       });
     for (auto& t : meet) t.join();
   }
-  auto raw = comm::connect_store("127.0.0.1", p.port, ms(600000));
+  auto raw = rendezvous::connect_store("127.0.0.1", p.port, ms(600000));
   raw->set("sim/ready/" + std::to_string(p.first), std::vector<std::uint8_t>{1});
   const auto t0v = raw->get("sim/t0");
   const long long t0 = std::stoll(std::string(t0v.begin(), t0v.end()));
@@ -179,7 +179,7 @@ int child(const Params& p) {
   const bool frozen_proc = p.frozen >= p.first && p.frozen < p.first + p.count;
 
   // Traffic at the phase boundaries; beat ages sampled every 100 ms.
-  std::vector<comm::StoreTraffic> marks;
+  std::vector<rendezvous::StoreTraffic> marks;
   std::mutex marks_mu;
   std::vector<Histogram> ages(3);
   std::atomic<bool> done{false};
@@ -191,7 +191,7 @@ int child(const Params& p) {
       const auto now = Clock::now();
       if (now >= at(t0, bounds[next])) {
         std::lock_guard<std::mutex> lock(marks_mu);
-        marks.push_back(comm::StoreTraffic::now());
+        marks.push_back(rendezvous::StoreTraffic::now());
         ++next;
         continue;
       }
@@ -293,10 +293,10 @@ int parent(Params p, const char* self) {
   if (lim.rlim_cur < rlim_t(need))
     throw std::runtime_error("heartbeat_sim: " + std::to_string(p.ranks) + " ranks need " + std::to_string(need) +
                              " file descriptors; the limit is " + std::to_string(lim.rlim_cur) + " (ulimit -n)");
-  auto store = comm::host_store("127.0.0.1", 0, ms(600000));
+  auto store = rendezvous::host_store("127.0.0.1", 0, ms(600000));
   p.port = store->getPort();
-  p.job = "sim-" + comm::random_hex(4);
-  p.secret = comm::random_hex(16);
+  p.job = "sim-" + rendezvous::random_hex(4);
+  p.secret = rendezvous::random_hex(16);
   if (p.frozen < 0 || p.frozen >= p.ranks) p.frozen = p.ranks / 2 + 1 < p.ranks ? p.ranks / 2 + 1 : p.ranks - 1;
   const std::string dir = "/tmp/accel-heartbeat-sim-" + std::to_string(::getpid());
   ::mkdir(dir.c_str(), 0700);

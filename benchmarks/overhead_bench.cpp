@@ -363,7 +363,7 @@ int main(int argc, char** argv) try {
         ours.push_back(seconds_since(t0));
         comm->barrier();
       };
-      // The same with a job secret: every store value sealed and checked (comm/store.hpp).
+      // The same with a job secret: every store value sealed and checked (state/rendezvous/store.hpp).
       const auto run_sealed = [&] {
         release_together(*side, "sealed" + std::to_string(round), N);
         const auto t0 = Clock::now();
@@ -379,7 +379,7 @@ int main(int argc, char** argv) try {
     }
     std::sort(sealed.begin(), sealed.end());
     // What a heartbeat adds with a secret: one seal of its value, and (while watching) one check per peer.
-    const accel::comm::Seal seal("0123456789abcdef0123456789abcdef");
+    const accel::rendezvous::Seal seal("0123456789abcdef0123456789abcdef");
     const std::string beat_key = "accel/0123456789abcdef0123456789abcdef/0/beat/1";
     const std::vector<std::uint8_t> beat_value(200, 'x');  // a count, a flag and 8 published collectives
     const int reps = 20000;

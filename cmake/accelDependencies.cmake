@@ -12,7 +12,7 @@ endif()
 find_dependency(Torch 2)
 find_dependency(range-v3)
 find_dependency(Boost 1.74)   # Boost.Hana is header-only: Boost::headers is enough
-find_dependency(OpenSSL 3)    # HMAC-SHA256 of the rendezvous store's values (comm/store.hpp)
+find_dependency(OpenSSL 3)    # HMAC-SHA256 of the rendezvous store's values (state/rendezvous/store.hpp)
 find_dependency(nlohmann_json 3)  # the JSON of safetensors headers and sharded-checkpoint indexes, the trackers' files
 
 set(_accel_torch_cuda FALSE)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The exit soak (Note [Exit] in include/accel/comm/rendezvous.hpp): RUNS times in a row, the main example with a
+# The exit soak (Note [Exit] in include/accel/state/rendezvous/rendezvous.hpp): RUNS times in a row, the main example with a
 # project folder (checkpoints, trackers, preemption armed) is stopped by a checkpoint after 49 batches on 2 processes
 # and resumed to the end of epoch 2 on NPROC processes, each launch bounded, with a CPU hog beside it to shift the
 # timing of every exit; counts the abnormal exits (a non-zero status, or a rank killed by a signal, which the

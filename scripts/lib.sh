@@ -14,7 +14,8 @@ ACCEL_BUILD="${ACCEL_BUILD:-$ACCEL_ROOT/build}"
 # Debian packages the build uses (headers and tools only; LibTorch comes from the lock file). libgloo-dev
 # provides the gloo headers that LibTorch's ProcessGroupGloo.hpp includes (the torch wheel ships none).
 ACCEL_APT_PACKAGES=(cmake g++ ninja-build ccache python3-venv librange-v3-dev libboost-dev catch2 libgloo-dev
-                    libcli11-dev nlohmann-json3-dev libbenchmark-dev libssl-dev procps)  # procps: pkill in tests
+                    libcli11-dev nlohmann-json3-dev libbenchmark-dev libssl-dev procps  # procps: pkill in tests
+                    clang-format-14)  # the layout check (tests/static/format.py)
 
 log() { printf '\033[1m[accel]\033[0m %s\n' "$*" >&2; }
 

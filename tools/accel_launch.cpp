@@ -6,7 +6,7 @@
 //
 // The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
 // to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). It listens on loopback for a job on one node, and on
-// the --master-addr interface alone for several (accel/comm/listen.hpp, Note [Listening surface]). The job has an id
+// the --master-addr interface alone for several (accel/state/rendezvous/listen.hpp, Note [Listening surface]). The job has an id
 // (--job-id, ACCEL_JOB_ID, the scheduler's, or generated) and, when ACCEL_JOB_SECRET / ACCEL_JOB_SECRET_FILE is set
 // or the job runs on one node (a secret is generated then), a secret that seals every value written to the store;
 // both reach the processes as ACCEL_JOB_ID and ACCEL_JOB_SECRET (Notes [Job keys], [Authenticated keys]).
@@ -27,8 +27,8 @@
 // and one under the processes' keys: accel/<job>/<generation>/ended, the first process of that generation that ended
 // abnormally, written the moment its launcher sees it end (a pidfd per process wakes the launcher's poll); the
 // processes' heartbeats read it, so that a collective waiting for that rank is abandoned at once (Note [Ended
-// ranks] in accel/comm/job_identity.hpp).
-#include <accel/comm/store.hpp>
+// ranks] in accel/state/rendezvous/job_identity.hpp).
+#include <accel/state/rendezvous/store.hpp>
 #include <accel/state/launch_env.hpp>
 
 #include <CLI/CLI.hpp>
@@ -238,7 +238,7 @@ class Launcher {
   void traffic(const char* when) const {
     const char* v = std::getenv("ACCEL_STORE_TRAFFIC");
     if (!v || std::string(v) != "1") return;
-    const auto t = accel::comm::StoreTraffic::now();
+    const auto t = accel::rendezvous::StoreTraffic::now();
     say("store traffic " + std::string(when) + ": " + std::to_string(t.requests) + " requests, " + std::to_string(t.keys) +
         " keys in " + std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - g_started).count()) + " s");
   }
@@ -254,10 +254,10 @@ class Launcher {
     const auto timeout = std::chrono::milliseconds(int64_t(s_.join_timeout * 1000));
     try {
       if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout)) throw std::runtime_error("nothing listens there");
-      auto tcp = s_.node_rank == 0 ? accel::comm::host_store(s_.master_addr, s_.port, timeout)
-                                   : accel::comm::connect_store(s_.master_addr, s_.port, timeout);
+      auto tcp = s_.node_rank == 0 ? accel::rendezvous::host_store(s_.master_addr, s_.port, timeout)
+                                   : accel::rendezvous::connect_store(s_.master_addr, s_.port, timeout);
       s_.port = tcp->getPort();  // the port chosen when --master-port was left out
-      store_ = c10::make_intrusive<accel::comm::JobStore>(
+      store_ = c10::make_intrusive<accel::rendezvous::JobStore>(
           tcp, s_.secret, "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
     } catch (const std::exception& e) {
       store_.reset();
@@ -273,9 +273,9 @@ class Launcher {
     if (s_.nnodes == 1) return true;
     if (s_.job_id.empty()) {  // node 0 draws the id and the others take it
       try {
-        if (s_.node_rank == 0) store_->set("accel-launch/job", bytes(accel::comm::random_hex(16)));
+        if (s_.node_rank == 0) store_->set("accel-launch/job", bytes(accel::rendezvous::random_hex(16)));
         s_.job_id = text(store_->get("accel-launch/job"));
-        accel::comm::check_job_id(s_.job_id, "published by node 0");
+        accel::rendezvous::check_job_id(s_.job_id, "published by node 0");
       } catch (const std::exception& e) {
         say("could not agree on a job id with node 0 at " + where() + " (" + first_line(e.what()) + "); give every node "
             "the same --job-id");
@@ -362,8 +362,8 @@ class Launcher {
   Failure report(int generation, const Failure& mine, int signal = 0) {
     if (!store_) return mine;
     try {
-      store_->compareSet(accel::comm::EndedRank::key(s_.job_id, generation), {},
-                         bytes(accel::comm::EndedRank{mine.rank, signal, mine.what}.encode()));
+      store_->compareSet(accel::rendezvous::EndedRank::key(s_.job_id, generation), {},
+                         bytes(accel::rendezvous::EndedRank{mine.rank, signal, mine.what}.encode()));
       return Failure::decode(text(store_->compareSet(failed_key(generation), {}, bytes(mine.encode()))));
     } catch (const std::exception&) {
       return mine;
@@ -619,7 +619,7 @@ class Launcher {
   }
 
   Settings s_;
-  c10::intrusive_ptr<accel::comm::JobStore> store_;  // the TCPStore, sealing values when the job has a secret
+  c10::intrusive_ptr<accel::rendezvous::JobStore> store_;  // the TCPStore, sealing values when the job has a secret
   bool mismatch_ = false;
 };
 
@@ -671,15 +671,15 @@ int main(int argc, char** argv) {
   // A job on one node stays on loopback, whatever --master-addr says (Note [Listening surface]).
   if (s.nnodes == 1) s.master_addr = "127.0.0.1";
   try {
-    if (!s.job_id.empty()) accel::comm::check_job_id(s.job_id, "--job-id");
-    else if (std::string id = accel::comm::job_id_from(accel::process_env); id != "none") s.job_id = id;
-    else if (s.nnodes == 1) s.job_id = accel::comm::random_hex(16);
-    s.secret = accel::comm::job_secret_from(accel::process_env);
+    if (!s.job_id.empty()) accel::rendezvous::check_job_id(s.job_id, "--job-id");
+    else if (std::string id = accel::rendezvous::job_id_from(accel::process_env); id != "none") s.job_id = id;
+    else if (s.nnodes == 1) s.job_id = accel::rendezvous::random_hex(16);
+    s.secret = accel::rendezvous::job_secret_from(accel::process_env);
   } catch (const std::exception& e) {
     std::cerr << "accel-launch: " << e.what() << "\n";
     return 2;
   }
-  if (s.secret.empty() && s.nnodes == 1) s.secret = accel::comm::random_hex(32);
+  if (s.secret.empty() && s.nnodes == 1) s.secret = accel::rendezvous::random_hex(32);
   if (s.secret.empty())
     std::cerr << "accel-launch: warning: no ACCEL_JOB_SECRET or ACCEL_JOB_SECRET_FILE: any host that reaches "
               << s.master_addr << " can write this job's rendezvous keys; give every node the same secret (README, "

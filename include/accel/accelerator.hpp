@@ -91,6 +91,7 @@ class Accelerator {
     if (o.mixed_precision == Precision::fp16) {
       detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
                                                  "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
+      // not a step call: the scaler is built here (its step goes through the prepared optimizer's door)
       scaler_ = std::make_shared<GradScaler>(state_.device(), state_.comm(), o.scaler);
       checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); },
                                 [s = scaler_](auto& a) { s->check(a); }});
@@ -331,16 +332,13 @@ class Accelerator {
  private:
   using Ddps = std::vector<std::shared_ptr<DistributedModule>>;
 
-  void record_accumulate(Ddps ddps);
+  //! What a rank out of batches repeats of `accumulate` (Note [Joined steps]).
+  GradientState::StepCall repeat_accumulate(Ddps ddps);
   SyncScope no_sync_of(const Ddps& ddps);
   //! `gather_for_metrics` inside a loader's loop, for tensors and objects alike; `none` makes this rank's
   //! contribution to a step it lacks (no rows).
   template <class T, class None>
   T gather_batch(const T& x, None none) const;
-  //! Records a call of the loop's step for a rank that will run out of batches (Note [Joined steps] in
-  //! gradient_state.hpp); nothing, and no copy of the arguments, on any other rank or loader.
-  template <class F>
-  static void record(GradientState::CallKind kind, F&& call);
   //! The rows of several gathers of one structure, concatenated tensor by tensor.
   template <TensorStructure T>
   static T concat_rows(const std::vector<T>& parts);

@@ -7,7 +7,7 @@
 #   dead-peer       2 processes: rank 1 waits outside the all_reduce and is SIGKILLed 0.2-1.5 s into rank 0's wait
 #                   (before and after the wait is watched); its connections close
 #   dead-peer-open  the same, but a child of rank 1 keeps its sockets open: no connection closes, and only the
-#                   launcher's report of the rank that ended (Note [Ended ranks] in accel/comm/job_identity.hpp) ends
+#                   launcher's report of the rank that ended (Note [Ended ranks] in accel/state/rendezvous/job_identity.hpp) ends
 #                   rank 0's wait before the peer timeout (10 s)
 # Both print how long rank 0 took to leave the all_reduce and to end, and fail when it left the all_reduce after more
 # than 1 s (a bound for a busy machine: a census used to take 1.5 s, the peer timeout 10 s; the figures are in

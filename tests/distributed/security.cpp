@@ -1,8 +1,8 @@
-// Security (accel/comm/store.hpp): what a job listens on, which keys are its own, and what it does with values it
+// Security (accel/state/rendezvous/store.hpp): what a job listens on, which keys are its own, and what it does with values it
 // did not write. Driven by security.sh, which starts the processes, a foreign client and the checks.
 #include "harness.hpp"
 
-#include <accel/comm/store.hpp>
+#include <accel/state/rendezvous/store.hpp>
 
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -125,7 +125,7 @@ void foreign_writer(const Args& args) {
   c10::intrusive_ptr<c10d::TCPStore> store;
   while (!store && std::chrono::steady_clock::now() < until) {
     try {
-      store = accel::comm::connect_store("127.0.0.1", port, std::chrono::milliseconds(500));
+      store = accel::rendezvous::connect_store("127.0.0.1", port, std::chrono::milliseconds(500));
     } catch (const std::exception&) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -198,7 +198,7 @@ void job_sum(const Args& args) {
 
 // Hosts a bare store on 127.0.0.1:PORT for SECONDS (the agent store two jobs share).
 void store_host(const Args& args) {
-  auto store = accel::comm::host_store("127.0.0.1", std::stoi(arg(args, 0, "0")), std::chrono::seconds(30));
+  auto store = accel::rendezvous::host_store("127.0.0.1", std::stoi(arg(args, 0, "0")), std::chrono::seconds(30));
   std::this_thread::sleep_for(std::chrono::milliseconds(int(std::stod(arg(args, 1, "10")) * 1000)));
   check(true, "hosted");
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The job's rendezvous store, attacked and inspected (accel/comm/store.hpp). Every process runs under `timeout`.
+# The job's rendezvous store, attacked and inspected (accel/state/rendezvous/store.hpp). Every process runs under `timeout`.
 #   security.sh CASE ACCEL_LAUNCH ACCEL_MP_TESTS WORKDIR PORT
 # CASE:
 #   surface-launch  accel-launch, 2 processes: every socket of the launcher and the ranks listens on loopback only

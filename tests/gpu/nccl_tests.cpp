@@ -26,7 +26,7 @@ int main() {
                  "linked, not run" << std::endl;
     return 77;
   }
-  accel::comm::RendezvousSpec spec;
+  accel::rendezvous::RendezvousSpec spec;
   spec.port = 29741;
   accel::comm::CommOptions opt;
   opt.timeout = std::chrono::seconds(30);

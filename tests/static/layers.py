@@ -5,9 +5,11 @@
     core        core/                                     tensor structures, serialisation, generator state
     tracking    tracking/                                 experiment trackers: JSONL, CSV, TensorBoard event files
     plan        plan/                                     sharding plans: pure index math
-    comm        comm/, cuda/nccl.hpp, cuda/connect.hpp,   communicator interface, engines' collectives, RNG sync
-                cuda/rng.hpp
-    state       state/                                    launch environment, engines, ProcessState, GradientState
+    comm        comm/ (but the engines), cuda/rng.hpp     communicator interface, collectives, RNG sync
+    rendezvous  state/rendezvous/                         where a job meets: store, listening, heartbeat, job identity
+    engines     comm/gloo.hpp, comm/connect.hpp,          the engines: Gloo and NCCL communicators and their
+                cuda/nccl.hpp, cuda/connect.hpp           constructors' declarations
+    state       state/                                    launch environment, engine choice, ProcessState, GradientState
     data        data/, cuda/placement.hpp                 loaders: step sources, transports, placement
     model       model/                                    DistributedModule, PreparedModel, autocast
     optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
@@ -24,13 +26,15 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
+LAYERS = ["base", "core", "tracking", "plan", "comm", "rendezvous", "engines", "state", "data", "model", "optim", "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
            "src.hpp": "top",
-           "cuda/nccl.hpp": "comm", "cuda/connect.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
-FOLDER = {"detail": "base", "policy": "base", "accelerator": "top"}
+           "comm/gloo.hpp": "engines", "comm/connect.hpp": "engines", "cuda/nccl.hpp": "engines",
+           "cuda/connect.hpp": "engines", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
+FOLDER = {"detail": "base", "policy": "base", "accelerator": "top", "state/rendezvous": "rendezvous"}
 # The namespace every header of a folder declares its public names in.
 NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
+             "state/rendezvous": "accel::rendezvous",
              "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
              "accelerator": "accel"}
 
@@ -38,8 +42,13 @@ NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::pla
 def layer_of(rel: str) -> str:
     if rel in SPECIAL:
         return SPECIAL[rel]
-    folder = rel.split("/")[0]
-    return FOLDER.get(folder, folder)
+    return FOLDER.get(folder_of(rel), folder_of(rel))
+
+
+def folder_of(rel: str) -> str:
+    """A header's folder: its first directory, or a subfolder with a layer of its own (state/rendezvous)."""
+    two = "/".join(rel.split("/")[:2])
+    return two if two in FOLDER or two in NAMESPACE else rel.split("/")[0]
 
 
 def linkage_problems(rel: str, text: str) -> list:
@@ -84,7 +93,7 @@ def main(root: str) -> int:
             theirs = layer_of(target)
             if theirs in LAYERS and LAYERS.index(theirs) > LAYERS.index(mine):
                 problems.append(f"{rel} ({mine}) includes accel/{target} ({theirs}): a back edge")
-        folder = rel.split("/")[0]
+        folder = folder_of(rel)
         if folder in NAMESPACE:
             for ns in re.findall(r'^namespace ([a-z_:]+) \{', text, flags=re.M):
                 full = ns if ns.startswith("accel") else None

@@ -97,6 +97,7 @@ void Accelerator<Policies...>::save_model(const M& model, const std::filesystem:
       message = e.what();
     }
   }
+  // not a step call: saving a model is every rank's call between steps, never repeated
   message = broadcast_object(comm(), message);  // the others' barrier, and the main process's outcome
   if (failure) std::rethrow_exception(failure);
   if (!message.empty()) throw Error(message + " (raised on the main process)");
@@ -165,7 +166,7 @@ void Accelerator<Policies...>::agree_on_main(const char* what, Check&& check) co
       problem = e.what();
       if (problem.empty()) problem = std::string("accel::Accelerator::") + what + " failed";
     }
-  problem = broadcast_object(comm(), problem);
+  problem = broadcast_object(comm(), problem);  // not a step call: a check of the main process, between steps
   if (!problem.empty()) throw InvalidArgument(problem);
 }
 
@@ -174,7 +175,7 @@ std::optional<std::int64_t> Accelerator<Policies...>::latest_checkpoint_number()
   std::int64_t n = -1;
   if (is_main_process())
     if (const auto latest = checkpoint::latest_checkpoint(opt_.project_config)) n = latest->number;
-  n = broadcast_object(comm(), n);
+  n = broadcast_object(comm(), n);  // not a step call: a query between steps
   return n < 0 ? std::nullopt : std::optional<std::int64_t>(n);
 }
 
@@ -220,6 +221,7 @@ void Accelerator<Policies...>::at_step_boundary() {
     if (sync_gradients() && backwards_ != backwards_at_boundary_) ++training_steps_;
     backwards_at_boundary_ = backwards_;
     if (training_steps_ >= replicas_agreed_ + std::uint64_t(opt_.check_replicas_every)) {
+      // not a step call: at a step boundary, which runs only when every rank held the step (never repeated)
       check_replicas(comm(), replica_parameters(), training_steps_, replicas_agreed_);
       replicas_agreed_ = training_steps_;
     }
@@ -230,6 +232,7 @@ void Accelerator<Policies...>::at_step_boundary() {
   if (steps < boundary_steps_ + std::uint64_t(opt_.preemption.check_every)) return;  // not a step boundary, or not yet
   boundary_steps_ = steps;
   int sig = detail::SignalWatch::received();
+  // not a step call: at a step boundary, which runs only when every rank held the step (never repeated)
   if (num_processes() > 1) sig = int(reduce_flag(sig, Reduction::max));
   if (sig == 0) return;
   print("accel: signal ", sig, " received; saving a checkpoint at this step boundary, then stopping");

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! The training loop's members of `Accelerator` (accelerator.hpp): accumulate, no_sync, backward, clip_grad_norm_,
-//! clip_grad_value_, unscale_gradients, autocast, gather_for_metrics, gather, reduce, check_trigger, and the
-//! recording of their calls for a rank that runs out of batches (Note [Joined steps]). Included by accelerator.hpp.
+//! clip_grad_value_, unscale_gradients, autocast, gather_for_metrics, gather, reduce, check_trigger: each through
+//! the joined-step door, for a rank that runs out of batches (Note [The joined-step door] in state/gradient_state.hpp). Included by accelerator.hpp.
 
 #include <accel/accelerator.hpp>
 
@@ -31,11 +31,15 @@ template <class... Models>
 SyncScope Accelerator<Policies...>::accumulate(const Models&... models) {
   bind_boundary_hook();
   accumulating_ = true;
-  accumulation_.begin_step();
-  SyncScope scope;
-  if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models).get()), ...);
-  if (GradientState::instance().recording()) record_accumulate({distributed_of(models)...});
-  return scope;
+  return GradientState::joined(
+      GradientState::CallKind::accumulate,
+      [&] {
+        accumulation_.begin_step();
+        SyncScope scope;
+        if (!accumulation_.allow_sync()) (scope.hold(distributed_of(models).get()), ...);
+        return scope;
+      },
+      [&] { return repeat_accumulate({distributed_of(models)...}); });
 }
 
 template <class... Policies>
@@ -53,19 +57,23 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
   std::vector<std::uint64_t> before;
   if (recording)
     for (const auto& d : ddps_) before.push_back(d->backward_count());
-  const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
-  if (scaler_) scaler_->scale(l).backward();
-  else l.backward();
-  for (const auto& d : ddps_)
-    if (!d->sync()) d->open_window();  // inside an accumulation window: check_before_backward compares
-  if (!recording) return;
-  Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
-  for (std::size_t i = 0; i < ddps_.size(); ++i)
-    if (ddps_[i]->backward_count() != before[i]) through.push_back(ddps_[i]);
-  record(GradientState::CallKind::collective, [through] {
-    for (const auto& d : through) d->synchronize();
-    return nullptr;
-  });
+  GradientState::joined(
+      GradientState::CallKind::collective,
+      [&] {
+        const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
+        if (scaler_) scaler_->scale(l).backward();
+        else l.backward();
+        for (const auto& d : ddps_)
+          if (!d->sync()) d->open_window();  // inside an accumulation window: check_before_backward compares
+      },
+      [&] {
+        Ddps through;  // the prepared models this backward went through: a rank out of batches averages theirs
+        for (std::size_t i = 0; i < ddps_.size(); ++i)
+          if (ddps_[i]->backward_count() != before[i]) through.push_back(ddps_[i]);
+        return [through] {
+          for (const auto& d : through) d->synchronize();
+        };
+      });
 }
 
 template <class... Policies>
@@ -128,17 +136,21 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator<Policies...>::replic
 template <class... Policies>
 double Accelerator<Policies...>::clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
                                                  double norm_type) {
-  // A rank out of batches clips on synchronising steps, where its gradients are the others' average.
-  record(GradientState::CallKind::local, [this, parameters, max_norm, norm_type] {
-    if (sync_gradients()) clip_grad_norm_(parameters, max_norm, norm_type);
-    return nullptr;
-  });
-  unscale_gradients();
-  if constexpr (config::zero_stage == 2) {
-    auto [parts, whole] = gradients_of(parameters);
-    return clip_partitioned_norm(state_.comm(), parts, whole, max_norm, norm_type);
-  }
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  return GradientState::joined(
+      GradientState::CallKind::local,
+      [&] {
+        unscale_gradients();
+        if constexpr (config::zero_stage == 2) {
+          auto [parts, whole] = gradients_of(parameters);
+          return clip_partitioned_norm(state_.comm(), parts, whole, max_norm, norm_type);
+        }
+        return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+      },
+      [&] {  // a rank out of batches clips on synchronising steps, where its gradients are the others' average
+        return [this, parameters, max_norm, norm_type] {
+          if (sync_gradients()) clip_grad_norm_(parameters, max_norm, norm_type);
+        };
+      });
 }
 
 template <class... Policies>
@@ -150,19 +162,23 @@ double Accelerator<Policies...>::clip_grad_norm_(const M& model, double max_norm
 
 template <class... Policies>
 void Accelerator<Policies...>::clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value) {
-  // A rank out of batches clips on synchronising steps, where its gradients are the others' average.
-  record(GradientState::CallKind::local, [this, parameters, clip_value] {
-    if (sync_gradients()) clip_grad_value_(parameters, clip_value);
-    return nullptr;
-  });
-  unscale_gradients();
-  if constexpr (config::zero_stage == 2) {
-    auto [parts, whole] = gradients_of(parameters);
-    for (auto& g : parts) g.clamp_(-clip_value, clip_value);
-    for (auto& g : whole) g.clamp_(-clip_value, clip_value);
-    return;
-  }
-  torch::nn::utils::clip_grad_value_(parameters, clip_value);
+  GradientState::joined(
+      GradientState::CallKind::local,
+      [&] {
+        unscale_gradients();
+        if constexpr (config::zero_stage == 2) {
+          auto [parts, whole] = gradients_of(parameters);
+          for (auto& g : parts) g.clamp_(-clip_value, clip_value);
+          for (auto& g : whole) g.clamp_(-clip_value, clip_value);
+          return;
+        }
+        torch::nn::utils::clip_grad_value_(parameters, clip_value);
+      },
+      [&] {  // a rank out of batches clips on synchronising steps, where its gradients are the others' average
+        return [this, parameters, clip_value] {
+          if (sync_gradients()) clip_grad_value_(parameters, clip_value);
+        };
+      });
 }
 
 template <class... Policies>
@@ -187,6 +203,7 @@ AutocastScope Accelerator<Policies...>::autocast() const {
 template <class... Policies>
 template <TensorStructure T>
 T Accelerator<Policies...>::gather_for_metrics(const T& x) const {
+  // not a step call: outside a loader's loop, where no rank records
   if (!GradientState::instance().in_dataloader()) return accel::gather(state_.comm(), x);
   return gather_batch(x, [&x] {
     return map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
@@ -202,6 +219,7 @@ template <class... Policies>
 template <class T>
   requires(!TensorStructure<std::vector<T>>)
 std::vector<T> Accelerator<Policies...>::gather_for_metrics(const std::vector<T>& x) const {
+  // not a step call: outside a loader's loop, where no rank records
   if (!GradientState::instance().in_dataloader()) return concat_rows(accel::gather_object(state_.comm(), x));
   return gather_batch(x, [] { return std::vector<T>{}; });
 }
@@ -210,38 +228,44 @@ template <class... Policies>
 template <TensorStructure T>
 T Accelerator<Policies...>::gather(const T& x) const {
   refuse_starved("gather");
-  if (GradientState::instance().recording())
-    record(GradientState::CallKind::collective, [this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
-      (void)gather(zeros);
-      return nullptr;
-    });
-  return accel::gather(state_.comm(), x);
+  return GradientState::joined(
+      GradientState::CallKind::collective, [&] { return accel::gather(state_.comm(), x); },
+      [&] {
+        return [this, zeros = map_tensors(x, [](const at::Tensor& t) { return at::zeros_like(t); })] {
+          (void)gather(zeros);
+        };
+      });
 }
 
 template <class... Policies>
 template <TensorStructure T>
 T Accelerator<Policies...>::reduce(const T& x, Reduction op, double scale) const {
   refuse_starved("reduce");
-  if (GradientState::instance().recording())
-    record(GradientState::CallKind::collective, [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
-      (void)reduce(identity, op, scale);
-      return nullptr;
-    });
-  return accel::reduce(state_.comm(), x, op, scale);
+  return GradientState::joined(
+      GradientState::CallKind::collective, [&] { return accel::reduce(state_.comm(), x, op, scale); },
+      [&] {
+        return [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+          (void)reduce(identity, op, scale);
+        };
+      });
 }
 
 template <class... Policies>
 bool Accelerator<Policies...>::check_trigger() {
   if (state_.comm() == nullptr) return std::exchange(trigger_, 0) != 0;
   refuse_starved("check_trigger");
-  if (GradientState::instance().recording())
-    record(GradientState::CallKind::collective, [this] {
-      if (check_trigger()) GradientState::instance().stop_repeating();  // the others leave their loops here
-      return nullptr;
-    });
-  const bool any = reduce_flag(trigger_, Reduction::sum) > 0;
-  if (any) trigger_ = 0;
-  return any;
+  return GradientState::joined(
+      GradientState::CallKind::collective,
+      [&] {
+        const bool any = reduce_flag(trigger_, Reduction::sum) > 0;
+        if (any) trigger_ = 0;
+        return any;
+      },
+      [&] {
+        return [this] {
+          if (check_trigger()) GradientState::instance().stop_repeating();  // the others leave their loops here
+        };
+      });
 }
 
 template <class... Policies>
@@ -252,29 +276,32 @@ bool Accelerator<Policies...>::optimizer_step_was_skipped() const {
 }
 
 template <class... Policies>
-void Accelerator<Policies...>::record_accumulate(Ddps ddps) {
-  record(GradientState::CallKind::accumulate, [this, ddps = std::move(ddps)] {
+GradientState::StepCall Accelerator<Policies...>::repeat_accumulate(Ddps ddps) {
+  return [this, ddps = std::move(ddps)] {
     accumulation_.begin_step();
     auto scope = std::make_shared<SyncScope>();
     if (!accumulation_.allow_sync())
       for (const auto& d : ddps) scope->hold(d.get());
     return scope;
-  });
+  };
 }
 
 template <class... Policies>
 SyncScope Accelerator<Policies...>::no_sync_of(const Ddps& ddps) {
-  SyncScope scope;
-  for (const auto& d : ddps) scope.hold(d.get());
-  if (GradientState::instance().recording()) {
-    // Repeated as it ran: held from here until the scope ended (its end is recorded too).
-    auto slot = std::make_shared<std::shared_ptr<SyncScope>>();
-    record(GradientState::CallKind::local, [this, ddps, slot] {
-      *slot = std::make_shared<SyncScope>(no_sync_of(ddps));
-      return nullptr;
-    });
-    scope.on_release([slot] { record(GradientState::CallKind::local, [slot] { return slot->reset(), nullptr; }); });
-  }
+  // Repeated as it ran: held from here until the scope ended (its end goes through the door too).
+  auto slot = std::make_shared<std::shared_ptr<SyncScope>>();
+  SyncScope scope = GradientState::joined(
+      GradientState::CallKind::local,
+      [&] {
+        SyncScope held;
+        for (const auto& d : ddps) held.hold(d.get());
+        return held;
+      },
+      [&] {
+        return [this, ddps, slot] { *slot = std::make_shared<SyncScope>(no_sync_of(ddps)); };
+      });
+  if (GradientState::instance().recording())
+    scope.on_release([slot] { GradientState::joined(GradientState::CallKind::local, [] {}, [&] { return [slot] { slot->reset(); }; }); });
   return scope;
 }
 
@@ -283,26 +310,20 @@ template <class T, class None>
 T Accelerator<Policies...>::gather_batch(const T& x, None none) const {
   auto& gs = GradientState::instance();
   refuse_starved("gather_for_metrics");
-  if (!gs.recording()) return accel::gather_for_metrics(state_.comm(), x, gs.layout());
-  const T empty = none();
   const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
-  record(GradientState::CallKind::gather_for_metrics, [this, empty] {
-    (void)gather_for_metrics(empty);
-    return nullptr;
-  });
-  T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
-  if (ahead.empty()) return out;
-  std::vector<T> parts{std::move(out)};
-  for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), empty, layout));
-  return concat_rows(std::move(parts));
-}
-
-template <class... Policies>
-template <class F>
-void Accelerator<Policies...>::record(GradientState::CallKind kind, F&& call) {
-  auto& gs = GradientState::instance();
-  if (!gs.recording()) return;
-  gs.record(kind, [f = std::forward<F>(call)]() -> std::shared_ptr<void> { return f(); });
+  return GradientState::joined(
+      GradientState::CallKind::gather_for_metrics,
+      [&] {
+        T out = accel::gather_for_metrics(state_.comm(), x, gs.layout());
+        if (ahead.empty()) return out;
+        const T empty = none();
+        std::vector<T> parts{std::move(out)};
+        for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), empty, layout));
+        return concat_rows(std::move(parts));
+      },
+      [&] {
+        return [this, empty = none()] { (void)gather_for_metrics(empty); };
+      });
 }
 
 template <class... Policies>
@@ -354,6 +375,7 @@ at::Tensor Accelerator<Policies...>::identity_like(const at::Tensor& t, Reductio
 
 template <class... Policies>
 std::int64_t Accelerator<Policies...>::reduce_flag(std::int64_t v, Reduction op) const {
+  // not a step call: its callers decide (check_trigger through the door, the step boundary between steps)
   return accel::reduce(state_.comm(), detail::long_tensor(v, state_.comm()->device()), op).item<std::int64_t>();
 }
 

@@ -81,6 +81,7 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
   if constexpr (kind == detail::Prepares::model) {
     auto module = module_of(x);
     if constexpr (config::device_placement) module->to(device());
+    // not a step call: prepare hands the communicator to the model's collective modules
     const std::size_t collective = set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
     // A rank out of batches under uneven tails repeats the others' gradient collectives, not a forward's batch
     // statistics (PyTorch's join does not support SyncBatchNorm either): refused here rather than hung later.
@@ -94,6 +95,7 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
       return U(std::forward<T>(x));
     } else {
       auto ddp = std::make_shared<DistributedModule>(
+          // not a step call: prepare builds the model's synchroniser (its collectives go through the door)
           module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters,
                                                 .broadcast_buffers = opt_.broadcast_buffers, .comm_hook = opt_.comm_hook});
       ddps_.push_back(ddp);
@@ -113,6 +115,7 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
                     "this optimizer (LBFGS, or one of "
                     "your own) is not known to be: use accel::shard::none, or specialise accel::ShardTraits for it");
       if constexpr (ShardableOptimizer<O>) {
+        // not a step call: prepare builds the sharded optimizer (its step goes through the door)
         sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       }

@@ -30,7 +30,7 @@ struct CommOptions {
   //! Check that every rank issues the same collective (Note [Mismatched collectives]).
   bool check_collectives = true;
 
-  //! How often a collective that waits looks for a rank that ended (Note [Ended ranks] in comm/job_identity.hpp),
+  //! How often a collective that waits looks for a rank that ended (Note [Ended ranks] in state/rendezvous/job_identity.hpp),
   //! and how long it waits before it starts to: a tenth of the heartbeat, at least 5 ms.
   [[nodiscard]] std::chrono::milliseconds quick_look() const {
     return std::max(heartbeat_interval / 10, std::chrono::milliseconds(5));
@@ -117,7 +117,7 @@ class Monitor {
   //! The collective this rank issued as number `seq`, while it is among the last ones recorded.
   [[nodiscard]] virtual std::optional<CollectiveId> own(std::uint64_t seq) const = 0;
   //! While the result (never null) lives, the heartbeat also reads what rank 0 gathers of every rank's counter and
-  //! collectives (Note [The heartbeat at scale] in comm/heartbeat.hpp).
+  //! collectives (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp).
   [[nodiscard]] virtual std::shared_ptr<void> watch() = 0;
   //! While the result (never null) lives, the heartbeat looks for a rank that ended every
   //! `CommOptions::quick_look()` instead of every beat (a collective that waits; a census).

@@ -6,12 +6,12 @@
 //! to a communicator (the collectives, the loaders, the models) does not see c10d; the engines do.
 //!
 //! Note [Dead peers]: every process runs a heartbeat (a counter in the rendezvous store, bumped twice a
-//! second on a connection of its own; `comm/rendezvous.hpp`). When a collective fails, the survivor takes a
+//! second on a connection of its own; `state/rendezvous/rendezvous.hpp`). When a collective fails, the survivor takes a
 //! census of the heartbeats and names the ranks that stopped (three heartbeats apart); if the store itself is
 //! gone, its host is the one that died. So a dead peer ends every survivor with an error such as
 //!   accel: rank 0: all_reduce(sum) of 4 x Float (collective #12) failed: Connection closed by peer. Not responding: rank 2.
 //! Under a launcher that reports the processes that end (accel-launch: Note [Ended ranks] in
-//! comm/job_identity.hpp), a rank killed by a signal is named from that report at once, not after three
+//! state/rendezvous/job_identity.hpp), a rank killed by a signal is named from that report at once, not after three
 //! heartbeats, and a collective that waits for it is abandoned within a quick look or two
 //! (`CommOptions::quick_look()`, 50 ms) even where the engine sees no connection close (a child process holds
 //! the dead rank's sockets; NCCL):
@@ -20,7 +20,7 @@
 //! Note [Frozen peers]: a peer that stops without dying (SIGSTOP, a deadlock, a stuck file system, a hung
 //! driver) keeps its connections open, so the engine would wait for the whole collective timeout. A collective
 //! that has not completed within a second is therefore *watched*: the heartbeat also reads the summary that rank 0
-//! gathers of every rank's counter (Note [The heartbeat at scale] in comm/heartbeat.hpp), and a rank whose counter
+//! gathers of every rank's counter (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), and a rank whose counter
 //! has not moved for `CommOptions::peer_timeout` (30 s by default) ends the wait with an error naming it. A process busy in a long computation keeps beating (the heartbeat is a thread
 //! of its own) and is never reported; its peers simply wait, up to `CommOptions::timeout`.
 //!
@@ -308,7 +308,7 @@ ACCEL_DECL CollectiveId Communicator::begin(OpKind kind, c10::ScalarType dtype, 
           if (!others.empty()) at = *own;
         }
       // Five heartbeats: the other rank's beat, rank 0's summary of it and this rank's read of that (Note [The
-      // heartbeat at scale] in comm/heartbeat.hpp) take up to one each.
+      // heartbeat at scale] in state/rendezvous/heartbeat.hpp) take up to one each.
       if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 5) break;
       std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
     }

@@ -6,7 +6,7 @@
 
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/connect.hpp>
-#include <accel/comm/rendezvous.hpp>
+#include <accel/state/rendezvous/rendezvous.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -26,7 +26,7 @@ class GlooCommunicator final : public Communicator {
   static constexpr std::int64_t kFramedBytes = std::int64_t(1) << 20;
 
  public:
-  GlooCommunicator(std::unique_ptr<Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
+  GlooCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
                    CommOptions opt)
       : Communicator(rank, size, opt, rdzv.get()), rdzv_(std::move(rdzv)), backend_(std::move(backend)) {}
   ~GlooCommunicator() override {
@@ -37,7 +37,7 @@ class GlooCommunicator final : public Communicator {
 
   //! The c10d process group (for raw calls beside accel's, e.g. a benchmark's baseline).
   [[nodiscard]] const c10::intrusive_ptr<c10d::Backend>& backend() const noexcept { return backend_; }
-  [[nodiscard]] const Rendezvous& rendezvous() const noexcept { return *rdzv_; }
+  [[nodiscard]] const rendezvous::Rendezvous& rendezvous() const noexcept { return *rdzv_; }
 
   [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t numel) const override {
     return framed_all_reduce(numel) ? slots(dtype) : 0;
@@ -295,7 +295,7 @@ class GlooCommunicator final : public Communicator {
     wait(id, work);
   }
 
-  std::unique_ptr<Rendezvous> rdzv_;
+  std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   c10::intrusive_ptr<c10d::Backend> backend_;
 };
 
@@ -303,10 +303,10 @@ class GlooCommunicator final : public Communicator {
 //! Rendezvous at the launcher's address and connect its processes with Gloo. The network interface is
 //! `GLOO_SOCKET_IFNAME` when set (as in PyTorch), else the address that reaches `addr` (loopback jobs stay
 //! on 127.0.0.1).
-ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec& spec, const CommOptions& opt) {
+ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const rendezvous::RendezvousSpec& spec, const CommOptions& opt) {
   const std::string& addr = spec.addr;
   const int rank = spec.rank, size = spec.size;
-  auto rdzv = std::make_unique<Rendezvous>(spec, opt);
+  auto rdzv = std::make_unique<rendezvous::Rendezvous>(spec, opt);
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = opt.timeout;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
@@ -336,7 +336,7 @@ ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous
                              " processes connected with Gloo failed: " + msg + ". " + rdzv->census(nullptr).text + ".");
   }
   rdzv->settled();
-  Rendezvous::on_terminate(rdzv.get());
+  rendezvous::Rendezvous::on_terminate(rdzv.get());
   return std::make_unique<GlooCommunicator>(std::move(rdzv), std::move(backend), rank, size, opt);
 }
 #endif

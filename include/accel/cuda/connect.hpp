@@ -15,7 +15,7 @@
 namespace accel::cuda {
 
 //! Connects the job's processes with NCCL, this one on GPU `device`.
-ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const comm::RendezvousSpec& spec,
+ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const rendezvous::RendezvousSpec& spec,
                                                                       const comm::CommOptions& opt, int device);
 
 }  // namespace accel::cuda

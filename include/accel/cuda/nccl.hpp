@@ -13,7 +13,7 @@
 #endif
 
 #include <accel/comm/communicator.hpp>
-#include <accel/comm/rendezvous.hpp>
+#include <accel/state/rendezvous/rendezvous.hpp>
 #include <accel/cuda/connect.hpp>
 
 #include <ATen/ops/empty.h>
@@ -54,7 +54,7 @@ inline ncclDataType_t nccl_type(at::ScalarType t) {
 //! NCCL on one GPU per process, on accel's own stream.
 class NcclCommunicator final : public comm::Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<comm::Rendezvous> rdzv, const comm::RendezvousSpec& spec, comm::CommOptions opt, int device)
+  NcclCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, const rendezvous::RendezvousSpec& spec, comm::CommOptions opt, int device)
       : Communicator(spec.rank, spec.size, opt, rdzv.get()), rdzv_(std::move(rdzv)), device_(device) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -307,7 +307,7 @@ class NcclCommunicator final : public comm::Communicator {
     fail(n, why);
   }
 
-  std::unique_ptr<comm::Rendezvous> rdzv_;
+  std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   int device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
@@ -315,9 +315,9 @@ class NcclCommunicator final : public comm::Communicator {
 };
 
 #if ACCEL_DEFINITIONS  // under ACCEL_SEPARATE_COMPILATION, <accel/src.hpp> alone defines it (cuda/connect.hpp)
-ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const comm::RendezvousSpec& spec,
+ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const rendezvous::RendezvousSpec& spec,
                                                                       const comm::CommOptions& opt, int device) {
-  auto rdzv = std::make_unique<comm::Rendezvous>(spec, opt);
+  auto rdzv = std::make_unique<rendezvous::Rendezvous>(spec, opt);
   return std::make_unique<NcclCommunicator>(std::move(rdzv), spec, opt, device);
 }
 #endif

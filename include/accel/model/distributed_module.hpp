@@ -241,6 +241,8 @@ class DistributedModule {
     s.comm->broadcast_coalesced(s.buffers, 0);  // their bytes, packed into one broadcast
     return true;
   }
+  //! Whether the next forward broadcasts the buffers (`before_forward`).
+  [[nodiscard]] bool broadcast_due() const noexcept { return state_->buffers_due && broadcasts_buffers(); }
   //! Whether forwards may broadcast buffers at all (the option, buffers to send, several processes).
   [[nodiscard]] bool broadcasts_buffers() const noexcept {
     const auto& s = *state_;

@@ -63,17 +63,23 @@ class PreparedModel {
   template <class... Args>
   decltype(auto) operator()(Args&&... args) const {
     const bool grad = at::GradMode::is_enabled();
-    const bool broadcast = ddp_->before_forward();
-    auto& gs = GradientState::instance();  // a rank out of batches takes part in the broadcast (Note [Joined steps])
-    if (ddp_->broadcasts_buffers() && gs.recording())
-      gs.record(broadcast ? GradientState::CallKind::collective : GradientState::CallKind::local, [d = ddp_, grad]() -> std::shared_ptr<void> {
-        d->before_forward();
-        d->after_forward(grad);
-        return nullptr;
-      });
-    decltype(auto) out = get()->forward(std::forward<Args>(args)...);
-    ddp_->after_forward(grad);
-    return out;
+    // A rank out of batches takes part in the buffers' broadcast (Note [Joined steps]); what the forward itself
+    // issues goes through the door after it, in the order it ran.
+    return GradientState::joined(
+        ddp_->broadcast_due() ? GradientState::CallKind::collective : GradientState::CallKind::local,
+        [&]() -> decltype(auto) {
+          ddp_->before_forward();
+          decltype(auto) out = get()->forward(std::forward<Args>(args)...);
+          ddp_->after_forward(grad);
+          return out;
+        },
+        [&] {
+          return [d = ddp_, grad, broadcasts = ddp_->broadcasts_buffers()] {
+            if (!broadcasts) return;
+            d->before_forward();
+            d->after_forward(grad);
+          };
+        });
   }
   //! The user's holder, unwrapped (Accelerate's `unwrap_model`).
   [[nodiscard]] const Holder& unwrap() const noexcept { return holder_; }

@@ -78,27 +78,33 @@ class AcceleratedOptimizer {
   //! Steps the inner optimizer when this step synchronises gradients; otherwise nothing. With a scaler: the
   //! step is skipped when any gradient is inf/NaN (on any process), and the scale is updated.
   void step() {
-    auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this]() mutable { return self.step(), std::shared_ptr<void>(); });  // Note [Joined steps]
-    if (!gs.sync_gradients()) return;
-    ++s_->record->steps;
-    if (s_->scaler) {
-      s_->record->skipped = s_->sharded ? !s_->scaler->step(s_->sharded->gradient_holder(), [&] { s_->sharded->step(); })
-                                        : !s_->scaler->step(*s_->opt);
-      s_->scaler->update();
-    } else {
-      s_->record->skipped = false;
-      if (s_->sharded) s_->sharded->step();
-      else s_->opt->step();
-    }
+    GradientState::joined(  // a rank out of batches steps too, on the others' gradients (Note [Joined steps])
+        GradientState::CallKind::local,
+        [&] {
+          if (!GradientState::instance().sync_gradients()) return;
+          ++s_->record->steps;
+          if (s_->scaler) {
+            s_->record->skipped = s_->sharded ? !s_->scaler->step(s_->sharded->gradient_holder(), [&] { s_->sharded->step(); })
+                                              : !s_->scaler->step(*s_->opt);
+            s_->scaler->update();
+          } else {
+            s_->record->skipped = false;
+            if (s_->sharded) s_->sharded->step();
+            else s_->opt->step();
+          }
+        },
+        [&] { return [self = *this]() mutable { self.step(); }; });
   }
   //! Clears the gradients when this step synchronises (`set_to_none` defaults to true, as in Accelerate).
   void zero_grad(bool set_to_none = true) {
-    auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, set_to_none]() mutable { return self.zero_grad(set_to_none), std::shared_ptr<void>(); });
-    if (!gs.sync_gradients()) return;
-    s_->opt->zero_grad(set_to_none);
-    if (s_->sharded) s_->sharded->zero_grad();
+    GradientState::joined(
+        GradientState::CallKind::local,
+        [&] {
+          if (!GradientState::instance().sync_gradients()) return;
+          s_->opt->zero_grad(set_to_none);
+          if (s_->sharded) s_->sharded->zero_grad();
+        },
+        [&] { return [self = *this, set_to_none]() mutable { self.zero_grad(set_to_none); }; });
   }
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
   [[nodiscard]] bool step_was_skipped() const noexcept { return s_->record->skipped; }
@@ -224,26 +230,29 @@ class AcceleratedScheduler {
   // [accelerate:scheduler.py AcceleratedScheduler.step]
   template <class... Args>
   void step_with(Args... args) {
-    auto& s = *s_;
-    auto& gs = GradientState::instance();
-    if (gs.recording()) gs.record(GradientState::CallKind::local, [self = *this, args...]() mutable { return self.step_with(args...), std::shared_ptr<void>(); });  // Note [Joined steps]
-    auto once = [&] {
-      s.sched->step(args...);
-      ++s.count;
-    };
-    if (!s.opt.step_with_optimizer) return once();
-    if (!gs.sync_gradients()) return;
-    for (const auto& o : s.optimizers)
-      if (o->skipped) return;
-    const bool per_process = !s.opt.split_batches && !s.opt.always_once;
-    for (int i = 0, n = per_process ? s.opt.num_processes : 1; i < n; ++i) {
-      // Accelerate's special case for OneCycleLR when the loader's length was not a multiple of the processes:
-      // the N steps stop at total_steps instead of raising.
-      if constexpr (requires { s.sched->total_steps(); s.sched->step_count(); }) {
-        if (per_process && s.sched->step_count() > s.sched->total_steps()) continue;
-      }
-      once();
-    }
+    GradientState::joined(  // a rank out of batches steps its scheduler too (Note [Joined steps])
+        GradientState::CallKind::local,
+        [&] {
+          auto& s = *s_;
+          auto once = [&] {
+            s.sched->step(args...);
+            ++s.count;
+          };
+          if (!s.opt.step_with_optimizer) return once();
+          if (!GradientState::instance().sync_gradients()) return;
+          for (const auto& o : s.optimizers)
+            if (o->skipped) return;
+          const bool per_process = !s.opt.split_batches && !s.opt.always_once;
+          for (int i = 0, n = per_process ? s.opt.num_processes : 1; i < n; ++i) {
+            // Accelerate's special case for OneCycleLR when the loader's length was not a multiple of the
+            // processes: the N steps stop at total_steps instead of raising.
+            if constexpr (requires { s.sched->total_steps(); s.sched->step_count(); }) {
+              if (per_process && s.sched->step_count() > s.sched->total_steps()) continue;
+            }
+            once();
+          }
+        },
+        [&] { return [self = *this, args...]() mutable { self.step_with(args...); }; });
   }
 
   struct Shared {

@@ -77,11 +77,11 @@ ACCEL_DECL int visible_gpus() {
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
-//! and secret (comm/job_identity.hpp and comm/store.hpp, Notes [Job keys] and [Authenticated keys]).
-inline comm::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvLookup& vars) {
+//! and secret (state/rendezvous/job_identity.hpp and state/rendezvous/store.hpp, Notes [Job keys] and [Authenticated keys]).
+inline rendezvous::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvLookup& vars) {
   return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
           .host_store = !env.agent_store, .generation = env.restart_count,
-          .job = {.id = comm::job_id_from(vars), .secret = comm::job_secret_from(vars)}};
+          .job = {.id = rendezvous::job_id_from(vars), .secret = rendezvous::job_secret_from(vars)}};
 }
 }  // namespace detail
 

@@ -9,7 +9,7 @@
 //!
 //! Note [Joined steps]: under uneven tails (`tail::uneven`), a rank can run out of batches while others still
 //! have some; every rank knows from the plan how many steps the longest rank runs (`LoaderView::steps`). Such a
-//! rank records the calls its loop makes through accel in each step (`record`: the accelerator's `accumulate`,
+//! rank records the calls its loop makes through accel in each step (through `joined`: the accelerator's `accumulate`,
 //! `backward`, `clip_grad_norm_`, `clip_grad_value_`, `gather_for_metrics`, `gather`, `reduce`, `check_trigger`,
 //! the prepared optimizers and schedulers), and when its own batches end, the loader repeats the last step's
 //! calls once for every step it lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated gradients, if any), no rows
@@ -19,6 +19,18 @@
 //! `check_trigger` contributes this rank's flag (0 unless it set the trigger since its last check); when it finds
 //! the trigger set, the ranks that still run leave their loops there, so the repeat ends at that call
 //! (`stop_repeating`): the rest of that step and the steps after it are not repeated.
+//!
+//! Note [The joined-step door]: a step's calls are recorded in one place, `GradientState::joined(kind, live,
+//! repeat)`, and nowhere else (`record` is private to it). Each call of the user's surface that talks to the other
+//! ranks or changes what a step does (the Accelerator's loop members, the prepared model's `operator()`, the
+//! prepared optimizer's `step`/`zero_grad` and scheduler's `step`) is written as its live part and what a rank out
+//! of batches repeats in its place, so a new helper cannot record before, after or instead of its real call by
+//! hand. The call's place in the step is taken before `live` runs, and its repeat is made after (from what `live`
+//! computed: the models a backward went through): calls issued inside `live` take the places after it, in the
+//! order they ran. That is where the collectives of a model's own units go (full sharding's all-gathers before a
+//! unit's forward, reduce-scatters after its backward): each through the door where it is issued, repeated in
+//! order with this rank's shard and zero gradients. `tests/static/joined_steps.py` fails when a line of the user's
+//! surface issues a collective outside the door without saying why it is not a step's call.
 
 #include <accel/core/structure.hpp>
 #include <accel/plan/plan.hpp>
@@ -29,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -124,11 +137,28 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     return !stack_.empty() && stack_.back()->records && !replaying_;
   }
-  //! Records `call` as part of the current step of the innermost loader, when its epoch needs it.
-  void record(CallKind kind, StepCall call) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stack_.empty() || !stack_.back()->records || replaying_) return;
-    stack_.back()->current.push_back({kind, std::move(call)});
+  //! The one door of a step's calls (Note [Joined steps], Note [The joined-step door]): runs `live()` and returns
+  //! what it returns. While this rank's calls are recorded, the call first takes its place in the step's record,
+  //! so calls issued inside `live` (a prepared model's, for one) are recorded after it, in the order they ran; once
+  //! `live` has returned, `repeat()` makes what a rank out of batches runs at this place in each step it lacks (a
+  //! callable returning nothing, `nullptr`, or a `std::shared_ptr` that lives until the repeated step ends). A
+  //! `live` that throws leaves nothing to repeat. `repeat` runs only while recording: its captures cost nothing in
+  //! an even epoch.
+  template <class Live, class Repeat>
+  static decltype(auto) joined(CallKind kind, Live&& live, Repeat&& repeat) {
+    auto& gs = instance();
+    if (!gs.recording()) return std::forward<Live>(live)();
+    auto slot = std::make_shared<StepCall>();
+    gs.record(kind, [slot]() -> std::shared_ptr<void> { return *slot ? (*slot)() : nullptr; });
+    auto fill = [&] { *slot = step_call(std::forward<Repeat>(repeat)()); };
+    if constexpr (std::is_void_v<std::invoke_result_t<Live>>) {
+      std::forward<Live>(live)();
+      fill();
+    } else {
+      decltype(auto) out = std::forward<Live>(live)();
+      fill();
+      return out;
+    }
   }
   //! Called from a repeated call (Note [Joined steps]): the ranks that still run leave their loops at this call,
   //! so the rest of this step and the steps after it are not repeated. A no-op outside a repeated step.
@@ -303,6 +333,21 @@ class GradientState {
   };
 
  private:
+  // Records `call` as part of the current step of the innermost loader, when its epoch needs it: only through
+  // `joined`, the door.
+  void record(CallKind kind, StepCall call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stack_.empty() || !stack_.back()->records || replaying_) return;
+    stack_.back()->current.push_back({kind, std::move(call)});
+  }
+  // A repeated call as the record keeps it: what it returns lives until the repeated step ends.
+  template <class F>
+  static StepCall step_call(F f) {
+    return [f = std::move(f)]() mutable -> std::shared_ptr<void> {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&>>) return f(), nullptr;
+      else return f();
+    };
+  }
   void push(Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
     stack_.push_back(e);

@@ -70,7 +70,7 @@ class ProcessState {
       s->conn = Engine<Dist>::connect(s->env, opt);
       global = std::move(s);
       // After the connection: its libraries (OpenSSL, c10d, Gloo) registered their exit handlers first, so this
-      // one runs before them (Note [Exit] in comm/rendezvous.hpp).
+      // one runs before them (Note [Exit] in state/rendezvous/rendezvous.hpp).
       static const bool registered = std::atexit(&ProcessState::release_at_exit) == 0;
       (void)registered;
     }

@@ -5,6 +5,8 @@
 #include <accel/data/loader.hpp>
 #include <accel/state/gradient_state.hpp>
 #include <catch2/catch.hpp>
+#include <memory>
+#include <stdexcept>
 
 #include <string>
 #include <vector>
@@ -49,13 +51,15 @@ TEST_CASE("joined steps: the last step is repeated for each missing step, until 
     reg.update({});
     CHECK(gs.recording());
     int b = 0;
-    gs.record(Kind::local, [&] { return calls += 'a', nullptr; });
-    gs.record(Kind::collective, [&, stop_at] {
-      calls += 'b';
-      if (++b == stop_at) gs.stop_repeating();
-      return nullptr;
+    auto live = [] {};
+    gs.joined(Kind::local, live, [&] { return [&] { calls += 'a'; }; });
+    gs.joined(Kind::collective, live, [&] {
+      return [&, stop_at] {
+        calls += 'b';
+        if (++b == stop_at) gs.stop_repeating();
+      };
     });
-    gs.record(Kind::local, [&] { return calls += 'c', nullptr; });
+    gs.joined(Kind::local, live, [&] { return [&] { calls += 'c'; }; });
     CHECK(reg.join());
     return calls;
   };
@@ -64,4 +68,50 @@ TEST_CASE("joined steps: the last step is repeated for each missing step, until 
   CHECK(repeat(1) == "ab");
   gs.stop_repeating();  // outside a repeated step: nothing to stop
   CHECK(repeat(0) == "abcabcabc");
+}
+
+TEST_CASE("the joined-step door: live calls pass through, repeats are made only while recording, in the order issued",
+          "[gradient_state]") {
+  auto& gs = accel::GradientState::instance();
+  using Kind = accel::GradientState::CallKind;
+  int made = 0;
+  // No loader records: the live call runs and returns its value; the repeat is never made.
+  CHECK(gs.joined(Kind::collective, [] { return 7; }, [&] { return ++made, [] {}; }) == 7);
+  CHECK(made == 0);
+
+  std::string calls;
+  accel::GradientState::Registration reg(&gs);
+  reg.record_steps(std::vector<accel::GradientState::LoaderView>(2));
+  reg.update({});
+  // A call issued inside another's live call (a unit's all-gather inside a model's forward) is repeated after it,
+  // although its repeat is made first; the outer repeat sees what the live call computed.
+  int seen = 0;
+  const int out = gs.joined(
+      Kind::local,
+      [&] {
+        gs.joined(Kind::collective, [] {}, [&] { return ++made, [&] { calls += 'i'; }; });
+        seen = 42;
+        return 1;
+      },
+      [&] { return ++made, [&, s = seen] { calls += s == 42 ? 'o' : '?'; }; });
+  CHECK(out == 1);
+  CHECK(made == 2);
+  // A live call that throws leaves nothing to repeat (its place stays, empty); what a repeat returns lives until
+  // the end of the repeated step.
+  CHECK_THROWS_AS(gs.joined(Kind::local, []() -> int { throw std::runtime_error("live"); },
+                            [&] { return ++made, [&] { calls += 'x'; }; }),
+                  std::runtime_error);
+  CHECK(made == 2);
+  struct Probe {  // what a repeated call returns: released when its repeated step ends
+    std::string* calls;
+    ~Probe() { *calls += 'd'; }
+  };
+  gs.joined(Kind::local, [] {}, [&] {
+    return [&] {
+      calls += 'k';
+      return std::make_shared<Probe>(&calls);
+    };
+  });
+  CHECK(reg.join());
+  CHECK(calls == "oikdoikd");
 }

@@ -1,13 +1,13 @@
-// The job's keys and what its launcher writes there (comm/job_identity.hpp): the prefix of an attempt, and the rank
+// The job's keys and what its launcher writes there (state/rendezvous/job_identity.hpp): the prefix of an attempt, and the rank
 // that ended as a launcher reports it (Note [Ended ranks]), read back exactly or refused.
-#include <accel/comm/job_identity.hpp>
+#include <accel/state/rendezvous/job_identity.hpp>
 #include <catch2/catch.hpp>
 
 #include <string>
 
 TEST_CASE("a rank that ended, as its launcher reports it", "[comm][ended]") {
-  using accel::comm::EndedRank;
-  CHECK(accel::comm::job_prefix("job-1", 2) == "accel/job-1/2/");
+  using accel::rendezvous::EndedRank;
+  CHECK(accel::rendezvous::job_prefix("job-1", 2) == "accel/job-1/2/");
   CHECK(EndedRank::key("job-1", 2) == "accel/job-1/2/ended");
   SECTION("round trip") {
     const EndedRank killed{3, 9, "was killed by signal 9 (Killed)"};

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! Where the job's rendezvous store (comm/store.hpp) listens, and its connections: the address a store for a
+//! Where the job's rendezvous store (state/rendezvous/store.hpp) listens, and its connections: the address a store for a
 //! master address listens on (`listen_address`), the socket accel binds for it (`listen_on`), the store hosted
 //! there (`host_store`) and a client of it (`connect_store`).
 //!
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
 // ---- where the store listens (Note [Listening surface]) -----------------------------------------------------
 
@@ -164,4 +164,4 @@ inline c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& addr,
   return c10::make_intrusive<c10d::TCPStore>(addr, o);
 }
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous

@@ -1,11 +1,11 @@
 #pragma once
 //! \file
 //! `Summary`: what the heartbeat's aggregator publishes once a beat about every rank (Note [The heartbeat at
-//! scale] in comm/heartbeat.hpp): which ranks are late and by how much, which failed, which collectives the
+//! scale] in state/rendezvous/heartbeat.hpp): which ranks are late and by how much, which failed, which collectives the
 //! ranks disagree on, and the rank its launcher reported ended. A text value, sealed like every other.
 
 #include <accel/comm/collective_id.hpp>
-#include <accel/comm/job_identity.hpp>
+#include <accel/state/rendezvous/job_identity.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
 //! One beat of the aggregator's view of the job.
 struct Summary {
   //! Ranks that issued one operation under a collective's number.
   struct Variant {
-    CollectiveId id;
+    comm::CollectiveId id;
     std::vector<int> ranks;
   };
   //! A rank whose beat has not changed for `age_ms` (listed from two heartbeats on).
@@ -95,7 +95,7 @@ struct Summary {
               const auto bar = body.find('|', start);
               const std::string v = body.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
               const auto eq = v.find('=');
-              const auto id = eq == std::string::npos ? std::nullopt : CollectiveId::decode(v.substr(0, eq));
+              const auto id = eq == std::string::npos ? std::nullopt : comm::CollectiveId::decode(v.substr(0, eq));
               if (!id) return std::nullopt;
               m.push_back({*id, ranks_of(v.substr(eq + 1))});
               if (bar == std::string::npos) break;
@@ -115,7 +115,7 @@ struct Summary {
   }
 
   //! The collectives of `published[r]` (each rank's last ones) on which two ranks differ, the earliest first.
-  [[nodiscard]] static std::vector<std::vector<Variant>> differences(const std::vector<std::vector<CollectiveId>>& published) {
+  [[nodiscard]] static std::vector<std::vector<Variant>> differences(const std::vector<std::vector<comm::CollectiveId>>& published) {
     std::map<std::uint64_t, std::map<std::string, Variant>> by_seq;
     for (int r = 0; r < int(published.size()); ++r)
       for (const auto& c : published[std::size_t(r)]) {
@@ -163,4 +163,4 @@ struct Summary {
   }
 };
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous

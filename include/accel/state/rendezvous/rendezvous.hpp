@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! `Rendezvous`: where the processes of a job meet. A c10d `TCPStore` (hosted by rank 0, or by the launcher;
-//! listening only where comm/store.hpp says, its keys under the job's id, its values sealed with the job's
+//! listening only where state/rendezvous/store.hpp says, its keys under the job's id, its values sealed with the job's
 //! secret when there is one), every rank announcing itself (a missing rank is named), and a heartbeat per
 //! process that publishes this rank's last collectives and, while someone waits, reads what rank 0 gathered of the
 //! other ranks' (the
@@ -10,10 +10,10 @@
 //!
 //! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
 //! "<beats> <failed>" and the last collectives), `summary/0` and `summary/1` (the aggregator's and its deputy's:
-//! Note [The heartbeat at scale] in comm/heartbeat.hpp), `job/...` (the engines' own: Gloo's addresses, NCCL's id),
-//! and `ended` (written by the launcher: Note [Ended ranks] in comm/job_identity.hpp).
+//! Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), `job/...` (the engines' own: Gloo's addresses, NCCL's id),
+//! and `ended` (written by the launcher: Note [Ended ranks] in state/rendezvous/job_identity.hpp).
 //!
-//! The heartbeat thread, and the snapshot it shares with the waiting thread, are comm/heartbeat.hpp.
+//! The heartbeat thread, and the snapshot it shares with the waiting thread, are state/rendezvous/heartbeat.hpp.
 //!
 //! Note [Exit]
 //! ~~~~~~~~~~~
@@ -27,17 +27,17 @@
 //!    threads joined, the heartbeat stopped and joined, the store left) while every library is whole.
 //! 2. The rendezvous' handler, registered after OpenSSL's (the job's `Seal` initialises OpenSSL first), stops and joins
 //!    every heartbeat still running (a process state someone still holds; joined, because a thread still ending
-//!    while OpenSSL cleans up frees OpenSSL's per-thread state twice) and closes the seal (comm/store.hpp): a
+//!    while OpenSSL cleans up frees OpenSSL's per-thread state twice) and closes the seal (state/rendezvous/store.hpp): a
 //!    heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
 //! An exception that leaves `main` ends the process through `std::terminate` and `abort`: no destructor runs,
 //! nothing is freed, and the terminate handler publishes the failure (`Rendezvous::on_terminate`); preemption's
 //! `std::_Exit` likewise runs nothing. Checked by `example.train.exit_soak.*` (the example stopped and resumed many
 //! times in a row beside a CPU hog: no abnormal exit).
 
-#include <accel/comm/communicator.hpp>
-#include <accel/comm/connect.hpp>
-#include <accel/comm/heartbeat.hpp>
-#include <accel/comm/store.hpp>
+#include <accel/comm/collective_id.hpp>
+#include <accel/state/rendezvous/heartbeat.hpp>
+#include <accel/state/rendezvous/spec.hpp>
+#include <accel/state/rendezvous/store.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -58,23 +58,23 @@
 #include <thread>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
 //! The rendezvous: the store, every rank announcing itself, and the heartbeat.
-class Rendezvous final : public Monitor {
+class Rendezvous final : public comm::Monitor {
   //! The collectives each rank publishes.
-  static constexpr std::size_t kPublished = rendezvous_detail::Heartbeat::kPublished;
-  static constexpr int kAggregators = rendezvous_detail::Heartbeat::kAggregators;
-  //! What the heartbeat thread shares with the others (comm/heartbeat.hpp).
-  using Beat = rendezvous_detail::Heartbeat::Beat;
+  static constexpr std::size_t kPublished = detail::Heartbeat::kPublished;
+  static constexpr int kAggregators = detail::Heartbeat::kAggregators;
+  //! What the heartbeat thread shares with the others (state/rendezvous/heartbeat.hpp).
+  using Beat = detail::Heartbeat::Beat;
 
  public:
-  Rendezvous(const RendezvousSpec& spec, const CommOptions& opt)
+  Rendezvous(const RendezvousSpec& spec, const comm::CommOptions& opt)
       : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), host_(spec.host_store),
         prefix_(job_prefix(spec.job.id, spec.generation)), opt_(opt) {
     check_job_id(spec.job.id, "of the job");
     const int rank = rank_;
-    const auto t0 = Clock::now();
+    const auto t0 = comm::Clock::now();
     try {
       raw_ = rank == 0 && spec.host_store ? host_store(addr_, port_, opt.rendezvous_timeout)
                                           : connect_store(addr_, port_, opt.rendezvous_timeout);
@@ -93,8 +93,8 @@ class Rendezvous final : public Monitor {
     beat_->addr = addr_, beat_->port = port_, beat_->rank = rank_, beat_->size = size_, beat_->prefix = prefix_;
     beat_->opt = opt_;
     beat_->kv = kv_;
-    beat_->last_ok = Clock::now();
-    heartbeat_ = std::thread([b = beat_] { rendezvous_detail::Heartbeat::run(b); });
+    beat_->last_ok = comm::Clock::now();
+    heartbeat_ = std::thread([b = beat_] { detail::Heartbeat::run(b); });
     enlist(this, true);
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
@@ -126,9 +126,9 @@ class Rendezvous final : public Monitor {
   void settled() { kv_->settled(); }
   //! How long ago the store last answered this rank's beat: the age of its beat key as the others read it (a
   //! diagnostic; benchmarks/heartbeat_sim.cpp samples it).
-  [[nodiscard]] Clock::duration beat_age() const {
+  [[nodiscard]] comm::Clock::duration beat_age() const {
     std::lock_guard<std::mutex> lock(beat_->mu);
-    return Clock::now() - beat_->last_ok;
+    return comm::Clock::now() - beat_->last_ok;
   }
 
  private:
@@ -148,10 +148,10 @@ class Rendezvous final : public Monitor {
   }
 
   // Every rank's arrival key, authentic (with a secret): a rank whose values all fail is named and refused.
-  void await_arrivals(Clock::time_point t0) {
+  void await_arrivals(comm::Clock::time_point t0) {
     const auto left = [&] {
       return std::max(std::chrono::milliseconds(1),
-                      opt_.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
+                      opt_.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(comm::Clock::now() - t0));
     };
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(arrived_key(r));
@@ -174,8 +174,8 @@ class Rendezvous final : public Monitor {
     // A rank has arrived once one authentic arrival value of it was seen. A value replaced by a foreign client
     // is rewritten by its writer (here, and by the heartbeat); a rank with another secret writes values that
     // fail for good: wait this long before calling it so.
-    const auto grace = std::max<Clock::duration>(std::chrono::seconds(3), opt_.heartbeat_interval * 6);
-    const auto since = Clock::now();
+    const auto grace = std::max<comm::Clock::duration>(std::chrono::seconds(3), opt_.heartbeat_interval * 6);
+    const auto since = comm::Clock::now();
     std::vector<bool> seen(std::size_t(size_), false), forged(std::size_t(size_), false);  // forged: failed, none passed yet
     const auto failing = [&] {
       std::string out;
@@ -203,13 +203,13 @@ class Rendezvous final : public Monitor {
         break;  // the others gave up on us first
       }
       if (std::all_of(seen.begin(), seen.end(), [](bool b) { return b; })) return;
-      const auto now = Clock::now();
+      const auto now = comm::Clock::now();
       if (!failing().empty() && (now - since > grace || now - t0 > opt_.rendezvous_timeout)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     throw CommunicationError(
         "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " + failing() +
-        " fails authentication with this process's job secret (for " + seconds(Clock::now() - since) +
+        " fails authentication with this process's job secret (for " + seconds(comm::Clock::now() - since) +
         "): the processes do not share one secret. Give every process the same ACCEL_JOB_SECRET or "
         "ACCEL_JOB_SECRET_FILE (accel-launch passes its own to the processes it starts; on several nodes, export "
         "the same secret to every node's accel-launch)");
@@ -219,7 +219,7 @@ class Rendezvous final : public Monitor {
 
   // ---- Monitor ------------------------------------------------------------------------------------------
 
-  void issued(const CollectiveId& id) noexcept override {
+  void issued(const comm::CollectiveId& id) noexcept override {
     std::lock_guard<std::mutex> lock(beat_->mu);
     beat_->mine[id.seq % kPublished] = id;
     beat_->issued = id.seq;
@@ -228,7 +228,7 @@ class Rendezvous final : public Monitor {
   [[nodiscard]] std::shared_ptr<void> watch() override {
     {
       std::lock_guard<std::mutex> lock(beat_->mu);
-      if (beat_->watchers++ == 0) ++beat_->epoch, beat_->watch_began = Clock::now();
+      if (beat_->watchers++ == 0) ++beat_->epoch, beat_->watch_began = comm::Clock::now();
     }
     beat_->cv.notify_all();  // read the others now, not at the next beat
     return std::shared_ptr<void>(beat_.get(), [b = beat_](void*) {  // not null: a guard that tests true
@@ -249,28 +249,28 @@ class Rendezvous final : public Monitor {
     });
   }
 
-  [[nodiscard]] Finding ended() const override {
+  [[nodiscard]] comm::Finding ended() const override {
     std::lock_guard<std::mutex> lock(beat_->mu);
     if (!ended_now_locked()) return {};
-    return {Finding::Kind::ended, ended_locked()};
+    return {comm::Finding::Kind::ended, ended_locked()};
   }
 
-  [[nodiscard]] std::optional<CollectiveId> own(std::uint64_t seq) const override {
+  [[nodiscard]] std::optional<comm::CollectiveId> own(std::uint64_t seq) const override {
     std::lock_guard<std::mutex> lock(beat_->mu);
-    const CollectiveId& c = beat_->mine[seq % kPublished];
+    const comm::CollectiveId& c = beat_->mine[seq % kPublished];
     if (seq == 0 || c.seq != seq) return std::nullopt;  // not issued, or overwritten by a later one
     return c;
   }
 
-  [[nodiscard]] std::string differing(const CollectiveId& own) const override {
+  [[nodiscard]] std::string differing(const comm::CollectiveId& own) const override {
     std::lock_guard<std::mutex> lock(beat_->mu);
     return beat_->differing(own);
   }
 
-  [[nodiscard]] Finding verdict(const CollectiveId& id) const override {
-    using K = Finding::Kind;
+  [[nodiscard]] comm::Finding verdict(const comm::CollectiveId& id) const override {
+    using K = comm::Finding::Kind;
     std::lock_guard<std::mutex> lock(beat_->mu);
-    const auto now = Clock::now();
+    const auto now = comm::Clock::now();
     if (now - beat_->last_ok > opt_.peer_timeout)
       return {K::silent, "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
                              " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
@@ -285,8 +285,8 @@ class Rendezvous final : public Monitor {
     return {};
   }
 
-  [[nodiscard]] Finding census(const CollectiveId* id) noexcept override {
-    using K = Finding::Kind;
+  [[nodiscard]] comm::Finding census(const comm::CollectiveId* id) noexcept override {
+    using K = comm::Finding::Kind;
     try {
       auto w = watch();
       auto hurry = waiting();  // a rank that ended, as its launcher reports it, ends the census at once
@@ -296,7 +296,7 @@ class Rendezvous final : public Monitor {
       // launcher reports a rank that ended (Note [Ended ranks]).
       const auto interval = opt_.heartbeat_interval;
       const std::uint64_t r0 = beat_->rounds;
-      const auto began = Clock::now();
+      const auto began = comm::Clock::now();
       beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
       if (beat_->rounds == r0)
         return {K::silent, host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
@@ -309,7 +309,7 @@ class Rendezvous final : public Monitor {
       // heartbeats late in the summary read last (the aggregator sees a beat up to one heartbeat after it is written,
       // and this rank reads the summary up to one heartbeat after that).
       beat_->cv.wait_for(lock, interval * 5, [&] {
-        return killed() || (beat_->rounds >= r1 + 3 && Clock::now() >= began + interval * 4);
+        return killed() || (beat_->rounds >= r1 + 3 && comm::Clock::now() >= began + interval * 4);
       });
       if (id)
         if (std::string others = beat_->differing(*id); !others.empty()) return {K::mismatch, others};
@@ -323,7 +323,7 @@ class Rendezvous final : public Monitor {
           for (const auto& l : cur->summary.late) stopped.insert(l.rank);
       }
       for (int a = 0; a < kAggregators && a < size_; ++a)
-        if (beat_->aggregator_expected(a) && Clock::now() > beat_->since(a) + interval * 2 &&
+        if (beat_->aggregator_expected(a) && comm::Clock::now() > beat_->since(a) + interval * 2 &&
             (!read || beat_->from[std::size_t(a)].summary.round == before[a]))
           stopped.insert(a);
       std::string dead, failed;
@@ -406,7 +406,7 @@ class Rendezvous final : public Monitor {
   // Whether the reported rank ends a wait now: one killed by a signal at once, one that exited with a code two
   // heartbeats after its report arrived (Note [Ended ranks]; the lock held).
   [[nodiscard]] bool ended_now_locked() const {
-    return beat_->ended && (beat_->ended->signal || Clock::now() - beat_->ended_seen >= opt_.heartbeat_interval * 2);
+    return beat_->ended && (beat_->ended->signal || comm::Clock::now() - beat_->ended_seen >= opt_.heartbeat_interval * 2);
   }
   static std::atomic<Rendezvous*>& active() {
     static std::atomic<Rendezvous*> r{nullptr};
@@ -422,7 +422,7 @@ class Rendezvous final : public Monitor {
       if (!lock.try_lock()) return;
     }
     beat_->failed = true;
-    const CollectiveId last = beat_->mine[beat_->issued % kPublished];
+    const comm::CollectiveId last = beat_->mine[beat_->issued % kPublished];
     const bool any = beat_->issued > 0;
     lock.unlock();
     beat_->cv.notify_all();
@@ -433,7 +433,7 @@ class Rendezvous final : public Monitor {
                            "message speaks of a size mismatch, the ranks issued different collectives there\n",
                    rank_, static_cast<unsigned long long>(last.seq), last.describe().c_str());
   }
-  static std::string seconds(Clock::duration d) {
+  static std::string seconds(comm::Clock::duration d) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f s", std::chrono::duration<double>(d).count());
     return buf;
@@ -444,7 +444,7 @@ class Rendezvous final : public Monitor {
   int port_, rank_, size_;
   bool host_;           // whether rank 0 hosts the store (else the launcher does)
   std::string prefix_;  // "accel/<job id>/<generation>/"
-  CommOptions opt_;
+  comm::CommOptions opt_;
   c10::intrusive_ptr<c10d::TCPStore> raw_;  // the connection
   c10::intrusive_ptr<JobStore> kv_;         // raw_, sealing values with the job's secret when there is one
   c10::intrusive_ptr<c10d::Store> store_;   // kv_ under prefix_ + "job"
@@ -452,4 +452,4 @@ class Rendezvous final : public Monitor {
   std::thread heartbeat_;
 };
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous

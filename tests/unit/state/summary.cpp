@@ -1,9 +1,9 @@
-// The heartbeat's summary (comm/summary.hpp) read back exactly or refused, the differences it finds between the
-// ranks' published collectives, and the store requests the heartbeat at scale is built on (comm/store.hpp:
+// The heartbeat's summary (state/rendezvous/summary.hpp) read back exactly or refused, the differences it finds between the
+// ranks' published collectives, and the store requests the heartbeat at scale is built on (state/rendezvous/store.hpp:
 // `rewrite`, `peek`, `try_get_all`), counted, against a real TCPStore on loopback.
-#include <accel/comm/listen.hpp>
-#include <accel/comm/store.hpp>
-#include <accel/comm/summary.hpp>
+#include <accel/state/rendezvous/listen.hpp>
+#include <accel/state/rendezvous/store.hpp>
+#include <accel/state/rendezvous/summary.hpp>
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -13,7 +13,7 @@
 namespace summary_test {
 using accel::comm::CollectiveId;
 using accel::comm::OpKind;
-using accel::comm::Summary;
+using accel::rendezvous::Summary;
 
 CollectiveId op(std::uint64_t seq, OpKind kind, std::int64_t numel) { return {seq, kind, accel::comm::ReduceOp::sum, c10::kFloat, numel, 0}; }
 std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -32,7 +32,7 @@ TEST_CASE("the heartbeat's summary reads back exactly, or is refused", "[comm][s
   SECTION("round trip") {
     Summary s;
     s.round = 41;
-    s.ended = accel::comm::EndedRank{3, 9, "was killed by signal 9 (Killed)"};
+    s.ended = accel::rendezvous::EndedRank{3, 9, "was killed by signal 9 (Killed)"};
     s.late = {{2, 1500}, {700, 31000}};
     s.failed = {4, 5, 6, 9};
     s.mismatches = {{{op(12, OpKind::all_reduce, 4), {0, 1, 3}}, {op(12, OpKind::all_gather, 12), {2}}}};
@@ -61,7 +61,7 @@ TEST_CASE("the heartbeat's summary reads back exactly, or is refused", "[comm][s
   }
   SECTION("the launcher's text stays on its line") {
     Summary s;
-    s.ended = accel::comm::EndedRank{2, 0, "exited\nwith code 1"};
+    s.ended = accel::rendezvous::EndedRank{2, 0, "exited\nwith code 1"};
     s.failed = {1};
     const auto back = Summary::decode(s.encode());
     REQUIRE(back);
@@ -94,10 +94,10 @@ TEST_CASE("the aggregator finds the collectives on which ranks differ", "[comm][
 
 TEST_CASE("the heartbeat's store requests: one each, counted, and a foreign writer reported", "[comm][summary][store]") {
   using namespace summary_test;
-  using accel::comm::JobStore;
-  using accel::comm::StoreTraffic;
-  auto server = accel::comm::host_store("127.0.0.1", 0, std::chrono::seconds(10));
-  auto raw = accel::comm::connect_store("127.0.0.1", server->getPort(), std::chrono::seconds(10));
+  using accel::rendezvous::JobStore;
+  using accel::rendezvous::StoreTraffic;
+  auto server = accel::rendezvous::host_store("127.0.0.1", 0, std::chrono::seconds(10));
+  auto raw = accel::rendezvous::connect_store("127.0.0.1", server->getPort(), std::chrono::seconds(10));
   for (const std::string& secret : {std::string(), std::string("s3cret")}) {
     CAPTURE(secret);
     const std::string p = secret.empty() ? "plain/" : "sealed/";

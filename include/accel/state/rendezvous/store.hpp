@@ -1,9 +1,9 @@
 #pragma once
 //! \file
 //! The job's rendezvous store made safe to expose: where it listens, which keys are the job's, and who may
-//! write them. Used by the rendezvous (comm/rendezvous.hpp) and by accel-launch, which hosts the store of its jobs.
-//! Where it listens and its connections are in comm/listen.hpp (Note [Listening surface]), the job's id and
-//! secret in comm/job_identity.hpp (Note [Job keys]); this header holds the authenticated store (`Seal`,
+//! write them. Used by the rendezvous (state/rendezvous/rendezvous.hpp) and by accel-launch, which hosts the store of its jobs.
+//! Where it listens and its connections are in state/rendezvous/listen.hpp (Note [Listening surface]), the job's id and
+//! secret in state/rendezvous/job_identity.hpp (Note [Job keys]); this header holds the authenticated store (`Seal`,
 //! `JobStore`) and includes both.
 //!
 //! Note [Authenticated keys]
@@ -18,8 +18,8 @@
 //! cannot carry a tag: accel decides nothing on a counter. A process whose secret differs from the others'
 //! sees every other rank's values fail, and the others see its: the rendezvous names it and stops.
 
-#include <accel/comm/job_identity.hpp>
-#include <accel/comm/listen.hpp>
+#include <accel/state/rendezvous/job_identity.hpp>
+#include <accel/state/rendezvous/listen.hpp>
 #include <accel/error.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -43,12 +43,12 @@
 #include <thread>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
 // ---- authenticated values (Note [Authenticated keys]) -------------------------------------------------------
 
 //! HMAC-SHA256 of a key and its value under the job secret: `seal` appends the tag, `open` checks and strips it.
-//! After `close_for_exit` (Note [Exit] in comm/rendezvous.hpp) every tag is refused with an `Error`: OpenSSL frees
+//! After `close_for_exit` (Note [Exit] in state/rendezvous/rendezvous.hpp) every tag is refused with an `Error`: OpenSSL frees
 //! its state in its own exit handler, and a thread still running then must not call into it.
 class Seal {
  public:
@@ -106,7 +106,7 @@ class Seal {
 
 //! The store requests of this process, every connection of every `JobStore` together (a request is one round trip
 //! to the store; a multi-get of N keys is one request and N keys): what a job costs its store, which at hundreds
-//! of ranks is the resource the heartbeat must spare (Note [The heartbeat at scale] in comm/heartbeat.hpp).
+//! of ranks is the resource the heartbeat must spare (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp).
 //! accel-launch prints its own with `ACCEL_STORE_TRAFFIC=1`.
 struct StoreTraffic {
   std::uint64_t requests = 0, keys = 0;
@@ -338,4 +338,4 @@ class JobStore final : public c10d::Store {
   std::shared_ptr<Shared> shared_;
 };
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous

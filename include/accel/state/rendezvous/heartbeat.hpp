@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The heartbeat of a `Rendezvous` (comm/rendezvous.hpp): the thread that writes this rank's beat key (its
+//! The heartbeat of a `Rendezvous` (state/rendezvous/rendezvous.hpp): the thread that writes this rank's beat key (its
 //! count, its failure, its last collectives), on ranks 0 and 1 aggregates every rank's into a summary, reads the
-//! summary while someone waits, looks for a rank that ended (Note [Ended ranks] in comm/job_identity.hpp), and
+//! summary while someone waits, looks for a rank that ended (Note [Ended ranks] in state/rendezvous/job_identity.hpp), and
 //! repairs this rank's one-shot keys until the engine is connected, and the snapshot it shares with the other
 //! threads.
 //!
@@ -18,7 +18,7 @@
 //! - every rank writes its beat key once a heartbeat, in one compare-and-set against what it wrote last (a foreign
 //!   writer is found by the same request: `JobStore::rewrite`);
 //! - rank 0, the aggregator, reads every rank's beat key in one check and one multi-get a heartbeat, and publishes
-//!   `summary/0` (`Summary`, comm/summary.hpp): the ranks whose beat has not changed for two heartbeats and for how
+//!   `summary/0` (`Summary`, state/rendezvous/summary.hpp): the ranks whose beat has not changed for two heartbeats and for how
 //!   long (the 64 oldest), the ranks that failed, the collectives on which ranks differ (the earliest 16), and the
 //!   rank its launcher reported ended;
 //! - a rank that watches or waits reads the summary once a heartbeat, in one request that never blocks
@@ -37,9 +37,9 @@
 //! clock is compared across machines.
 
 #include <accel/comm/collective_id.hpp>
-#include <accel/comm/listen.hpp>
-#include <accel/comm/store.hpp>
-#include <accel/comm/summary.hpp>
+#include <accel/state/rendezvous/listen.hpp>
+#include <accel/state/rendezvous/store.hpp>
+#include <accel/state/rendezvous/summary.hpp>
 
 #include <algorithm>
 #include <array>
@@ -56,9 +56,9 @@
 #include <thread>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
-namespace rendezvous_detail {
+namespace detail {
 
 //! A `Rendezvous`'s heartbeat: its thread (`run`), and what the thread shares with the others (`Beat`).
 struct Heartbeat {
@@ -70,36 +70,36 @@ struct Heartbeat {
     std::string addr;
     int port = 0, rank = 0, size = 1;
     std::string prefix;
-    CommOptions opt;
+    comm::CommOptions opt;
     c10::intrusive_ptr<JobStore> kv;  // the main connection's (the heartbeat shares its secret, report and ledger)
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false, exited = false;
     std::thread::id thread;  // the heartbeat's
     // this rank
-    std::array<CollectiveId, kPublished> mine{};
+    std::array<comm::CollectiveId, kPublished> mine{};
     std::uint64_t issued = 0, published = 0;
     bool failed = false, failed_written = false;
-    Clock::time_point next_beat{};  // when the next beat is due
+    comm::Clock::time_point next_beat{};  // when the next beat is due
     // a rank that ended, as its launcher reported it (Note [Ended ranks]); looked for every quick look while
     // `waiters` > 0, and in every summary read
     int waiters = 0;
     std::optional<EndedRank> ended;
-    Clock::time_point ended_seen{};  // when this heartbeat found it
+    comm::Clock::time_point ended_seen{};  // when this heartbeat found it
     // the others, as the aggregators' summaries say, read every beat while `watchers` or `waiters` > 0
     int watchers = 0;
     std::uint64_t epoch = 0;   // bumped when watching starts: changes are measured from then
-    Clock::time_point watch_began{};
+    comm::Clock::time_point watch_began{};
     std::uint64_t rounds = 0;  // completed reads of the summaries
-    Clock::time_point last_ok{};  // the last beat the store answered
+    comm::Clock::time_point last_ok{};  // the last beat the store answered
     struct Source {            // one aggregator's summary
       bool seen = false;
       Summary summary;
       // When its round last changed, as this rank saw it (measured afresh after a gap in the reads: a summary is
       // only known stale from continuous reads), and when it was last read.
-      Clock::time_point advanced{}, read{};
+      comm::Clock::time_point advanced{}, read{};
       //! Whether it was read within two heartbeats of `now`: what it says is current.
-      [[nodiscard]] bool recent(Clock::time_point now, Clock::duration interval) const { return seen && now - read <= interval * 2; }
+      [[nodiscard]] bool recent(comm::Clock::time_point now, comm::Clock::duration interval) const { return seen && now - read <= interval * 2; }
     };
     std::array<Source, kAggregators> from;
 
@@ -115,7 +115,7 @@ struct Heartbeat {
     // ---- what the summaries say of the others (the lock held) ----
 
     // "rank 1 issued ...; rank 2 issued ..." for the ranks that published another operation under `own`'s number.
-    [[nodiscard]] std::string differing(const CollectiveId& own) const {
+    [[nodiscard]] std::string differing(const comm::CollectiveId& own) const {
       constexpr std::size_t kNamed = 8;  // ranks named one by one per operation; the others as ranges
       std::string out;
       std::set<std::string> said;
@@ -141,18 +141,18 @@ struct Heartbeat {
     [[nodiscard]] bool aggregator_expected(int a) const {
       if (a == rank || size < 2) return false;
       if (a == 0) return true;
-      const auto now = Clock::now();
+      const auto now = comm::Clock::now();
       return rank >= 2 && from[0].recent(now, opt.heartbeat_interval) && now - from[0].advanced > opt.heartbeat_interval * 3;
     }
     // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began);
     // the deputy's counts from two heartbeats after it was due to take over at the earliest.
-    [[nodiscard]] Clock::time_point since(int a) const {
+    [[nodiscard]] comm::Clock::time_point since(int a) const {
       const auto& s = from[std::size_t(a)];
-      const auto seen = s.recent(Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
+      const auto seen = s.recent(comm::Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
       return a == 0 ? seen : std::max(seen, from[0].advanced + opt.heartbeat_interval * 5);
     }
     // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
-    [[nodiscard]] std::pair<std::string, std::string> others(Clock::time_point now) const {
+    [[nodiscard]] std::pair<std::string, std::string> others(comm::Clock::time_point now) const {
       std::set<int> silent;
       std::string failed;
       if (const auto* cur = current(); cur && cur->recent(now, opt.heartbeat_interval)) {
@@ -160,7 +160,7 @@ struct Heartbeat {
           if (r != rank && r < size) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
         // Ages as published, plus the time since this rank read them (at most a heartbeat: a summary that stopped
         // advancing says nothing new).
-        const auto extra = std::min<Clock::duration>(now - cur->read, opt.heartbeat_interval);
+        const auto extra = std::min<comm::Clock::duration>(now - cur->read, opt.heartbeat_interval);
         for (const auto& l : cur->summary.late)
           if (l.rank != rank && l.rank < size && std::chrono::milliseconds(l.age_ms) + extra > opt.peer_timeout) silent.insert(l.rank);
       }
@@ -172,17 +172,17 @@ struct Heartbeat {
     }
   };
 
-  static std::string encode(const std::array<CollectiveId, kPublished>& mine, std::uint64_t issued) {
+  static std::string encode(const std::array<comm::CollectiveId, kPublished>& mine, std::uint64_t issued) {
     std::string out;
     for (std::uint64_t s = issued >= kPublished ? issued - kPublished + 1 : 1; s <= issued; ++s)
       out += mine[s % kPublished].encode() + ";";
     return out;
   }
-  static std::vector<CollectiveId> decode(const std::string& s) {
-    std::vector<CollectiveId> out;
+  static std::vector<comm::CollectiveId> decode(const std::string& s) {
+    std::vector<comm::CollectiveId> out;
     std::size_t start = 0, end;
     while ((end = s.find(';', start)) != std::string::npos) {
-      if (auto id = CollectiveId::decode(s.substr(start, end - start))) out.push_back(*id);
+      if (auto id = comm::CollectiveId::decode(s.substr(start, end - start))) out.push_back(*id);
       start = end + 1;
     }
     return out;
@@ -191,8 +191,8 @@ struct Heartbeat {
   //! What an aggregator keeps of every rank between its beats.
   struct Peer {
     std::int64_t beats = -1;
-    Clock::time_point changed{};
-    std::vector<CollectiveId> published;
+    comm::Clock::time_point changed{};
+    std::vector<comm::CollectiveId> published;
     bool failed = false;
   };
 
@@ -200,13 +200,13 @@ struct Heartbeat {
   static Summary aggregate(JobStore& store, const Beat& b, const std::vector<std::string>& keys, std::vector<Peer>& peers,
                            std::uint64_t round, const std::optional<EndedRank>& ended) {
     const auto values = store.try_get_all(keys);
-    const auto now = Clock::now();
+    const auto now = comm::Clock::now();
     Summary s;
     s.round = round, s.ended = ended;
-    std::vector<std::vector<CollectiveId>> published(std::size_t(b.size));
+    std::vector<std::vector<comm::CollectiveId>> published(std::size_t(b.size));
     for (int r = 0; r < b.size; ++r) {
       auto& p = peers[std::size_t(r)];
-      if (p.changed == Clock::time_point{}) p.changed = now;  // ages count from the aggregator's first look
+      if (p.changed == comm::Clock::time_point{}) p.changed = now;  // ages count from the aggregator's first look
       if (const auto& v = values[std::size_t(r)]) {
         std::istringstream in(std::string(v->begin(), v->end()));
         std::int64_t beats = -1;
@@ -250,7 +250,7 @@ struct Heartbeat {
     auto bytes = [](const std::string& v) { return std::vector<uint8_t>(v.begin(), v.end()); };
     const std::string ended_key = b->prefix + EndedRank::key_name;  // the attempt's prefix: EndedRank::key
     const bool lead = b->rank == 0 && b->size > 1, deputy = b->rank == 1;
-    const auto started = Clock::now();
+    const auto started = comm::Clock::now();
     std::vector<Peer> peers(lead || deputy ? std::size_t(b->size) : 0);
     std::vector<std::string> beat_keys;  // every rank's beat key, for an aggregator (made once, read every beat)
     for (int r = 0; r < int(peers.size()); ++r) beat_keys.push_back(b->key("beat", r));
@@ -274,7 +274,7 @@ struct Heartbeat {
       const bool look = !b->ended.has_value();
       // The deputy aggregates while rank 0's summary has not advanced for three heartbeats.
       const auto stale = b->opt.heartbeat_interval * 3;
-      const bool aggregating = lead || (deputy && Clock::now() - (b->from[0].seen ? b->from[0].advanced : started) > stale);
+      const bool aggregating = lead || (deputy && comm::Clock::now() - (b->from[0].seen ? b->from[0].advanced : started) > stale);
       lock.unlock();
       std::optional<EndedRank> ended;
       std::optional<Summary> got[kAggregators];
@@ -301,7 +301,7 @@ struct Heartbeat {
             // Rank 0's summary, unless this rank wrote it; the deputy's too while rank 0's is stale.
             lock.lock();
             const bool want1 = b->size > 2 && !(deputy && aggregating) &&
-                               (!b->from[0].seen || Clock::now() - b->from[0].advanced > stale);
+                               (!b->from[0].seen || comm::Clock::now() - b->from[0].advanced > stale);
             lock.unlock();
             for (int a = 0; a < kAggregators; ++a)
               if (a != b->rank && (a == 0 || want1))
@@ -313,7 +313,7 @@ struct Heartbeat {
         break;  // the store is gone: the waiting thread sees `last_ok` age
       }
       lock.lock();
-      const auto now = Clock::now();
+      const auto now = comm::Clock::now();
       if (full) {
         b->last_ok = now;
         b->published = issued;
@@ -345,13 +345,13 @@ struct Heartbeat {
       });
       if (b->epoch != e) step = first_look;  // a census, or a watch, begins: look soon again
       // A beat when it is due, or when someone starts watching or fails; a quick look otherwise.
-      full = Clock::now() >= b->next_beat || b->stop || b->epoch != e || (b->failed && !b->failed_written);
+      full = comm::Clock::now() >= b->next_beat || b->stop || b->epoch != e || (b->failed && !b->failed_written);
     }
     b->exited = true;
     b->cv.notify_all();
   }
 };
 
-}  // namespace rendezvous_detail
+}  // namespace detail
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! Who a job is on its rendezvous store (comm/store.hpp): its id, which every key lives under, and its secret,
+//! Who a job is on its rendezvous store (state/rendezvous/store.hpp): its id, which every key lives under, and its secret,
 //! which every value is sealed with (`JobIdentity`, from the environment or the scheduler's variables), and the
 //! random ids and secrets accel-launch generates.
 //!
@@ -18,7 +18,7 @@
 //! `CommOptions::peer_timeout`. So the launcher writes the first process of a generation that ended abnormally to
 //! `accel/<job id>/<generation>/ended` ("<rank> <signal> <what>", e.g. "1 9 was killed by signal 9 (Killed)"; a
 //! compare-and-set: the first one stays), sealed with the job's secret like every value (Note [Authenticated keys]
-//! in comm/store.hpp). Every process's heartbeat reads it (comm/heartbeat.hpp): every beat, and from 5 ms to a
+//! in state/rendezvous/store.hpp). Every process's heartbeat reads it (state/rendezvous/heartbeat.hpp): every beat, and from 5 ms to a
 //! tenth of a heartbeat apart while a collective of its own waits or a census runs. A rank killed by a signal
 //! died without a word: a collective waiting for it is abandoned at once, and the census after a failed collective
 //! names it without waiting three heartbeats (Note [Dead peers] in comm/communicator.hpp), so a restart
@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-namespace accel::comm {
+namespace accel::rendezvous {
 
 // ---- the job's identity ---------------------------------------------------------------------------------------
 
@@ -177,4 +177,4 @@ inline std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-}  // namespace accel::comm
+}  // namespace accel::rendezvous
