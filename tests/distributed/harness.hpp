@@ -9,6 +9,7 @@
 #include <ATen/ops/tensor.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -26,6 +27,15 @@ inline void check(bool ok, const std::string& what) {
     ++tally.failed;
     std::cerr << "FAILED on rank " << tally.rank << ": " << what << std::endl;
   }
+}
+//! A progress marker, not a check: "rank R reached: WHAT" on stdout, for the scripts that follow a job's progress.
+inline void mark(const std::string& what) { std::cout << "rank " << tally.rank << " reached: " << what << std::endl; }
+//! CTest's SKIP_RETURN_CODE of the tests whose machine lacks something (a GPU): `skip` prints "SKIPPED: WHY" and
+//! exits with it before the mode joins its job.
+inline constexpr int skip_code = 77;
+[[noreturn]] inline void skip(const std::string& why) {
+  std::cout << "SKIPPED: " << why << std::endl;
+  std::exit(skip_code);
 }
 inline at::Tensor T(std::vector<int64_t> v) { return at::tensor(v, at::kLong); }
 inline at::Tensor F(std::vector<float> v) { return at::tensor(v, at::kFloat); }
@@ -86,5 +96,6 @@ void store_host(const Args&);              // security.cpp
 void files(const Args&);                   // files.cpp
 void resize_loaders(const Args&);          // data/resize.cpp
 void resize_training(const Args&);         // data/resize.cpp
+void nccl(const Args&);                    // cuda/nccl.cpp
 
 }  // namespace mp

@@ -38,6 +38,8 @@
 //   attacked SECONDS               all_reduces for SECONDS, every result checked (while foreign-writer runs)
 //   job-sum VALUE                  all_reduces of VALUE: one of two jobs sharing a store (ACCEL_JOB_ID)
 //   store-host PORT SECONDS        hosts a bare store (the agent store of job-sum's two jobs)
+//   nccl                           cuda/: the NCCL engine, one GPU per process: every collective, RNG synchronisation,
+//                                  DDP training (prints "SKIPPED: ..." and exits 77 without 2 GPUs or without CUDA)
 // Each rank ends with "rank R: N passed, M failed" and exits non-zero on any failure.
 #include "harness.hpp"
 
@@ -63,7 +65,8 @@ int main(int argc, char** argv) {
       {"resize-loaders", mp::resize_loaders}, {"resize-training", mp::resize_training},
       {"sharding-collectives", mp::sharding_collectives},
       {"zero", mp::zero},                     {"replicas", mp::replicas},
-      {"dead-peer", mp::dead_peer},           {"streams", mp::streams}};
+      {"dead-peer", mp::dead_peer},           {"streams", mp::streams},
+      {"nccl", mp::nccl}};
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -255,7 +255,7 @@ void starved() {
                  error.find("tail::even") != std::string::npos,
              "the other ranks name the starved rank and the fix: " + error);
   acc.wait_for_everyone();
-  check(true, "every rank met again after the starved epoch");
+  mark("every rank met again after the starved epoch");
 }
 
 }  // namespace
