@@ -59,9 +59,7 @@ inline std::uint64_t le(std::span<const std::uint8_t> b, std::size_t at, std::si
 inline constexpr std::uint64_t max_source_bytes = 1u << 20;
 
 //! Checks the zip structure of the archive `bytes` (named `path` in errors): see the note above.
-ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& path);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& path) {
+inline void check_zip(std::span<const std::uint8_t> b, const std::string& path) {
   using detail::le;
   const std::size_t n = b.size();
   if (n < 22 || le(b, 0, 4) != 0x04034b50) detail::damaged(path, "no zip header (truncated, or not a .pt archive)");
@@ -146,7 +144,6 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
   };
   for (const auto& [name, record] : pickles) check_pickle(record, path, name, record_size);
 }
-#endif
 
 //! Runs `f` (which reads the file `path`), turning LibTorch's and the standard library's errors into one
 //! `FileError` naming the file; accel's own errors pass through (those about the file already name it).
@@ -174,11 +171,8 @@ inline void load_archive(torch::serialize::InputArchive& a, std::span<const std:
 
 //! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's"), and be dense:
 //! its elements neither overlap nor leave gaps (a forged stride of 0 would make a step write one element twice).
-ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
-                             const at::Tensor& want);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
-                             const at::Tensor& want) {
+inline void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
+                         const at::Tensor& want) {
   if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) {
     if (got.is_non_overlapping_and_dense()) return;
     throw FileError(path, "holds " + what + " of strides " + c10::str(got.strides()) + ", whose elements overlap or leave gaps "
@@ -188,17 +182,13 @@ ACCEL_DECL void check_layout(const std::string& path, const std::string& what, c
                             std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " + c10::str(want.sizes()) +
                             " " + std::string(c10::toString(want.scalar_type())));
 }
-#endif
 
 //! LibTorch's Module::load replaces a parameter by whatever tensor the archive holds (`set_`), of any shape or
 //! dtype: a damaged archive would load into a model of another shape. This checks every parameter and buffer of
 //! `m` that the archive `a` (read from `path`) holds, submodules included (each a nested archive, as Module::save
 //! writes them), before `m.load(a)`.
-ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
-                             const std::string& prefix = "");
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
-                             const std::string& prefix) {
+inline void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,
+                         const std::string& prefix = "") {
   auto check = [&](const std::string& key, const at::Tensor& want) {
     at::Tensor got;
     if (!reading(path, [&] { return a.try_read(key, got); })) return;  // Module::load names a missing key itself
@@ -212,6 +202,5 @@ ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::Input
     check_module(*child.value(), sub, path, prefix + child.key() + ".");
   }
 }
-#endif
 
 }  // namespace accel::checkpoint

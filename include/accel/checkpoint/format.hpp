@@ -170,9 +170,7 @@ inline std::optional<Settings> read_settings(torch::serialize::InputArchive& a, 
 }
 
 //! Reads `accel_checkpoint.pt` from its bytes (`path` names it in errors).
-ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
+inline Meta read_meta(std::span<const std::uint8_t> bytes, const std::string& path) {
   torch::serialize::InputArchive a;
   load_archive(a, bytes, path);
   Meta m;
@@ -202,19 +200,13 @@ ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string
   m.settings = reading(path, [&] { return read_settings(a, path); });
   return m;
 }
-#endif
 
 //! Parses a process record's bytes (the "record" tensor of `process_<r>.pt`, the file `path`, of checkpoint format
 //! `version`): deserialised whole, every generator state of the size this LibTorch's CPU generator has
 //! (`generator_state_bytes`). A format-2 record's loader states have no position (-1: they resume after their
 //! batches, with the same number of processes).
-ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
-                                              std::size_t generator_state_bytes,
-                                              std::int64_t version = format_version);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
-                                              std::size_t generator_state_bytes,
-                                              std::int64_t version) {
+inline ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
+                                          std::size_t generator_state_bytes, std::int64_t version = format_version) {
   ProcessRecord r;
   // Read as the format accel_checkpoint.pt declares: a record of another format is named as read in that one.
   const std::string as_read = version == format_version ? "" : " (read as checkpoint format " + std::to_string(version) +
@@ -265,16 +257,10 @@ ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, 
   }
   return r;
 }
-#endif
 
 //! Reads the record of `process_<r>.pt` (opened into `a`).
-ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
-                                             std::size_t generator_state_bytes,
-                                             std::int64_t version = format_version);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
-                                             std::size_t generator_state_bytes,
-                                             std::int64_t version) {
+inline ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
+                                         std::size_t generator_state_bytes, std::int64_t version = format_version) {
   at::Tensor blob;
   reading(path, [&] { a.read("record", blob); });
   if (blob.scalar_type() != at::kByte || blob.dim() != 1 || !blob.is_contiguous() || !blob.device().is_cpu())
@@ -282,6 +268,5 @@ ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, 
   return parse_process_record(std::span<const std::uint8_t>(blob.data_ptr<std::uint8_t>(), std::size_t(blob.numel())), path,
                               generator_state_bytes, version);
 }
-#endif
 
 }  // namespace accel::checkpoint

@@ -46,12 +46,6 @@ namespace accel::checkpoint {
 //! The size of the record `name` of the archive being checked, if it has one.
 using RecordSize = std::function<std::optional<std::uint64_t>(std::string_view name)>;
 
-//! Checks the pickle `p`, the member `member` of the archive `path` whose records `record_size` knows, as the note
-//! above says. Throws `FileError` naming `path` and `member`.
-ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member,
-                             const RecordSize& record_size);
-
-#if ACCEL_DEFINITIONS
 namespace detail {
 
 // A value of LibTorch's unpickler, as far as check_pickle follows it.
@@ -80,8 +74,10 @@ inline std::optional<c10::ScalarType> storage_dtype(std::string_view name) {
 
 }  // namespace detail
 
-ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member,
-                             const RecordSize& record_size) {
+//! Checks the pickle `p`, the member `member` of the archive `path` whose records `record_size` knows, as the note
+//! above says. Throws `FileError` naming `path` and `member`.
+inline void check_pickle(std::span<const std::uint8_t> p, const std::string& path, std::string_view member,
+                         const RecordSize& record_size) {
   using V = detail::PickleValue;
   auto fail = [&](const std::string& what) -> void {
     throw FileError(path, "not a readable LibTorch archive: " + std::string(member) + ": " + what);
@@ -337,6 +333,5 @@ ACCEL_DECL void check_pickle(std::span<const std::uint8_t> p, const std::string&
     }
   }
 }
-#endif
 
 }  // namespace accel::checkpoint
