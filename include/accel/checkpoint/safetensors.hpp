@@ -64,7 +64,14 @@ inline constexpr std::int64_t default_max_shard_size = 10'000'000'000;
 inline constexpr const char* safe_weights_name = "model.safetensors";
 inline constexpr const char* safe_weights_index_name = "model.safetensors.index.json";
 
+//! huggingface_hub's `parse_size_to_int`: "5GB", "500KB", "1.5MB" (decimal units: KB = 1000 bytes).
+ACCEL_DECL std::int64_t parse_size(const std::string& text);
+
 // ---- models ---------------------------------------------------------------------------------------------------
+
+//! A module's tensors by PyTorch's `state_dict` names, in its order, tensors sharing storage kept once (under
+//! the first name), as Accelerate's `get_state_dict` + `clean_state_dict_for_safetensors` give them.
+ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model);
 
 //! How `save_model` splits a state into files (huggingface_hub's `StateDictSplit`).
 struct ShardPlan {
@@ -72,6 +79,12 @@ struct ShardPlan {
   std::int64_t total_size = 0;                                          //!< bytes of every tensor's storage
   [[nodiscard]] bool sharded() const noexcept { return files.size() > 1; }
 };
+
+// [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
+//! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
+ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                                 std::int64_t max_shard_size,
+                                 const std::string& stem = "model", const std::string& extension = ".safetensors");
 
 //! `save_model`'s settings (Accelerate's `max_shard_size`; `safe_serialization` is always true here).
 struct SaveModelOptions {
@@ -97,101 +110,6 @@ struct LoadModelOptions {
 //! (a sharded checkpoint) or `model.safetensors`, an index file, or one safetensors file.
 template <class Deferred = void>
 void load_model(torch::nn::Module& model, const std::filesystem::path& path, const LoadModelOptions& options = {});
-
-//! huggingface_hub's `parse_size_to_int`: "5GB", "500KB", "1.5MB" (decimal units: KB = 1000 bytes).
-inline std::int64_t parse_size(const std::string& text) {
-  const std::map<std::string, double> units{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}};
-  std::string s = text;
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
-  std::string unit = s.size() >= 2 ? s.substr(s.size() - 2) : s;
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
-  const auto it = units.find(unit);
-  accel::detail::require(it != units.end(), "accel: size '" + text + "': the unit must be one of TB, GB, MB, KB");
-  try {
-    std::size_t used = 0;
-    std::string number = s.substr(0, s.size() - 2);
-    while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
-    const double v = std::stod(number, &used);
-    if (used == number.size() && v >= 0) return static_cast<std::int64_t>(v * it->second);
-  } catch (const std::exception&) {
-  }
-  throw InvalidArgument("accel: size '" + text + "': expected a non-negative number followed by a unit, e.g. \"5GB\"");
-}
-
-//! A module's tensors by PyTorch's `state_dict` names, in its order, tensors sharing storage kept once (under
-//! the first name), as Accelerate's `get_state_dict` + `clean_state_dict_for_safetensors` give them.
-inline std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::set<std::tuple<int, int, const void*, std::size_t>> storages;
-  auto keep = [&](const std::string& name, const at::Tensor& t) {
-    if (!t.defined()) return;
-    // The storage's identity, as huggingface's id_tensor_storage: device, data pointer, size. A storage of no
-    // bytes holds nothing to share, so empty tensors are always kept.
-    const auto& s = t.storage();
-    if (s.nbytes() > 0 &&
-        !storages.emplace(int(t.device().type()), int(t.device().index()), s.data(), s.nbytes()).second)
-      return;
-    out.emplace_back(name, t);
-  };
-  auto visit = [&](auto& self, const torch::nn::Module& m, const std::string& prefix) -> void {
-    for (const auto& p : m.named_parameters(/*recurse=*/false)) keep(prefix + p.key(), p.value());
-    for (const auto& b : m.named_buffers(/*recurse=*/false)) keep(prefix + b.key(), b.value());
-    for (const auto& c : m.named_children()) self(self, *c.value(), prefix + c.key() + ".");
-  };
-  visit(visit, model, "");
-  return out;
-}
-
-// [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
-//! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
-inline ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state, std::int64_t max_shard_size,
-                             const std::string& stem = "model", const std::string& extension = ".safetensors") {
-  std::vector<std::vector<std::string>> shards;
-  std::vector<std::string> current;
-  std::int64_t current_size = 0;
-  ShardPlan plan;
-  for (const auto& [name, t] : state) {
-    const auto size = std::int64_t(t.storage().nbytes());  // get_torch_storage_size: the storage, not the view
-    if (size > max_shard_size) {  // alone, in a shard of its own, placed now (before the shard being filled)
-      plan.total_size += size;
-      shards.push_back({name});
-      continue;
-    }
-    if (current_size + size > max_shard_size) {
-      shards.push_back(std::move(current));
-      current = {};
-      current_size = 0;
-    }
-    current.push_back(name);
-    current_size += size;
-    plan.total_size += size;
-  }
-  if (!current.empty()) shards.push_back(std::move(current));
-  if (shards.size() == 1) {
-    plan.files.emplace_back(stem + extension, std::move(shards.front()));
-    return plan;
-  }
-  auto five = [](std::size_t i) {
-    std::string s = std::to_string(i);
-    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
-  };
-  for (std::size_t i = 0; i < shards.size(); ++i)
-    plan.files.emplace_back(stem + "-" + five(i + 1) + "-of-" + five(shards.size()) + extension, std::move(shards[i]));
-  return plan;
-}
-
-namespace safetensors_detail {
-//! `model-00001-of-00003.safetensors`: a shard name of huggingface's pattern.
-inline bool is_shard_name(const std::string& f) {
-  auto digits = [&](std::size_t pos) {
-    return std::all_of(f.begin() + std::ptrdiff_t(pos), f.begin() + std::ptrdiff_t(pos + 5),
-                       [](unsigned char c) { return std::isdigit(c) != 0; });
-  };
-  return f.size() == 32 && f.starts_with("model-") && digits(6) && f.compare(11, 4, "-of-") == 0 && digits(15) &&
-         f.ends_with(".safetensors");
-}
-}  // namespace safetensors_detail
 
 }  // namespace accel::checkpoint
 

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! What an engine needs to connect a job, declared apart from the engines themselves: `RendezvousSpec` (where
-//! and as whom this process meets the others) and `make_gloo_communicator`, which comm/gloo.hpp defines. Under
+//! and as whom this process meets the others) and `make_gloo_communicator`, which comm/impl/gloo.ipp defines. Under
 //! `ACCEL_SEPARATE_COMPILATION` (detail/linkage.hpp, Note [Separate compilation]) state/engine.hpp includes only
 //! this header, and c10d's headers stay in the one translation unit of <accel/src.hpp>.
 
@@ -32,7 +32,7 @@ struct RendezvousSpec {
   JobIdentity job;
 };
 
-//! Rendezvous at the launcher's address and connect its processes with Gloo (comm/gloo.hpp).
+//! Rendezvous at the launcher's address and connect its processes with Gloo (comm/gloo.hpp; comm/impl/gloo.ipp).
 ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousSpec& spec, const CommOptions& opt);
 
 }  // namespace accel::comm

@@ -72,70 +72,11 @@ class ShardedOptimizer {
 
   //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
   //! calls it after the models are placed). Every process calls it.
-  void build() {
-    if (inner_) return;
-    const int n = processes(), r = rank();
-    detail::require(unstepped(*user_), "accel::ShardedOptimizer: the optimizer already has state (it stepped before "
-                                            "prepare); prepare it before its first step, so that each process builds the state "
-                                            "of its partition only");
-    std::unordered_set<const void*> seen;
-    const auto& groups = user_->param_groups();
-    std::vector<std::int64_t> group_begin, group_end;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      group_begin.push_back(total_);
-      for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
-        const at::Tensor& p = groups[g].params()[k];
-        const std::string where = "parameter " + std::to_string(k) + " of group " + std::to_string(g) + " (" + describe(p) + ")";
-        detail::require(p.requires_grad(), "accel::ShardedOptimizer: " + where + " does not require a gradient; ZeRO steps a flat "
-                                           "partition of every parameter: leave frozen parameters out of the optimizer");
-        detail::require(seen.insert(p.unsafeGetTensorImpl()).second, "accel::ShardedOptimizer: " + where + " is listed twice");
-        if (!slots_.empty())
-          detail::require(p.scalar_type() == slots_.front().param.scalar_type() && p.device() == slots_.front().param.device(),
-                          "accel::ShardedOptimizer: " + where + " differs in dtype or device from the first parameter (" +
-                              describe(slots_.front().param) + "); ZeRO keeps one flat buffer: use one dtype and one device");
-        slots_.push_back({p, where, total_, p.numel()});
-        total_ += p.numel();
-      }
-      group_end.push_back(total_);
-    }
-    detail::require(total_ > 0, "accel::ShardedOptimizer: the optimizer has no parameter elements to shard");
-    user_->state().clear();  // Adagrad's initial sums: the inner optimizer makes those of this partition
-    part_ = (total_ + n - 1) / n;
-    begin_ = std::int64_t(r) * part_, end_ = begin_ + part_;
-    c10::AutoGradMode no_grad(false);
-    const at::Tensor& first = slots_.front().param;
-    flat_ = at::zeros({part_ * n}, first.options().requires_grad(false));
-    grads_ = at::zeros({part_}, flat_.options());
-    for (const auto& s : slots_) bind(s);
-    std::vector<torch::optim::OptimizerParamGroup> mine;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      Shard s;
-      s.begin = std::max(group_begin[g], begin_), s.end = std::min(group_end[g], end_);
-      s.group_begin = group_begin[g], s.group_end = group_end[g];
-      std::vector<at::Tensor> params;
-      if (s.begin < s.end) {
-        s.tensor = alias(flat_, s.begin, s.end - s.begin);
-        s.tensor.mutable_grad() = alias(grads_, s.begin - begin_, s.end - s.begin);
-        params.push_back(s.tensor);
-      }
-      shards_.push_back(s);
-      mine.emplace_back(std::move(params), groups[g].options().clone());
-    }
-    inner_ = make_(std::move(mine));
-  }
+  ACCEL_DECL void build();
 
   //! One step of this rank's partition, then every rank's parameters, all-gathered. Call it where the optimizer
   //! would step (after the gradients are averaged).
-  void step() {
-    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: step() before build()");
-    c10::AutoGradMode no_grad(false);
-    if (stage_ == 1) take_gradients();
-    auto& theirs = user_->param_groups();
-    auto& ours = inner_->param_groups();
-    for (std::size_t g = 0; g < ours.size(); ++g) ours[g].set_options(theirs[g].options().clone());
-    inner_->step();
-    gather();
-  }
+  ACCEL_DECL void step();
   //! Clears the partition's gradients (stage 2; a stage 1 partition takes them afresh at each step).
   void zero_grad() {
     if (stage_ == 2 && grads_.defined()) grads_.zero_();
@@ -146,44 +87,15 @@ class ShardedOptimizer {
   [[nodiscard]] int stage() const noexcept { return stage_; }
 
   //! Stage 2: where the models' gradients go (every parameter's offset, P, this rank's partition of the gradients).
-  [[nodiscard]] GradientPartition gradient_partition() const {
-    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: gradient_partition() before build()");
-    GradientPartition g;
-    for (const auto& s : slots_) g.offsets.emplace(s.param.unsafeGetTensorImpl(), s.offset);
-    g.partition = part_;
-    g.own = grads_;
-    return g;
-  }
+  [[nodiscard]] ACCEL_DECL GradientPartition gradient_partition() const;
   //! Stage 2: this rank's part of the gradients of those of `params` that are in this optimizer, as views of
   //! the partition; adds each such parameter to `covered`.
-  [[nodiscard]] std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& params,
-                                                        std::unordered_set<const void*>& covered) const {
-    std::unordered_set<const void*> wanted;
-    for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
-    std::vector<at::Tensor> out;
-    for (const auto& s : slots_) {
-      if (!wanted.count(s.param.unsafeGetTensorImpl())) continue;
-      covered.insert(s.param.unsafeGetTensorImpl());
-      const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
-      if (lo < hi) out.push_back(grads_.narrow(0, lo - begin_, hi - lo));
-    }
-    return out;
-  }
+  [[nodiscard]] ACCEL_DECL std::vector<at::Tensor> owned_gradients(const std::vector<at::Tensor>& params,
+                                                                   std::unordered_set<const void*>& covered) const;
 
  private:
   // Stage 1: this rank's slice of the (averaged) gradients the parameters hold, into the partition.
-  void take_gradients() {
-    for (const auto& s : slots_)
-      if (!s.param.grad().defined())
-        throw InvalidArgument("accel::ShardedOptimizer: " + s.name + " has no gradient at this step; ZeRO steps every "
-                              "parameter's partition: use every parameter in the loss (or set Options::find_unused_parameters, "
-                              "which gives unused ones zero gradients), or leave it out of the optimizer");
-    for (const auto& s : slots_) {
-      const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
-      if (lo >= hi) continue;
-      grads_.narrow(0, lo - begin_, hi - lo).copy_(s.param.grad().reshape({-1}).narrow(0, lo - s.offset, hi - lo));
-    }
-  }
+  ACCEL_DECL void take_gradients();
 
  public:
 
@@ -205,15 +117,7 @@ class ShardedOptimizer {
   [[nodiscard]] std::int64_t state_bytes() const { return inner_ ? optimizer_state_bytes(*inner_) : 0; }
 
   //! This rank's partition of the state, with the layout it belongs to (checked by `load`).
-  void save(torch::serialize::OutputArchive& a) const {
-    a.write("zero_stage", c10::IValue(std::int64_t(stage_)));
-    a.write("zero_processes", c10::IValue(std::int64_t(processes())));
-    a.write("zero_rank", c10::IValue(std::int64_t(rank())));
-    a.write("zero_total", c10::IValue(total_));
-    torch::serialize::OutputArchive inner(a.compilation_unit());
-    inner_->save(inner);
-    a.write("partition", inner);
-  }
+  ACCEL_DECL void save(torch::serialize::OutputArchive& a) const;
   //! Restores a partition `save` wrote for the same rank of the same layout; anything else is an error.
   void load(torch::serialize::InputArchive& a) {
     check(a);
@@ -226,14 +130,7 @@ class ShardedOptimizer {
   //! unsharded optimizer holds it (so `torch::save(user(), path)` there writes what an unsharded job loads with
   //! `torch::load`); the other ranks' user optimizers stay empty. One reduce per group and state tensor, each the
   //! size of the group. `release_consolidated()` empties the user's optimizer again (steps never read it).
-  void consolidate(int to = 0) {
-    detail::require(inner_ != nullptr, "accel::ShardedOptimizer: consolidate() before build()");
-    detail::require(bool(consolidate_), "accel::ShardedOptimizer: consolidate() needs the optimizer's type (construct the "
-                                        "ShardedOptimizer from a std::shared_ptr of one of the types with ShardTraits)");
-    detail::require(to >= 0 && to < processes(), "accel::ShardedOptimizer: consolidate(" + std::to_string(to) + "): no such rank among " +
-                                                     std::to_string(processes()));
-    consolidate_(to);
-  }
+  ACCEL_DECL void consolidate(int to = 0);
   void release_consolidated() { user_->state().clear(); }
 
   //! Restores this rank's partition from the partitions a job of another number of processes saved (`parts[k]`:
@@ -247,37 +144,11 @@ class ShardedOptimizer {
   }
   //! Whether `parts` are every partition of one layout of this parameter space (an error naming the first that is
   //! not); changes nothing.
-  void check_resharded(std::vector<torch::serialize::InputArchive>& parts) const {
-    detail::require(bool(reshard_), "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
-                                    "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      const auto [stage, procs, r, total] = layout_of(parts[k]);
-      if ((stage != 1 && stage != 2) || procs != std::int64_t(parts.size()) || r != std::int64_t(k) || total != total_)
-        throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: partition file " + std::to_string(k) + " of " +
-                              std::to_string(parts.size()) + " holds rank " + std::to_string(r) + "'s partition of " + std::to_string(procs) +
-                              " processes over " + std::to_string(total) + " elements, this optimizer has " + std::to_string(total_) +
-                              "; resume with the same model and optimizer");
-    }
-  }
+  ACCEL_DECL void check_resharded(std::vector<torch::serialize::InputArchive>& parts) const;
 
   //! Whether `a` holds a partition of this rank and layout (an error naming both if not); changes nothing, so
   //! `load_state` checks every partition before it restores anything.
-  void check(torch::serialize::InputArchive& a) const {
-    const auto [stage, procs, r, total] = layout_of(a);
-    // Stages 1 and 2 keep the same partition of the state: either resumes the other.
-    if ((stage != 1 && stage != 2) || procs != processes() || r != rank() || total != total_)
-      throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " + std::to_string(r) + "'s partition of " +
-                            std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
-                            std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
-                            "; resume with the same number of processes and the same optimizer");
-    // The partition's state itself, as an optimizer over this rank's shards holds it once loaded (Note [An
-    // optimizer's state from elsewhere]): loaded into the inner optimizer, checked, and the inner optimizer's own put back.
-    if (!inner_) return;
-    torch::serialize::InputArchive part;
-    a.read("partition", part);
-    const auto what = load_and_check(*inner_, part, /*keep=*/false);
-    if (!what.empty()) throw InvalidArgument("optimizer partition: " + what);
-  }
+  ACCEL_DECL void check(torch::serialize::InputArchive& a) const;
   //! Makes every parameter an alias of its slice again, keeping its values (loading a model's state replaces a
   //! parameter's storage with the archive's).
   void rebind() {
@@ -293,17 +164,7 @@ class ShardedOptimizer {
     std::int64_t offset = 0, numel = 0;
   };
   // What a saved partition says of itself: its stage, number of processes, rank and elements of the flat space.
-  static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a) {
-    auto read = [&](const char* key) {
-      c10::IValue v;
-      if (!a.try_read(key, v))
-        throw InvalidArgument(std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
-                                          "(no '") + key + "'); it was saved without accel::shard::optimizer or shard::gradients: "
-                                          "resume with the configuration that saved it");
-      return v.toInt();
-    };
-    return {read("zero_stage"), read("zero_processes"), read("zero_rank"), read("zero_total")};
-  }
+  ACCEL_DECL static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a);
 
   struct Shard {
     at::Tensor tensor;  // this rank's part of the group, an alias of the flat buffer (undefined: none)
@@ -323,14 +184,7 @@ class ShardedOptimizer {
   void consolidate_as(int to);
 
   // Whether `o` has never stepped: no state, or only the state Adagrad's constructor makes (step 0).
-  static bool unstepped(const torch::optim::Optimizer& o) {
-    for (const auto& [key, st] : o.state()) {
-      (void)key;
-      const auto* a = dynamic_cast<const torch::optim::AdagradParamState*>(st.get());
-      if (!a || a->step() != 0) return false;
-    }
-    return true;
-  }
+  ACCEL_DECL static bool unstepped(const torch::optim::Optimizer& o);
   [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
   [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
   // Copies the slot's parameter into its slice of the flat buffer and makes the parameter an alias of that slice.
@@ -369,17 +223,10 @@ class ShardedOptimizer {
   std::int64_t total_ = 0, part_ = 0, begin_ = 0, end_ = 0;
 };
 
-
-
-
-
-
-
-
-
-
-
-
 }  // namespace accel
 
 #include <accel/optim/sharded_state.hpp>  // reshard_as, consolidate_as
+
+#if ACCEL_DEFINITIONS
+#include <accel/optim/impl/sharded.ipp>
+#endif

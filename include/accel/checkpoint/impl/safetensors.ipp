@@ -1,23 +1,106 @@
 #pragma once
 //! \file
-//! The definitions of checkpoint/safetensors.hpp's `save_model` and `load_model`, included at its end: they use
-//! nlohmann-json (the index file; Note [JSON at the call site] in checkpoint/safetensors_format.hpp), whose header
-//! stays out of user code under ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
+//! The definitions of checkpoint/safetensors.hpp (included at its end): `save_model` and `load_model`, which use
+//! nlohmann-json (the index file; Note [JSON at the call site] in checkpoint/safetensors_format.hpp), and `parse_size`,
+//! `model_state`, `plan_shards` (11 MB of g++'s 2,000 per translation unit), kept out of user code under
+//! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/checkpoint/safetensors.hpp>
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <set>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
 namespace accel::checkpoint {
+
+ACCEL_DECL std::int64_t parse_size(const std::string& text) {
+  const std::map<std::string, double> units{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}};
+  std::string s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  std::string unit = s.size() >= 2 ? s.substr(s.size() - 2) : s;
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+  const auto it = units.find(unit);
+  accel::detail::require(it != units.end(), "accel: size '" + text + "': the unit must be one of TB, GB, MB, KB");
+  try {
+    std::size_t used = 0;
+    std::string number = s.substr(0, s.size() - 2);
+    while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
+    const double v = std::stod(number, &used);
+    if (used == number.size() && v >= 0) return static_cast<std::int64_t>(v * it->second);
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument("accel: size '" + text + "': expected a non-negative number followed by a unit, e.g. \"5GB\"");
+}
+
+ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::tuple<int, int, const void*, std::size_t>> storages;
+  auto keep = [&](const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    // The storage's identity, as huggingface's id_tensor_storage: device, data pointer, size. A storage of no
+    // bytes holds nothing to share, so empty tensors are always kept.
+    const auto& s = t.storage();
+    if (s.nbytes() > 0 &&
+        !storages.emplace(int(t.device().type()), int(t.device().index()), s.data(), s.nbytes()).second)
+      return;
+    out.emplace_back(name, t);
+  };
+  auto visit = [&](auto& self, const torch::nn::Module& m, const std::string& prefix) -> void {
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) keep(prefix + p.key(), p.value());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) keep(prefix + b.key(), b.value());
+    for (const auto& c : m.named_children()) self(self, *c.value(), prefix + c.key() + ".");
+  };
+  visit(visit, model, "");
+  return out;
+}
+
+ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                                 std::int64_t max_shard_size,
+                                 const std::string& stem, const std::string& extension) {
+  std::vector<std::vector<std::string>> shards;
+  std::vector<std::string> current;
+  std::int64_t current_size = 0;
+  ShardPlan plan;
+  for (const auto& [name, t] : state) {
+    const auto size = std::int64_t(t.storage().nbytes());  // get_torch_storage_size: the storage, not the view
+    if (size > max_shard_size) {  // alone, in a shard of its own, placed now (before the shard being filled)
+      plan.total_size += size;
+      shards.push_back({name});
+      continue;
+    }
+    if (current_size + size > max_shard_size) {
+      shards.push_back(std::move(current));
+      current = {};
+      current_size = 0;
+    }
+    current.push_back(name);
+    current_size += size;
+    plan.total_size += size;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  if (shards.size() == 1) {
+    plan.files.emplace_back(stem + extension, std::move(shards.front()));
+    return plan;
+  }
+  auto five = [](std::size_t i) {
+    std::string s = std::to_string(i);
+    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
+  };
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    plan.files.emplace_back(stem + "-" + five(i + 1) + "-of-" + five(shards.size()) + extension, std::move(shards[i]));
+  return plan;
+}
+
+namespace safetensors_detail {
+//! `model-00001-of-00003.safetensors`: a shard name of huggingface's pattern.
+inline bool is_shard_name(const std::string& f) {
+  auto digits = [&](std::size_t pos) {
+    return std::all_of(f.begin() + std::ptrdiff_t(pos), f.begin() + std::ptrdiff_t(pos + 5),
+                       [](unsigned char c) { return std::isdigit(c) != 0; });
+  };
+  return f.size() == 32 && f.starts_with("model-") && digits(6) && f.compare(11, 4, "-of-") == 0 && digits(15) &&
+         f.ends_with(".safetensors");
+}
+}  // namespace safetensors_detail
 
 template <class Deferred>
 ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir, const SaveModelOptions& options) {

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! The definitions of checkpoint/safetensors_file.hpp's templates, included at its end: they use nlohmann-json
-//! (Note [JSON at the call site] in checkpoint/safetensors_format.hpp), whose header stays out of user code under
+//! The definitions of checkpoint/safetensors_file.hpp's templates, included at its end: they use nlohmann-json (Note
+//! [JSON at the call site] in checkpoint/safetensors_format.hpp), whose header stays out of user code under
 //! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/checkpoint/safetensors_file.hpp>

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The JSON half of checkpoint/safetensors_format.hpp, included at its end: `Json` and a file's header read and
-//! checked (`read_header`), templates for Note [JSON at the call site]; nlohmann-json's header stays out of user
-//! code under ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
+//! The JSON half of checkpoint/safetensors_format.hpp, included at its end: `Json` and a file's header read and checked
+//! (`read_header`), templates for Note [JSON at the call site]; nlohmann-json's header stays out of user code under
+//! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/checkpoint/safetensors_format.hpp>
 

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The definition of `make_gloo_communicator` (declared in comm/connect.hpp), included by comm/gloo.hpp:
-//! header-only, in every translation unit that includes that header; under ACCEL_SEPARATE_COMPILATION, in the one
-//! of <accel/src.hpp> (detail/linkage.hpp, Note [Separate compilation]).
+//! The definition of `make_gloo_communicator` (declared in comm/connect.hpp), included by comm/gloo.hpp: header-only,
+//! in every translation unit that includes that header; under ACCEL_SEPARATE_COMPILATION, in the one of <accel/src.hpp>
+//! (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/comm/gloo.hpp>
 

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The definition of `make_nccl_communicator` (declared in cuda/connect.hpp), included by cuda/nccl.hpp:
-//! header-only, in every translation unit that includes that header; under ACCEL_SEPARATE_COMPILATION, in the one
-//! of <accel/src.hpp> (detail/linkage.hpp, Note [Separate compilation]).
+//! The definition of `make_nccl_communicator` (declared in cuda/connect.hpp), included by cuda/nccl.hpp: header-only,
+//! in every translation unit that includes that header; under ACCEL_SEPARATE_COMPILATION, in the one of <accel/src.hpp>
+//! (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/cuda/nccl.hpp>
 

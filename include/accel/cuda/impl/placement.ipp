@@ -1,8 +1,7 @@
 #pragma once
 //! \file
-//! The definitions of cuda/placement.hpp's stream functions, included at its end: they need the CUDA runtime's
-//! headers, which stay out of user code under ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate
-//! compilation]).
+//! The definitions of cuda/placement.hpp's stream functions, included at its end: they need the CUDA runtime's headers,
+//! which stay out of user code under ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/cuda/placement.hpp>
 

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The definition of `DistributedModule::ready` (model/distributed_module.hpp, included at its end): the gradient
-//! hook, the one function that needs the autograd engine's header (its callback queue), which stays out of user
-//! code under ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
+//! The definition of `DistributedModule::ready` (model/distributed_module.hpp, included at its end): the gradient hook,
+//! the one function that needs the autograd engine's header (its callback queue), which stays out of user code under
+//! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/model/distributed_module.hpp>
 

@@ -2,8 +2,8 @@
 //! \file
 //! The definitions behind state/engine.hpp, included at its end: `visible_gpus` (the CUDA runtime) and the engines
 //! themselves (comm/gloo.hpp, cuda/nccl.hpp: c10d, Gloo, NCCL), whose factories state/engine.hpp calls. Header-only,
-//! every translation unit that includes state/engine.hpp compiles them; under ACCEL_SEPARATE_COMPILATION only the
-//! one of <accel/src.hpp> does (detail/linkage.hpp, Note [Separate compilation]).
+//! every translation unit that includes state/engine.hpp compiles them; under ACCEL_SEPARATE_COMPILATION only the one
+//! of <accel/src.hpp> does (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/comm/gloo.hpp>
 #include <accel/state/engine.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! The definition of `Trackers`' constructor (tracking/trackers.hpp, included at its end): the one place that
-//! names the writers (tracking/jsonl.hpp, csv.hpp, tensorboard.hpp), whose headers stay out of user code under
+//! The definition of `Trackers`' constructor (tracking/trackers.hpp, included at its end): the one place that names the
+//! writers (tracking/jsonl.hpp, csv.hpp, tensorboard.hpp), whose headers stay out of user code under
 //! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/core/files.hpp>
