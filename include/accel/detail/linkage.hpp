@@ -24,12 +24,20 @@
 //! - the JSON function templates (Note [JSON at the call site]): `read_header` (checkpoint/safetensors_format.hpp;
 //!   checkpoint/impl/safetensors_format.ipp), `read_safetensors`, `read_safetensors_metadata`, `write_safetensors`
 //!   (safetensors_file.hpp; impl/safetensors_file.ipp), `save_model`, `load_model` (safetensors.hpp;
-//!   impl/safetensors.ipp): nlohmann-json.
+//!   impl/safetensors.ipp): nlohmann-json;
+//! - and, for their cost alone (no heavy header, but g++'s work in every translation unit: 72 MB of its 2,000,
+//!   measured one header at a time; benchmarks/README.md, "Separate compilation"): `Checkpointer::save`, `load`
+//!   (checkpoint/impl/checkpointer.ipp), `RandomSampler::next_epoch`, `settle` (data/impl/sampler.ipp, std::async),
+//!   `parse_size`, `model_state`, `plan_shards` (checkpoint/impl/safetensors.ipp), `check_pickle`
+//!   (checkpoint/impl/pickle.ipp), `check_zip`, `check_layout`, `check_module` (checkpoint/impl/archive.ipp),
+//!   `read_meta`, `parse_process_record`, `read_process_record` (checkpoint/impl/format.ipp), ShardedOptimizer's
+//!   members (optim/impl/sharded.ipp) and PartitionReducer's (model/impl/partition_reducer.ipp).
 //!
-//! Everything else is defined in its header in both modes, in its class or as an `inline` function: moving the
-//! bodies of accel's other classes out saved about 0.4% of g++'s work (benchmarks/README.md), for every signature
-//! written twice. Templates over the user's types (the `Accelerator`, the loaders, the wrappers) stay in the
-//! headers too. Behaviour is the same in both modes.
+//! Everything else is defined in its header in both modes, in its class or as an `inline` function (the
+//! Communicator's checks, GradScaler, the schedulers' factories, the launch environment, the optimizer state check,
+//! the transport's receive, the RNG broadcast: about 2 MB each, 18 MB in all), so that its signature is written
+//! once. Templates over the user's types (the `Accelerator`, the loaders, the wrappers) stay in the headers too.
+//! Behaviour is the same in both modes.
 //!
 //! The shape is Boost.Asio's: such a function is declared `ACCEL_DECL` in its header (a member: in its class), and
 //! defined, `ACCEL_DECL` again, in an `impl/*.ipp` file beside the header, which holds the heavy includes and which
