@@ -17,10 +17,16 @@
     top         accelerator.hpp, accelerator/, accel.hpp  the user's surface; src.hpp compiles the separate
                 src.hpp                                   compilation mode's code (detail/linkage.hpp)
 
-Also checked: each folder's headers declare one namespace (besides accel::detail), every function declared
-`ACCEL_DECL` is defined under `#if ACCEL_DEFINITIONS`, and a member so defined is declared `ACCEL_DECL` in its class
-too (include/accel/detail/linkage.hpp). Exits non-zero naming every
-problem found.
+An `impl/*.ipp` file (the definitions a header keeps out of user code under ACCEL_SEPARATE_COMPILATION) belongs to
+the layer of its header, `<folder>/<name>.hpp` beside `<folder>/impl/<name>.ipp` (its folder's layer, or the special
+case above: cuda/impl/nccl.ipp is comm, cuda/impl/placement.ipp is data).
+
+Also checked (include/accel/detail/linkage.hpp, Note [Separate compilation]): each folder's headers declare one
+namespace (besides accel::detail); a header defines no `ACCEL_DECL` function (the definitions are in its .ipp) and
+uses `ACCEL_DEFINITIONS` only in its last three lines, `#if ACCEL_DEFINITIONS` / `#include <accel/<folder>/impl/
+<name>.ipp>` / `#endif`, the .ipp beside it; every .ipp is included that way by its header and nowhere else, opens
+with `#pragma once` and a `//! \file` comment, and defines something `ACCEL_DECL` or a template; and a member defined
+in an .ipp is declared `ACCEL_DECL` in its class too. Exits non-zero naming every problem found.
 """
 import pathlib
 import re
@@ -51,45 +57,67 @@ def folder_of(rel: str) -> str:
     return two if two in FOLDER or two in NAMESPACE else rel.split("/")[0]
 
 
-def linkage_problems(rel: str, text: str) -> list:
-    """How ACCEL_DECL is used (detail/linkage.hpp). A function declared ACCEL_DECL is defined only under
-    `#if ACCEL_DEFINITIONS`: in separate compilation a definition outside it would be a non-inline definition in every
-    translation unit that includes the header (duplicate symbols)."""
-    out, depth, guarded = [], 0, []
-    lines = text.split("\n")
-    for n, line in enumerate(lines, 1):
-        if line.startswith("#if"):
-            guarded.append("ACCEL_DEFINITIONS" in line)
-        elif line.startswith("#endif") and guarded:
-            guarded.pop()
-        elif re.match(r"^\s*(\[\[\w+\]\] )*ACCEL_DECL ", line) and not any(guarded):
-            # the declaration's lines, up to its ';' or '{'
-            k = n - 1
-            while not re.search(r"[;{]\s*$", lines[k]) and k + 1 < len(lines):
-                k += 1
-            if lines[k].rstrip().endswith("{"):
-                out.append(f"{rel}:{n}: an ACCEL_DECL function defined outside #if ACCEL_DEFINITIONS")
-    # A member defined out of class carries ACCEL_DECL on its declaration in the class too: header-only, an
-    # out-of-class `inline` virtual would otherwise become the key function and emit the class's vtable and every
-    # virtual function in each translation unit (Note [Separate compilation]).
-    for cls, name in re.findall(r"^(?:\[\[\w+\]\] )*ACCEL_DECL .*?\b(\w+)::(~?\w+)\(", text, flags=re.M):
-        body = re.search(r"^(?:class|struct) " + cls + r"\b[^;]*?\{\n(.*?)^\};", text, flags=re.M | re.S)
-        if body and not re.search(r"^ +(?:\[\[\w+\]\] )*ACCEL_DECL .*\b" + re.escape(name) + r"\(", body.group(1), flags=re.M):
-            out.append(f"{rel}: {cls}::{name} is ACCEL_DECL out of class but not on its declaration in the class")
+def header_of(rel: str) -> str:
+    """`comm/impl/gloo.ipp` -> `comm/gloo.hpp`."""
+    folder, _, name = rel.rpartition("/impl/")
+    return f"{folder}/{name[:-len('.ipp')]}.hpp"
+
+
+def linkage_problems(rel: str, text: str, texts: dict) -> list:
+    """How ACCEL_DECL and ACCEL_DEFINITIONS are used (detail/linkage.hpp). In separate compilation a function
+    declared ACCEL_DECL is not inline: defined in a header, it would be defined in every translation unit that
+    includes it (duplicate symbols); its definition is in an .ipp, which the header includes only where
+    ACCEL_DEFINITIONS holds (header-only, or <accel/src.hpp>'s translation unit)."""
+    out = []
+    lines = text.rstrip("\n").split("\n")
+    if rel.endswith(".hpp"):
+        for n, line in enumerate(lines, 1):
+            if re.match(r"^\s*(\[\[\w+\]\] )*ACCEL_DECL ", line):
+                k = n - 1  # the declaration's lines, up to its ';' or '{'
+                code = lambda k: lines[k].split("//")[0].rstrip()
+                while not re.search(r"[;{]$", code(k)) and k + 1 < len(lines):
+                    k += 1
+                if code(k).endswith("{"):
+                    out.append(f"{rel}:{n}: an ACCEL_DECL function defined in a header (its definition belongs in an impl/*.ipp)")
+        uses = [n for n, line in enumerate(lines, 1) if "ACCEL_DEFINITIONS" in line and not line.lstrip().startswith("//")]
+        if uses and rel != "detail/linkage.hpp":
+            folder, _, name = rel.rpartition("/")
+            want = ["#if ACCEL_DEFINITIONS", f"#include <accel/{folder}/impl/{name[:-4]}.ipp>", "#endif"]
+            if lines[-3:] != want or uses != [len(lines) - 2]:
+                out.append(f"{rel}: ACCEL_DEFINITIONS used other than as its last three lines: " + " / ".join(want))
+    else:
+        if not text.startswith("#pragma once\n//! \\file\n"):
+            out.append(f"{rel}: an .ipp opens with #pragma once and a //! \\file comment naming its header")
+        if not re.search(r"^(\[\[\w+\]\] )*ACCEL_DECL |^template <", text, flags=re.M):
+            out.append(f"{rel}: an .ipp without an ACCEL_DECL definition or a template")
+        line = f"#include <accel/{rel}>"
+        includers = [h for h, t in texts.items() if line in t.split("\n")]
+        if includers != [header_of(rel)]:
+            out.append(f"{rel}: included by {includers or 'nothing'}; only {header_of(rel)} includes it (its last lines)")
+        # A member defined here carries ACCEL_DECL on its declaration in the class too: header-only, an
+        # out-of-class `inline` virtual would otherwise become the key function and emit the class's vtable and
+        # every virtual function in each translation unit (Note [Separate compilation]).
+        header = texts.get(header_of(rel), "")
+        for cls, name in re.findall(r"^(?:\[\[\w+\]\] )*ACCEL_DECL .*?\b(\w+)::(~?\w+)\(", text, flags=re.M):
+            body = re.search(r"^(?:class|struct) " + cls + r"\b[^;]*?\{\n(.*?)^\};", header, flags=re.M | re.S)
+            if not body or not re.search(r"^ +(?:\[\[\w+\]\] )*ACCEL_DECL .*\b" + re.escape(name) + r"\(", body.group(1), flags=re.M):
+                out.append(f"{rel}: {cls}::{name} is defined ACCEL_DECL here but not declared ACCEL_DECL in its class ({header_of(rel)})")
     return out
 
 
 def main(root: str) -> int:
     inc = pathlib.Path(root) / "include" / "accel"
     problems = []
-    for path in sorted(inc.rglob("*.hpp")):
+    files = sorted(list(inc.rglob("*.hpp")) + list(inc.rglob("*.ipp")))
+    texts = {p.relative_to(inc).as_posix(): p.read_text() for p in files}
+    for path in files:
         rel = path.relative_to(inc).as_posix()
-        mine = layer_of(rel)
+        mine = layer_of(header_of(rel) if rel.endswith(".ipp") else rel)
         if mine not in LAYERS:
             problems.append(f"{rel}: in no layer (add its folder to tests/static/layers.py and to the README's layout)")
             continue
         text = path.read_text()
-        for target in re.findall(r'#include <accel/([^>]+)>', text):
+        for target in re.findall(r'^#include <accel/([^>]+)>', text, flags=re.M):
             theirs = layer_of(target)
             if theirs in LAYERS and LAYERS.index(theirs) > LAYERS.index(mine):
                 problems.append(f"{rel} ({mine}) includes accel/{target} ({theirs}): a back edge")
@@ -99,10 +127,10 @@ def main(root: str) -> int:
                 full = ns if ns.startswith("accel") else None
                 if full and not re.fullmatch(NAMESPACE[folder] + r"(::detail)?", full):
                     problems.append(f"{rel}: namespace {full} in folder {folder}/ (expected {NAMESPACE[folder]})")
-        problems += linkage_problems(rel, text)
+        problems += linkage_problems(rel, text, texts)
     for p in problems:
         print(p)
-    print(f"{len(list(inc.rglob('*.hpp')))} headers checked, {len(problems)} problem(s)")
+    print(f"{len(files)} headers and .ipp files checked, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

@@ -124,11 +124,8 @@ inline void save_custom(const Custom& c, torch::serialize::OutputArchive& a) {
 }
 
 //! Parses a custom object's archive for `c` (registered at position `i`); returns what restores it.
-ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
-                                             const std::string& path);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
-                                             const std::string& path) {
+inline std::function<void()> read_custom(const Custom& c, std::size_t i, torch::serialize::InputArchive& a,
+                                         const std::string& path) {
   c10::IValue type;
   reading(path, [&] { a.read("type", type); });
   if (!type.isString()) throw FileError(path, "damaged custom state: 'type' is not a string");
@@ -138,6 +135,5 @@ ACCEL_DECL std::function<void()> read_custom(const Custom& c, std::size_t i, tor
                           " there; register_for_checkpointing the same objects, in the same order, as the job that saved it");
   return c.read(a, path);
 }
-#endif
 
 }  // namespace accel::checkpoint

@@ -143,12 +143,39 @@ class Communicator {
   }
   //! In place: every rank ends with `root`'s `tensors` (shapes and dtypes must already agree), in one collective:
   //! their bytes packed into one buffer (PyTorch's `_broadcast_coalesced`), so any mix of dtypes travels at once.
-  ACCEL_DECL virtual void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0);
+  virtual void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0) {
+    std::int64_t bytes = 0;
+    for (const auto& t : tensors) bytes += t.numel() * std::int64_t(t.element_size());
+    if (bytes == 0) return;
+    const c10::Device where = tensors.front().device();
+    at::Tensor packed = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(where));
+    if (rank_ == root) pack(tensors, packed);
+    broadcast(packed, root);
+    if (rank_ != root) {
+      std::int64_t at = 0;
+      for (auto& t : tensors) {
+        const std::int64_t n = t.numel() * std::int64_t(t.element_size());
+        if (n == 0) continue;
+        at::Tensor dst = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
+        dst.view({-1}).view(at::kByte).copy_(packed.narrow(0, at, n));
+        if (!dst.is_same(t)) t.copy_(dst);
+        at += n;
+      }
+    }
+  }
 
  protected:
   //! Numbers the next collective and tells the heartbeat about it; refuses to start on a broken group.
-  ACCEL_DECL CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel,
-                                ReduceOp reduce = ReduceOp::sum, int root = 0);
+  CollectiveId begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce = ReduceOp::sum,
+                     int root = 0) {
+    CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
+    if (broken_)
+      throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
+                               std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
+                               "unusable; end the process (accel-launch --max-restarts restarts the job)");
+    if (monitor_) monitor_->issued(id);
+    return id;
+  }
 
   //! Waits for `id`: `done(slice)` waits up to `slice` and says whether the collective completed (throwing
   //! the engine's error). A collective that waits longer than a quick look is abandoned as soon as a launcher
@@ -180,13 +207,60 @@ class Communicator {
   }
 
   //! Throws the CommunicationError for `id`, with the census of the other ranks; the group is broken after.
-  [[noreturn]] ACCEL_DECL void fail(const CollectiveId& id, std::string msg, bool census = true);
+  [[noreturn]] void fail(const CollectiveId& id, std::string msg, bool census = true) {
+    broken_ = true;
+    if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
+    std::string tail;
+    if (census && monitor_) {
+      const Finding f = monitor_->census(&id);
+      if (f.kind == Finding::Kind::mismatch) fail_mismatch(id, f.text);
+      tail = f.text;
+    }
+    throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
+                             std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " +
+                             msg + (tail.empty() ? "" : ". " + tail) + ".");
+  }
   //! Throws the CollectiveMismatch for `id`; `others` names what the other ranks issued.
-  [[noreturn]] ACCEL_DECL void fail_mismatch(const CollectiveId& id, const std::string& others);
+  [[noreturn]] void fail_mismatch(const CollectiveId& id, const std::string& others) {
+    broken_ = true;
+    if (monitor_) monitor_->failed();  // a peer still waiting (a broadcast's root) stops too
+    throw CollectiveMismatch("accel: rank " + std::to_string(rank_) + ": collective mismatch at collective #" +
+                             std::to_string(id.seq) + ": this rank issued " + id.describe() + "; " + others +
+                             ". Every rank must issue the same collectives in the same order: look for a collective "
+                             "under a condition on the rank, or loops of different lengths on different ranks (uneven "
+                             "inputs are joined by accel's loaders; a loop of your own is not)");
+  }
   //! A mismatch the engine's data revealed, at `id` or at one of the unchecked collectives before it: names
   //! the first collective where another rank's operation differs, from what the heartbeats published (waiting
   //! up to five heartbeats for them).
-  [[noreturn]] ACCEL_DECL void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects);
+  [[noreturn]] void mismatch_found(const CollectiveId& id, const std::vector<int>& suspects) {
+    // The collectives that may differ: `id`, and the unchecked ones before it that this rank still remembers.
+    const std::uint64_t first = id.unchecked_from ? id.unchecked_from : id.seq;
+    CollectiveId at = id;
+    std::string others;
+    if (monitor_) {
+      auto watching = monitor_->watch();
+      const auto t0 = Clock::now();
+      for (;;) {
+        for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s)
+          if (const auto own = monitor_->own(s)) {
+            others = monitor_->differing(*own);
+            if (!others.empty()) at = *own;
+          }
+        // Five heartbeats: the other rank's beat, rank 0's summary of it and this rank's read of that (Note [The
+        // heartbeat at scale] in state/rendezvous/heartbeat.hpp) take up to one each.
+        if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 5) break;
+        std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
+      }
+    }
+    if (others.empty()) {
+      std::string who;
+      for (int r : suspects) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      others = who.empty() ? "another rank issued a different collective" : "rank(s) " + who + " issued a different collective";
+      if (first < id.seq) others += " (here or in one of collectives #" + std::to_string(first) + "-#" + std::to_string(id.seq - 1) + ")";
+    }
+    fail_mismatch(at, others);
+  }
   //! Takes the unchecked collectives' fingerprints into `id` (it carries a check).
   void carry_unchecked(CollectiveId& id) noexcept {
     id.unchecked = unchecked_, id.unchecked_from = unchecked_from_;
@@ -204,17 +278,66 @@ class Communicator {
   //! (0, N) when every rank agrees, a max or min (1, 0) or (0, 1): the same room for every reduction, so a sum and a
   //! max of the same data stay the same size); 0 where the dtype cannot count to N exactly (bool, complex, bf16
   //! beyond 256 ranks, ...).
-  [[nodiscard]] ACCEL_DECL std::int64_t slots(c10::ScalarType dtype) const;
+  [[nodiscard]] std::int64_t slots(c10::ScalarType dtype) const {
+    if (!opt_.check_collectives) return 0;
+    std::int64_t exact = 0;  // the largest count the dtype holds exactly
+    switch (dtype) {
+      case c10::ScalarType::Float: exact = std::int64_t(1) << 24; break;
+      case c10::ScalarType::Double: case c10::ScalarType::Long: case c10::ScalarType::Int: exact = std::int64_t(1) << 31; break;
+      case c10::ScalarType::Half: exact = 2048; break;
+      case c10::ScalarType::BFloat16: exact = 256; break;
+      case c10::ScalarType::Short: exact = 32767; break;
+      case c10::ScalarType::Char: exact = 127; break;
+      case c10::ScalarType::Byte: exact = 255; break;
+      default: return 0;
+    }
+    return size_ > exact ? 0 : 64;
+  }
   //! Writes this rank's fingerprint of `id` into `s` (a CPU 1-d tensor of `slots(...)` elements).
-  ACCEL_DECL static void write_check(at::Tensor s, const CollectiveId& id);
+  static void write_check(at::Tensor s, const CollectiveId& id) {
+    const std::uint32_t f = id.fingerprint();
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_write_check", [&] {
+      auto* p = s.data_ptr<scalar_t>();
+      for (int b = 0; b < 32; ++b) {
+        const int bit = int((f >> b) & 1u);
+        p[2 * b] = scalar_t(bit), p[2 * b + 1] = scalar_t(1 - bit);
+      }
+    });
+  }
   //! Whether the slots `s` that came back say that every rank issued `id`: each pair holds `copies` times this
   //! rank's bits (a sum: N copies; a max, a min or a sender's own slots: 1).
-  ACCEL_DECL static bool read_check(const at::Tensor& s, const CollectiveId& id, int copies);
+  static bool read_check(const at::Tensor& s, const CollectiveId& id, int copies) {
+    const std::uint32_t f = id.fingerprint();
+    bool ok = true;
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_read_check", [&] {
+      const auto* p = s.data_ptr<scalar_t>();
+      for (int b = 0; b < 32 && ok; ++b) {
+        const double bit = double((f >> b) & 1u);
+        ok = double(p[2 * b]) == bit * copies && double(p[2 * b + 1]) == (1 - bit) * copies;
+      }
+    });
+    return ok;
+  }
 
   //! `part` is one of N equal parts of the 1-d `whole` (same dtype and device).
-  ACCEL_DECL void check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const;
+  void check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const {
+    detail::require(part.dim() == 1 && whole.dim() == 1 && whole.numel() == part.numel() * size_ &&
+                        part.scalar_type() == whole.scalar_type() && part.device() == whole.device(),
+                    std::string("accel: ") + op + ": the whole must be 1-d with N = " + std::to_string(size_) +
+                        " times the part's elements, of the same dtype and device (got a part of " + std::to_string(part.numel()) +
+                        " x " + c10::toString(part.scalar_type()) + " and a whole of " + std::to_string(whole.numel()) + " x " +
+                        c10::toString(whole.scalar_type()) + "); pad the whole to a multiple of N");
+  }
   //! The bytes of `tensors`, one after the other, into the byte tensor `packed`.
-  ACCEL_DECL static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed);
+  static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed) {
+    std::int64_t at = 0;
+    for (const auto& t : tensors) {
+      const std::int64_t n = t.numel() * std::int64_t(t.element_size());
+      if (n == 0) continue;
+      packed.narrow(0, at, n).copy_(t.contiguous().view({-1}).view(at::kByte));
+      at += n;
+    }
+  }
   [[nodiscard]] Monitor* monitor() const noexcept { return monitor_; }
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +
@@ -236,150 +359,14 @@ class Communicator {
   std::uint64_t unchecked_from_ = 0;
 };
 
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void Communicator::broadcast_coalesced(std::vector<at::Tensor>& tensors, int root) {
-  std::int64_t bytes = 0;
-  for (const auto& t : tensors) bytes += t.numel() * std::int64_t(t.element_size());
-  if (bytes == 0) return;
-  const c10::Device where = tensors.front().device();
-  at::Tensor packed = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(where));
-  if (rank_ == root) pack(tensors, packed);
-  broadcast(packed, root);
-  if (rank_ != root) {
-    std::int64_t at = 0;
-    for (auto& t : tensors) {
-      const std::int64_t n = t.numel() * std::int64_t(t.element_size());
-      if (n == 0) continue;
-      at::Tensor dst = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
-      dst.view({-1}).view(at::kByte).copy_(packed.narrow(0, at, n));
-      if (!dst.is_same(t)) t.copy_(dst);
-      at += n;
-    }
-  }
-}
 
-ACCEL_DECL CollectiveId Communicator::begin(OpKind kind, c10::ScalarType dtype, std::int64_t numel, ReduceOp reduce,
-                                            int root) {
-  CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
-  if (broken_)
-    throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
-                             std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
-                             "unusable; end the process (accel-launch --max-restarts restarts the job)");
-  if (monitor_) monitor_->issued(id);
-  return id;
-}
 
-[[noreturn]] ACCEL_DECL void Communicator::fail(const CollectiveId& id, std::string msg, bool census) {
-  broken_ = true;
-  if (const auto cut = msg.find('\n'); cut != std::string::npos) msg.resize(cut);  // drop c10's backtraces
-  std::string tail;
-  if (census && monitor_) {
-    const Finding f = monitor_->census(&id);
-    if (f.kind == Finding::Kind::mismatch) fail_mismatch(id, f.text);
-    tail = f.text;
-  }
-  throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
-                           std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " +
-                           msg + (tail.empty() ? "" : ". " + tail) + ".");
-}
 
-[[noreturn]] ACCEL_DECL void Communicator::fail_mismatch(const CollectiveId& id, const std::string& others) {
-  broken_ = true;
-  if (monitor_) monitor_->failed();  // a peer still waiting (a broadcast's root) stops too
-  throw CollectiveMismatch("accel: rank " + std::to_string(rank_) + ": collective mismatch at collective #" +
-                           std::to_string(id.seq) + ": this rank issued " + id.describe() + "; " + others +
-                           ". Every rank must issue the same collectives in the same order: look for a collective "
-                           "under a condition on the rank, or loops of different lengths on different ranks (uneven "
-                           "inputs are joined by accel's loaders; a loop of your own is not)");
-}
 
-[[noreturn]] ACCEL_DECL void Communicator::mismatch_found(const CollectiveId& id, const std::vector<int>& suspects) {
-  // The collectives that may differ: `id`, and the unchecked ones before it that this rank still remembers.
-  const std::uint64_t first = id.unchecked_from ? id.unchecked_from : id.seq;
-  CollectiveId at = id;
-  std::string others;
-  if (monitor_) {
-    auto watching = monitor_->watch();
-    const auto t0 = Clock::now();
-    for (;;) {
-      for (std::uint64_t s = first; s <= id.seq && others.empty(); ++s)
-        if (const auto own = monitor_->own(s)) {
-          others = monitor_->differing(*own);
-          if (!others.empty()) at = *own;
-        }
-      // Five heartbeats: the other rank's beat, rank 0's summary of it and this rank's read of that (Note [The
-      // heartbeat at scale] in state/rendezvous/heartbeat.hpp) take up to one each.
-      if (!others.empty() || Clock::now() - t0 > opt_.heartbeat_interval * 5) break;
-      std::this_thread::sleep_for(opt_.heartbeat_interval / 2);
-    }
-  }
-  if (others.empty()) {
-    std::string who;
-    for (int r : suspects) who += (who.empty() ? "" : ", ") + std::to_string(r);
-    others = who.empty() ? "another rank issued a different collective" : "rank(s) " + who + " issued a different collective";
-    if (first < id.seq) others += " (here or in one of collectives #" + std::to_string(first) + "-#" + std::to_string(id.seq - 1) + ")";
-  }
-  fail_mismatch(at, others);
-}
 
-ACCEL_DECL std::int64_t Communicator::slots(c10::ScalarType dtype) const {
-  if (!opt_.check_collectives) return 0;
-  std::int64_t exact = 0;  // the largest count the dtype holds exactly
-  switch (dtype) {
-    case c10::ScalarType::Float: exact = std::int64_t(1) << 24; break;
-    case c10::ScalarType::Double: case c10::ScalarType::Long: case c10::ScalarType::Int: exact = std::int64_t(1) << 31; break;
-    case c10::ScalarType::Half: exact = 2048; break;
-    case c10::ScalarType::BFloat16: exact = 256; break;
-    case c10::ScalarType::Short: exact = 32767; break;
-    case c10::ScalarType::Char: exact = 127; break;
-    case c10::ScalarType::Byte: exact = 255; break;
-    default: return 0;
-  }
-  return size_ > exact ? 0 : 64;
-}
 
-ACCEL_DECL void Communicator::write_check(at::Tensor s, const CollectiveId& id) {
-  const std::uint32_t f = id.fingerprint();
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_write_check", [&] {
-    auto* p = s.data_ptr<scalar_t>();
-    for (int b = 0; b < 32; ++b) {
-      const int bit = int((f >> b) & 1u);
-      p[2 * b] = scalar_t(bit), p[2 * b + 1] = scalar_t(1 - bit);
-    }
-  });
-}
 
-ACCEL_DECL bool Communicator::read_check(const at::Tensor& s, const CollectiveId& id, int copies) {
-  const std::uint32_t f = id.fingerprint();
-  bool ok = true;
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "accel_read_check", [&] {
-    const auto* p = s.data_ptr<scalar_t>();
-    for (int b = 0; b < 32 && ok; ++b) {
-      const double bit = double((f >> b) & 1u);
-      ok = double(p[2 * b]) == bit * copies && double(p[2 * b + 1]) == (1 - bit) * copies;
-    }
-  });
-  return ok;
-}
 
-ACCEL_DECL void Communicator::check_parts(const at::Tensor& part, const at::Tensor& whole, const char* op) const {
-  detail::require(part.dim() == 1 && whole.dim() == 1 && whole.numel() == part.numel() * size_ &&
-                      part.scalar_type() == whole.scalar_type() && part.device() == whole.device(),
-                  std::string("accel: ") + op + ": the whole must be 1-d with N = " + std::to_string(size_) +
-                      " times the part's elements, of the same dtype and device (got a part of " + std::to_string(part.numel()) +
-                      " x " + c10::toString(part.scalar_type()) + " and a whole of " + std::to_string(whole.numel()) + " x " +
-                      c10::toString(whole.scalar_type()) + "); pad the whole to a multiple of N");
-}
 
-ACCEL_DECL void Communicator::pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed) {
-  std::int64_t at = 0;
-  for (const auto& t : tensors) {
-    const std::int64_t n = t.numel() * std::int64_t(t.element_size());
-    if (n == 0) continue;
-    packed.narrow(0, at, n).copy_(t.contiguous().view({-1}).view(at::kByte));
-    at += n;
-  }
-}
-#endif  // ACCEL_DEFINITIONS
 
 }  // namespace accel::comm

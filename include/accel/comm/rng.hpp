@@ -26,9 +26,7 @@ struct sync_rng {
 };
 
 namespace detail {
-ACCEL_DECL void broadcast_generator_state(comm::Communicator& comm, at::Generator& g);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void broadcast_generator_state(comm::Communicator& comm, at::Generator& g) {
+inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g) {
   at::Tensor state;
   {
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -39,7 +37,6 @@ ACCEL_DECL void broadcast_generator_state(comm::Communicator& comm, at::Generato
   std::lock_guard<std::mutex> lock(g.mutex());
   g.set_state(moving.cpu());
 }
-#endif
 }  // namespace detail
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "cpu"/"torch")

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! The NCCL engine's factory, declared apart from the engine (cuda/nccl.hpp defines it), as comm/connect.hpp
+//! The NCCL engine's factory, declared apart from the engine (cuda/impl/nccl.ipp defines it), as comm/connect.hpp
 //! declares Gloo's: under `ACCEL_SEPARATE_COMPILATION` state/engine.hpp includes only this header.
 
 #if !ACCEL_WITH_CUDA

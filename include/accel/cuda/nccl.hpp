@@ -314,12 +314,8 @@ class NcclCommunicator final : public comm::Communicator {
   ncclComm_t comm_ = nullptr;
 };
 
-#if ACCEL_DEFINITIONS  // under ACCEL_SEPARATE_COMPILATION, <accel/src.hpp> alone defines it (cuda/connect.hpp)
-ACCEL_DECL std::unique_ptr<comm::Communicator> make_nccl_communicator(const rendezvous::RendezvousSpec& spec,
-                                                                      const comm::CommOptions& opt, int device) {
-  auto rdzv = std::make_unique<rendezvous::Rendezvous>(spec, opt);
-  return std::make_unique<NcclCommunicator>(std::move(rdzv), spec, opt, device);
-}
-#endif
-
 }  // namespace accel::cuda
+
+#if ACCEL_DEFINITIONS
+#include <accel/cuda/impl/nccl.ipp>
+#endif

@@ -22,13 +22,6 @@
 #include <optional>
 #include <utility>
 
-#if ACCEL_DEFINITIONS  // the CUDA runtime's headers stay out of user code under ACCEL_SEPARATE_COMPILATION
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 namespace accel::cuda {
 
 //! Runs `copies` with a side stream of `device` (one from the pool) as the current stream, then waits until what
@@ -36,22 +29,6 @@ namespace accel::cuda {
 ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies);
 //! The current stream of `device` (the loop's), on which a batch's tensors are recorded as used.
 ACCEL_DECL c10::Stream current_stream(c10::Device device);
-
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> copies) {
-  c10::cuda::CUDAGuard guard(device.index());
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-  c10::cuda::CUDAStreamGuard on_side(side);
-  copies();
-  at::cuda::CUDAEvent landed;
-  landed.record(side);
-  landed.synchronize();  // the hand-off: the batch is on the device before the loop can see it
-}
-
-ACCEL_DECL c10::Stream current_stream(c10::Device device) {
-  return c10::cuda::getCurrentCUDAStream(device.index());
-}
-#endif
 
 }  // namespace accel::cuda
 
@@ -95,3 +72,7 @@ struct Placement<place::async> {
 };
 
 }  // namespace accel::data
+
+#if ACCEL_DEFINITIONS
+#include <accel/cuda/impl/placement.ipp>
+#endif

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! CUDA specialisation of RNG synchronisation: `rng::cuda` broadcasts rank 0's state of the current GPU's
+//! CUDA specialisation of RNG synchronisation: `rng::cuda` broadcasts rank 0's state of this process's GPU's
 //! default generator (Accelerate's rng_type "cuda").
 
 #if !ACCEL_WITH_CUDA
@@ -17,9 +17,10 @@ namespace accel {
 template <>
 struct sync_rng<rng::cuda> {
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {
-    // The current GPU's default generator (device index -1: the current device), through ATen's generic entry,
-    // as the checkpointer reads it: no CUDA header needed.
-    at::Generator g = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA));
+    // The default generator of this process's GPU (the communicator's; the engine also makes it the current
+    // device, where the checkpointer reads it), through ATen's generic entry: no CUDA header needed.
+    const c10::Device device = comm.device().is_cuda() ? comm.device() : c10::Device(c10::kCUDA);
+    at::Generator g = at::globalContext().defaultGenerator(device);
     detail::broadcast_generator_state(comm, g);
   }
 };

@@ -25,9 +25,7 @@ namespace accel::data {
 enum class LoaderKind : std::int64_t { sharded = 0, dispatched = 1, batch_sampler = 2, stream_sharded = 3, stream_dispatched = 4 };
 
 //! The path's name in messages.
-ACCEL_DECL std::string kind_name(std::int64_t kind);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::string kind_name(std::int64_t kind) {
+inline std::string kind_name(std::int64_t kind) {
   switch (kind) {
     case 0: return "loading::sharded";
     case 1: return "loading::dispatched";
@@ -37,7 +35,6 @@ ACCEL_DECL std::string kind_name(std::int64_t kind) {
     default: return "an unknown loading path (" + std::to_string(kind) + ")";
   }
 }
-#endif
 
 struct LoaderState {
   std::int64_t epoch = 0;                      //!< the epoch in progress (or the next one)

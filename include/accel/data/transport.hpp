@@ -204,9 +204,7 @@ void pack_step(const PrepareContext& ctx, DispatchPayload<Batch>& payload) {
 
 //! Every rank: its message of the step (one scatter of `capacity` bytes from rank 0, two when the capacity grows:
 //! Note [One message per step]) as a 1-d byte tensor on the engine's device, and its description's bytes.
-ACCEL_DECL std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
+inline std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
   if (!ctx.comm || ctx.num_processes == 1) return {sent[0], MessageLayout::read_head(sent[0]).second};
   const int me = ctx.process_index, N = ctx.num_processes;
   const auto dev = ctx.comm->device();
@@ -250,17 +248,13 @@ ACCEL_DECL std::pair<at::Tensor, std::int64_t> receive_message(const PrepareCont
   }
   return {mine.narrow(0, 0, length), description};
 }
-#endif
 
 //! Every rank learns rank 0's description of the step (a typed broadcast); rank 0's loading error stops every rank
 //! with its message. Returns whether there is a step (false: the end of a stream).
-ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
+inline bool receive_step(const PrepareContext& ctx, DispatchStep& step) {
   if (ctx.comm && ctx.num_processes > 1) step = broadcast_object(ctx.comm, step, 0);
   return step_or_error(ctx.process_index, step);
 }
-#endif
 
 //! Every rank's batch of the step: its message received (Note [One message per step]) and its leaves viewed in it,
 //! `size[me]` rows each; with a slice function, the description broadcast and rank 0's cut parts scattered as

@@ -7,30 +7,60 @@
 //! compiles what it uses. A program may instead define `ACCEL_SEPARATE_COMPILATION` for all of its translation
 //! units (as Boost.Asio's `BOOST_ASIO_SEPARATE_COMPILATION`) and include `<accel/src.hpp>` in exactly one `.cpp`
 //! of its own (CMake: `accel_add_separate_library(name)` makes a library that does both). Then the headers give
-//! only declarations of the code that does not depend on the user's types: the engines (c10d's
-//! `ProcessGroupGloo`, NCCL), the safetensors JSON, the trackers' writers, the CUDA copies, and the larger bodies
-//! of accel's classes (the communicator's checks, the DDP reducer's hook, ZeRO, the checkpointer, the scaler).
-//! They are compiled once, in that one file, and the other translation units no longer parse c10d's, NCCL's,
-//! CUDA's or nlohmann-json's headers (benchmarks/README.md, "Separate compilation", has the figures). Templates
-//! over the user's types (the `Accelerator`, the loaders, the wrappers) stay in the headers in both modes.
-//! Behaviour is the same.
+//! only declarations of the few functions whose bodies need a heavy header, and only that one file compiles them
+//! and parses those headers (benchmarks/README.md, "Separate compilation", has the figures):
 //!
-//! In a header, such code is written
+//! - `comm::make_gloo_communicator` (declared in comm/connect.hpp; comm/impl/gloo.ipp): c10d's ProcessGroupGloo,
+//!   TCPStore and Gloo (comm/gloo.hpp, state/rendezvous/rendezvous.hpp);
+//! - `cuda::make_nccl_communicator` (cuda/connect.hpp; cuda/impl/nccl.ipp): NCCL and the CUDA runtime (cuda/nccl.hpp);
+//! - `visible_gpus` (state/engine.hpp; state/impl/engine.ipp): the CUDA runtime; that file also includes both
+//!   engines' headers, whose factories state/engine.hpp calls;
+//! - `cuda::on_side_stream`, `cuda::current_stream` (cuda/placement.hpp; cuda/impl/placement.ipp): the CUDA
+//!   runtime's streams, events and guards;
+//! - `DistributedModule::ready` (model/distributed_module.hpp; model/impl/distributed_module.ipp): the autograd
+//!   engine (its callback queue);
+//! - `tracking::Trackers`' constructor (tracking/trackers.hpp; tracking/impl/trackers.ipp): the writers
+//!   (tracking/jsonl.hpp, csv.hpp, tensorboard.hpp);
+//! - the JSON function templates (Note [JSON at the call site]): `read_header` (checkpoint/safetensors_format.hpp;
+//!   checkpoint/impl/safetensors_format.ipp), `read_safetensors`, `read_safetensors_metadata`, `write_safetensors`
+//!   (safetensors_file.hpp; impl/safetensors_file.ipp), `save_model`, `load_model` (safetensors.hpp;
+//!   impl/safetensors.ipp): nlohmann-json;
+//! - and, for their cost alone (no heavy header, but g++'s work in every translation unit: 72 MB of its 2,000,
+//!   measured one header at a time; benchmarks/README.md, "Separate compilation"): `Checkpointer::save`, `load`
+//!   (checkpoint/impl/checkpointer.ipp), `RandomSampler::next_epoch`, `settle` (data/impl/sampler.ipp, std::async),
+//!   `parse_size`, `model_state`, `plan_shards` (checkpoint/impl/safetensors.ipp), `check_pickle`
+//!   (checkpoint/impl/pickle.ipp), `check_zip`, `check_layout`, `check_module` (checkpoint/impl/archive.ipp),
+//!   `read_meta`, `parse_process_record`, `read_process_record` (checkpoint/impl/format.ipp), ShardedOptimizer's
+//!   members (optim/impl/sharded.ipp) and PartitionReducer's (model/impl/partition_reducer.ipp).
+//!
+//! Everything else is defined in its header in both modes, in its class or as an `inline` function (the
+//! Communicator's checks, GradScaler, the schedulers' factories, the launch environment, the optimizer state check,
+//! the transport's receive, the RNG broadcast: about 2 MB each, 18 MB in all), so that its signature is written
+//! once. Templates over the user's types (the `Accelerator`, the loaders, the wrappers) stay in the headers too.
+//! Behaviour is the same in both modes.
+//!
+//! The shape is Boost.Asio's: such a function is declared `ACCEL_DECL` in its header (a member: in its class), and
+//! defined, `ACCEL_DECL` again, in an `impl/*.ipp` file beside the header, which holds the heavy includes and which
+//! the header includes by one line at its end, its only use of `ACCEL_DEFINITIONS`:
 //!
 //! \code
-//! ACCEL_DECL int visible_gpus();          // declared in both modes
+//! // state/engine.hpp
+//! ACCEL_DECL int visible_gpus();
+//! ...
 //! #if ACCEL_DEFINITIONS                    // header-only, or the one translation unit of <accel/src.hpp>
-//! ACCEL_DECL int visible_gpus() { ... }
+//! #include <accel/state/impl/engine.ipp>   // ACCEL_DECL int visible_gpus() { ... }
 //! #endif
 //! \endcode
 //!
-//! A member function of a class takes `ACCEL_DECL` on its declaration in the class too (header-only, it is then
-//! inline from its first declaration, as a member defined in the class is: no virtual function becomes the key
-//! function that would emit the class's vtable and every virtual function in each translation unit). A JSON
-//! function template (Note [JSON at the call site]) is declared in the header, defined under `ACCEL_DEFINITIONS`,
-//! and instantiated explicitly by `<accel/src.hpp>`. The mode is the whole program's: a translation unit compiled
-//! header-only beside it breaks the one-definition rule, and a program without `<accel/src.hpp>` does not link
-//! (accel's functions are undefined).
+//! An `.ipp` file is included by its header alone, never by name elsewhere. A member defined in an `.ipp` keeps
+//! `ACCEL_DECL` on its declaration in the class (header-only, it is then inline from its first declaration: a
+//! virtual function declared without `inline` and defined `inline` out of class would be the key function that
+//! emits the class's vtable and every virtual function in each translation unit). A JSON function template (Note
+//! [JSON at the call site]) is declared in its header, defined in its `.ipp`, and instantiated explicitly by
+//! `<accel/src.hpp>`. The mode is the whole program's: a translation unit compiled header-only beside it breaks the
+//! one-definition rule, and a program without `<accel/src.hpp>` does not link (those functions are undefined).
+//! tests/static/layers.py checks the shape: an `ACCEL_DECL` function is defined in an `.ipp` only, and an `.ipp`
+//! belongs to its folder's layer.
 
 #if defined(ACCEL_SOURCE) && !defined(ACCEL_SEPARATE_COMPILATION)
 #error "accel: <accel/src.hpp> compiles accel's code for ACCEL_SEPARATE_COMPILATION; define ACCEL_SEPARATE_COMPILATION for every translation unit of the program (CMake: accel_add_separate_library), or do not include <accel/src.hpp> (header-only)"

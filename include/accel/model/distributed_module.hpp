@@ -41,10 +41,6 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
-#if ACCEL_DEFINITIONS  // the autograd engine (its callback queue) is needed by `ready` alone
-#include <torch/csrc/autograd/engine.h>
-#endif
-
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -439,37 +435,6 @@ class DistributedModule {
   std::shared_ptr<State> state_;
 };
 
-#if ACCEL_DEFINITIONS
-// A parameter's gradient is accumulated (its post-accumulate-grad hook): the first queues the end-of-backward
-// callback, and its bucket starts once complete.
-ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::size_t index) {
-  auto& s = *sp;
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.entered && needs_door(s))
-    throw InvalidArgument(
-        "accel: a backward through the prepared model followed a forward that did not go through it (model->forward(x), "
-        "or a submodule called directly): the prepared model brackets its forward as DDP does, broadcasting rank 0's "
-        "buffers (BatchNorm's running statistics) first, and without it the processes' buffers drift apart. Call the "
-        "prepared model itself, model(x), for every forward; or set Options::broadcast_buffers = false to keep each "
-        "process's own buffers");
-  ++s.hook_calls;
-  if (!s.callback_queued) {  // once per backward: the end of backward (finalize) closes the door again
-    s.callback_queued = true;
-    std::weak_ptr<State> weak = sp;
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto st = weak.lock()) end_of_backward(*st);
-    });
-  }
-  if (!s.sync) return;
-  auto& p = s.params[index];
-  if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
-  p.ready = true;
-  if (s.zero) return s.zero->ready(index);
-  ++s.buckets[p.bucket].ready;
-  launch_ready(s);
-}
-#endif  // ACCEL_DEFINITIONS
-
 inline SyncScope::~SyncScope() {
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) it->first->set_sync(it->second);
   if (on_release_) on_release_();
@@ -486,3 +451,7 @@ inline SyncScope DistributedModule::no_sync() {
 }
 
 }  // namespace accel
+
+#if ACCEL_DEFINITIONS
+#include <accel/model/impl/distributed_module.ipp>
+#endif

@@ -59,7 +59,42 @@ class GradScaler {
   [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_.to(loss.device(), /*non_blocking=*/true); }
 
   //! Divides the optimizer's gradients by the scale and records inf/NaN (summed across processes).
-  ACCEL_DECL void unscale_(torch::optim::Optimizer& optimizer);
+  void unscale_(torch::optim::Optimizer& optimizer) {
+    auto& st = per_optimizer_[&optimizer];
+    detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
+                                  "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
+    detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
+    const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    at::Tensor found = at::zeros({1}, scale_.options());
+    // One fused call per (device, dtype) group, as PyTorch does.
+    std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> groups;  // (a gradient of the group, its members)
+    for (const auto& group : optimizer.param_groups())
+      for (const auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        detail::require(p.grad().scalar_type() != at::kHalf,
+                        "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
+                        "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
+        detail::require(!p.grad().is_sparse(), "accel::GradScaler: sparse gradients are not supported");
+        auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
+          return e.first.device() == p.grad().device() && e.first.scalar_type() == p.grad().scalar_type();
+        });
+        if (g == groups.end()) groups.push_back({p.grad(), {}}), g = std::prev(groups.end());
+        g->second.push_back(p.grad());
+      }
+    for (auto& [first, grads] : groups) {
+      const c10::Device where = first.device();
+      at::Tensor found_here = where == found.device() ? found : at::zeros({1}, scale_.options().device(where));
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv.to(where));
+      if (!found_here.is_same(found)) found.add_(found_here.to(found.device()));
+    }
+    if (comm_ && comm_->size() > 1) {
+      at::Tensor moving = found.to(comm_->device());
+      comm_->all_reduce(moving, comm::ReduceOp::sum);
+      found.copy_(moving);
+    }
+    st.found_inf = found;
+    st.unscaled = true;
+  }
 
   //! Unscales if not done yet, then steps `optimizer` unless inf/NaN was found. Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer) {
@@ -79,7 +114,14 @@ class GradScaler {
   }
 
   //! Adjusts the scale from the inf/NaN findings since the last update.
-  ACCEL_DECL void update();
+  void update() {
+    at::Tensor found;
+    for (auto& [opt, st] : per_optimizer_)
+      if (st.found_inf.defined()) found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
+    detail::require(found.defined(), "accel::GradScaler: update() without an unscale_() or step() since the last update()");
+    at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval);
+    per_optimizer_.clear();
+  }
 
   [[nodiscard]] double get_scale() const { return scale_.item<double>(); }
   [[nodiscard]] std::int64_t growth_tracker() const { return growth_tracker_.item<std::int64_t>(); }
@@ -90,10 +132,30 @@ class GradScaler {
     a.write("growth_tracker", growth_tracker_.cpu());
   }
   //! Restores what `save` wrote; a state `check` refuses changes nothing.
-  ACCEL_DECL void load(torch::serialize::InputArchive& a);
+  void load(torch::serialize::InputArchive& a) {
+    check(a);
+    at::Tensor s, g;
+    a.read("scale", s);
+    a.read("growth_tracker", g);
+    scale_.copy_(s);
+    growth_tracker_.copy_(g);
+    per_optimizer_.clear();
+  }
   //! Refuses (`InvalidArgument` naming the field) a saved state the scaler cannot reach: a scale that is not one
   //! finite positive float, a growth tracker that is not one integer of 0 or more.
-  ACCEL_DECL void check(torch::serialize::InputArchive& a) const;
+  void check(torch::serialize::InputArchive& a) const {
+    at::Tensor s, g;
+    a.read("scale", s);
+    a.read("growth_tracker", g);
+    if (s.numel() != 1 || s.scalar_type() != at::kFloat || !std::isfinite(s.item<float>()) || !(s.item<float>() > 0))
+      throw InvalidArgument("scaler state 'scale' is " + c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
+                            (s.numel() == 1 ? " of " + std::to_string(s.item<double>()) : std::string()) +
+                            " (one finite positive float)");
+    if (g.numel() != 1 || g.scalar_type() != at::kInt || g.item<int>() < 0)
+      throw InvalidArgument("scaler state 'growth_tracker' is " + c10::str(g.sizes()) + " " + std::string(c10::toString(g.scalar_type())) +
+                            (g.numel() == 1 ? " of " + std::to_string(g.item<double>()) : std::string()) +
+                            " (one integer, 0 or more: the good steps since the scale last changed)");
+  }
 
  private:
   struct PerOptimizer {
@@ -106,75 +168,7 @@ class GradScaler {
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
 };
 
-#if ACCEL_DEFINITIONS
-ACCEL_DECL void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  auto& st = per_optimizer_[&optimizer];
-  detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
-                                "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
-  detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
-  const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-  at::Tensor found = at::zeros({1}, scale_.options());
-  // One fused call per (device, dtype) group, as PyTorch does.
-  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> groups;  // (a gradient of the group, its members)
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      detail::require(p.grad().scalar_type() != at::kHalf,
-                      "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
-                      "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
-      detail::require(!p.grad().is_sparse(), "accel::GradScaler: sparse gradients are not supported");
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
-        return e.first.device() == p.grad().device() && e.first.scalar_type() == p.grad().scalar_type();
-      });
-      if (g == groups.end()) groups.push_back({p.grad(), {}}), g = std::prev(groups.end());
-      g->second.push_back(p.grad());
-    }
-  for (auto& [first, grads] : groups) {
-    const c10::Device where = first.device();
-    at::Tensor found_here = where == found.device() ? found : at::zeros({1}, scale_.options().device(where));
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv.to(where));
-    if (!found_here.is_same(found)) found.add_(found_here.to(found.device()));
-  }
-  if (comm_ && comm_->size() > 1) {
-    at::Tensor moving = found.to(comm_->device());
-    comm_->all_reduce(moving, comm::ReduceOp::sum);
-    found.copy_(moving);
-  }
-  st.found_inf = found;
-  st.unscaled = true;
-}
 
-ACCEL_DECL void GradScaler::update() {
-  at::Tensor found;
-  for (auto& [opt, st] : per_optimizer_)
-    if (st.found_inf.defined()) found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
-  detail::require(found.defined(), "accel::GradScaler: update() without an unscale_() or step() since the last update()");
-  at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval);
-  per_optimizer_.clear();
-}
 
-ACCEL_DECL void GradScaler::check(torch::serialize::InputArchive& a) const {
-  at::Tensor s, g;
-  a.read("scale", s);
-  a.read("growth_tracker", g);
-  if (s.numel() != 1 || s.scalar_type() != at::kFloat || !std::isfinite(s.item<float>()) || !(s.item<float>() > 0))
-    throw InvalidArgument("scaler state 'scale' is " + c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
-                          (s.numel() == 1 ? " of " + std::to_string(s.item<double>()) : std::string()) +
-                          " (one finite positive float)");
-  if (g.numel() != 1 || g.scalar_type() != at::kInt || g.item<int>() < 0)
-    throw InvalidArgument("scaler state 'growth_tracker' is " + c10::str(g.sizes()) + " " + std::string(c10::toString(g.scalar_type())) +
-                          (g.numel() == 1 ? " of " + std::to_string(g.item<double>()) : std::string()) +
-                          " (one integer, 0 or more: the good steps since the scale last changed)");
-}
-ACCEL_DECL void GradScaler::load(torch::serialize::InputArchive& a) {
-  check(a);
-  at::Tensor s, g;
-  a.read("scale", s);
-  a.read("growth_tracker", g);
-  scale_.copy_(s);
-  growth_tracker_.copy_(g);
-  per_optimizer_.clear();
-}
-#endif  // ACCEL_DEFINITIONS
 
 }  // namespace accel

@@ -301,11 +301,8 @@ class SequentialLR : public ExactScheduler {
 
 // [transformers:optimization.py get_constant_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then the initial rate.
-ACCEL_DECL std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                   std::int64_t last_epoch = -1);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                   std::int64_t last_epoch) {
+inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                               std::int64_t last_epoch = -1) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup](std::int64_t step) {
@@ -314,15 +311,11 @@ ACCEL_DECL std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim:
       },
       last_epoch);
 }
-#endif
 
 // [transformers:optimization.py get_linear_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then a linear decay to 0 at `total`.
-ACCEL_DECL std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                 std::int64_t total, std::int64_t last_epoch = -1);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                 std::int64_t total, std::int64_t last_epoch) {
+inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                             std::int64_t total, std::int64_t last_epoch = -1) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup, total](std::int64_t step) {
@@ -331,18 +324,13 @@ ACCEL_DECL std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::O
       },
       last_epoch);
 }
-#endif
 
 // [transformers:optimization.py get_cosine_schedule_with_warmup]
 //! Linear warmup from 0 over `warmup` steps, then `num_cycles` cosine waves down to 0 at `total` (0.5: one
 //! half-wave from the initial rate to 0).
-ACCEL_DECL std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                 std::int64_t total, double num_cycles = 0.5,
-                                                                 std::int64_t last_epoch = -1);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
-                                                                 std::int64_t total, double num_cycles,
-                                                                 std::int64_t last_epoch) {
+inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                             std::int64_t total, double num_cycles = 0.5,
+                                                             std::int64_t last_epoch = -1) {
   return std::make_shared<LambdaLR>(
       opt,
       [warmup, total, num_cycles](std::int64_t step) {
@@ -355,7 +343,6 @@ ACCEL_DECL std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::O
       },
       last_epoch);
 }
-#endif
 
 // What Accelerator::prepare asks of a scheduler (TorchScheduler, optim/accelerated.hpp).
 static_assert(std::derived_from<ExactScheduler, torch::optim::LRScheduler>);

@@ -36,16 +36,6 @@
 
 namespace accel {
 
-//! What makes `opt`'s options or state one that it could not have reached ("group 0: 'momentum' is -0.5, ..."),
-//! "" if nothing (Note [An optimizer's state from elsewhere]).
-ACCEL_DECL std::string optimizer_state_problem(torch::optim::Optimizer& opt);
-
-//! Loads `a` into `opt` and returns `optimizer_state_problem` of what it then holds; puts back the state and options
-//! `opt` had (kept aside, not copied) when there is a problem, when the load throws, or unless `keep`. The load
-//! starts from an empty state (LibTorch's leaves the state of a parameter the archive does not name).
-ACCEL_DECL std::string load_and_check(torch::optim::Optimizer& opt, torch::serialize::InputArchive& a, bool keep);
-
-#if ACCEL_DEFINITIONS
 namespace detail {
 
 inline std::string number(double v) {
@@ -180,7 +170,9 @@ inline std::string lbfgs_state_problem(const torch::optim::LBFGSParamState& s, c
 
 }  // namespace detail
 
-ACCEL_DECL std::string optimizer_state_problem(torch::optim::Optimizer& opt) {
+//! What makes `opt`'s options or state one that it could not have reached ("group 0: 'momentum' is -0.5, ..."),
+//! "" if nothing (Note [An optimizer's state from elsewhere]).
+inline std::string optimizer_state_problem(torch::optim::Optimizer& opt) {
   auto& groups = opt.param_groups();
   auto& state = opt.state();
   for (const auto g : c10::irange(groups.size())) {
@@ -206,7 +198,10 @@ ACCEL_DECL std::string optimizer_state_problem(torch::optim::Optimizer& opt) {
   return {};
 }
 
-ACCEL_DECL std::string load_and_check(torch::optim::Optimizer& opt, torch::serialize::InputArchive& a, bool keep) {
+//! Loads `a` into `opt` and returns `optimizer_state_problem` of what it then holds; puts back the state and options
+//! `opt` had (kept aside, not copied) when there is a problem, when the load throws, or unless `keep`. The load
+//! starts from an empty state (LibTorch's leaves the state of a parameter the archive does not name).
+inline std::string load_and_check(torch::optim::Optimizer& opt, torch::serialize::InputArchive& a, bool keep) {
   auto kept_state = std::move(opt.state());
   opt.state().clear();
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> kept_options;
@@ -226,6 +221,5 @@ ACCEL_DECL std::string load_and_check(torch::optim::Optimizer& opt, torch::seria
   if (!what.empty() || !keep) put_back();
   return what;
 }
-#endif
 
 }  // namespace accel

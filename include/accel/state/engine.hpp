@@ -10,7 +10,8 @@
 //! | `dist::from_env` | one process: `none`; several: `nccl` when the build has CUDA and the process sees a GPU, else `gloo` |
 //!
 //! There is no registry and no static initialisation: this header includes the NCCL engine itself whenever
-//! ACCEL_WITH_CUDA is set (under ACCEL_SEPARATE_COMPILATION its declaration; <accel/src.hpp> compiles it), so
+//! ACCEL_WITH_CUDA is set (its declaration, cuda/connect.hpp; its definition comes with state/impl/engine.ipp,
+//! header-only, or <accel/src.hpp> under ACCEL_SEPARATE_COMPILATION), so
 //! every public header gives the same engine for the same policy on the same machine, whatever else a
 //! translation unit includes. Naming `Engine<dist::nccl>` in a build without CUDA is
 //! one `static_assert` (`Accelerator<dist::nccl>` reports it through its configuration check instead).
@@ -27,15 +28,6 @@
 
 #if ACCEL_WITH_CUDA
 #include <accel/cuda/connect.hpp>
-#endif
-
-// The engines' definitions; under ACCEL_SEPARATE_COMPILATION only <accel/src.hpp> sees them (detail/linkage.hpp).
-#if ACCEL_DEFINITIONS
-#include <accel/comm/gloo.hpp>
-#if ACCEL_WITH_CUDA
-#include <accel/cuda/nccl.hpp>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 #endif
 
 #include <algorithm>
@@ -64,16 +56,7 @@ struct Connection {
 };
 
 //! GPUs this process sees: the CUDA device count in a build with CUDA, 0 otherwise.
-ACCEL_DECL int visible_gpus();
-#if ACCEL_DEFINITIONS
-ACCEL_DECL int visible_gpus() {
-#if ACCEL_WITH_CUDA
-  return int(c10::cuda::device_count());
-#else
-  return 0;
-#endif
-}
-#endif
+ACCEL_DECL int visible_gpus();  // state/impl/engine.ipp (the CUDA runtime)
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
@@ -158,3 +141,7 @@ struct Engine<dist::from_env> {
 };
 
 }  // namespace accel
+
+#if ACCEL_DEFINITIONS
+#include <accel/state/impl/engine.ipp>
+#endif

@@ -75,9 +75,7 @@ inline std::optional<std::string> process_env(std::string_view name) {
 
 namespace detail {
 
-ACCEL_DECL int parse_int(std::string_view name, const std::string& value, std::string_view hint);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL int parse_int(std::string_view name, const std::string& value, std::string_view hint) {
+inline int parse_int(std::string_view name, const std::string& value, std::string_view hint) {
   int out = 0;
   const char* first = value.data();
   const char* last = first + value.size();
@@ -88,12 +86,9 @@ ACCEL_DECL int parse_int(std::string_view name, const std::string& value, std::s
                           "' is not an integer; " + std::string(hint));
   return out;
 }
-#endif
 
 //! The first host of a SLURM node list: "node[01-04,07],gpu9" -> "node01"; "a,b" -> "a".
-ACCEL_DECL std::string first_slurm_host(std::string_view list);
-#if ACCEL_DEFINITIONS
-ACCEL_DECL std::string first_slurm_host(std::string_view list) {
+inline std::string first_slurm_host(std::string_view list) {
   std::string host;
   for (std::size_t i = 0; i < list.size(); ++i) {
     const char c = list[i];
@@ -107,14 +102,11 @@ ACCEL_DECL std::string first_slurm_host(std::string_view list) {
   }
   return host;
 }
-#endif
 
 }  // namespace detail
 
 //! Reads the launcher's variables (see the file comment for the precedence) and validates them.
-ACCEL_DECL LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const LaunchOverrides& over = {});
-#if ACCEL_DEFINITIONS
-ACCEL_DECL LaunchEnv detect_launch_env(const EnvLookup& env, const LaunchOverrides& over) {
+inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const LaunchOverrides& over = {}) {
   LaunchEnv out;
   auto get_int = [&](std::string_view name, std::string_view hint) -> std::optional<int> {
     auto v = env(name);
@@ -243,6 +235,5 @@ ACCEL_DECL LaunchEnv detect_launch_env(const EnvLookup& env, const LaunchOverrid
                                       " must be at least 0 (the launcher counts its restarts from 0)");
   return out;
 }
-#endif
 
 }  // namespace accel

@@ -28,13 +28,6 @@
 #include <accel/error.hpp>
 #include <accel/tracking/tracker.hpp>
 
-#if ACCEL_DEFINITIONS  // the writers; under ACCEL_SEPARATE_COMPILATION only <accel/src.hpp> compiles them
-#include <accel/core/files.hpp>
-#include <accel/tracking/csv.hpp>
-#include <accel/tracking/jsonl.hpp>
-#include <accel/tracking/tensorboard.hpp>
-#endif
-
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -47,7 +40,7 @@ class Trackers {
  public:
   static constexpr const char* config_file = "config.json";
 
-  ACCEL_DECL Trackers() = default;
+  Trackers() = default;
   //! Creates `dir` and one writer per kind in `kinds` (each kind once), opening their files as `start` says, then
   //! stores `config`. No kinds: nothing is written, the position is kept.
   ACCEL_DECL Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
@@ -97,24 +90,8 @@ class Trackers {
   bool known_ = true;  // position_ counts every row of the run's files
 };
 
-#if ACCEL_DEFINITIONS
-ACCEL_DECL Trackers::Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
-                              const Start& start)
-    : position_(start.from.value_or(Position{})), known_(!start.continuing || start.from) {
-  check_names(config, "init_trackers");
-  for (std::size_t i = 0; i < kinds.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (kinds[i] == kinds[j]) throw InvalidArgument("accel: Options::log_with names a tracker twice");
-  if (kinds.empty()) return;
-  std::filesystem::create_directories(dir);
-  for (const auto k : kinds) {
-    if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, start));
-    else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, start));
-    else writers_.push_back(std::make_unique<TensorBoardWriter>(dir, start));
-  }
-  write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
-  for (auto& w : writers_) w->store_config(config);
-}
-#endif
-
 }  // namespace accel::tracking
+
+#if ACCEL_DEFINITIONS
+#include <accel/tracking/impl/trackers.ipp>
+#endif
