@@ -13,7 +13,7 @@
 //! - `comm::make_gloo_communicator` (declared in comm/connect.hpp; comm/impl/gloo.ipp): c10d's ProcessGroupGloo,
 //!   TCPStore and Gloo (comm/gloo.hpp, state/rendezvous/rendezvous.hpp);
 //! - `cuda::make_nccl_communicator` (cuda/connect.hpp; cuda/impl/nccl.ipp): NCCL and the CUDA runtime (cuda/nccl.hpp);
-//! - `visible_gpus` (state/engine.hpp; state/impl/engine.ipp): the CUDA runtime; that file also includes both
+//! - `visible_gpus`, `use_gpu` (state/engine.hpp; state/impl/engine.ipp): the CUDA runtime; that file also includes both
 //!   engines' headers, whose factories state/engine.hpp calls;
 //! - `cuda::on_side_stream`, `cuda::current_stream` (cuda/placement.hpp; cuda/impl/placement.ipp): the CUDA
 //!   runtime's streams, events and guards;

@@ -57,6 +57,11 @@ struct Connection {
 
 //! GPUs this process sees: the CUDA device count in a build with CUDA, 0 otherwise.
 ACCEL_DECL int visible_gpus();  // state/impl/engine.ipp (the CUDA runtime)
+//! Makes GPU `device` this process's current device, as Accelerate's `PartialState` calls `torch.cuda.set_device`:
+//! what names `kCUDA` without an index (the default CUDA generator that `rng::cuda` synchronises and a checkpoint
+//! saves, new tensors, the current stream) is then this process's GPU, not GPU 0 on every rank. A no-op without
+//! CUDA.
+ACCEL_DECL void use_gpu(int device);  // state/impl/engine.ipp (the CUDA runtime)
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
@@ -120,6 +125,7 @@ struct Engine<dist::nccl> {
     detail::require(gpus > 0, "accel: dist::nccl, but this process sees no GPU (CUDA_VISIBLE_DEVICES?); use dist::gloo "
                               "or dist::from_env to run on the CPU");
     const int device = env.local_rank % gpus;
+    use_gpu(device);
     Connection c{DistributedType::no, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)), nullptr};
     if (env.world_size == 1) return c;
     c.type = DistributedType::multi_gpu;
