@@ -8,7 +8,13 @@
     comm        comm/, cuda/nccl.hpp, cuda/connect.hpp,   communicator interface, engines' collectives, RNG sync
                 cuda/rng.hpp
     state       state/                                    launch environment, engines, ProcessState, GradientState
-    data        data/, cuda/placement.hpp                 loaders: step sources, transports, placement
+    data        data/ (but the four below)                the user's vocabulary: datasets, samplers, shards,
+                                                          options, collate, LoaderState
+    pipeline    pipeline/, cuda/placement.hpp,            a prepared loader's machinery: step sources, transports,
+                data/data_loader.hpp, data/loader.hpp,    loader core, cursor, workers, placement, plan view; and
+                data/prepared_loader.hpp, data/prepare.hpp  data/'s loaders, which run it (namespace accel::data:
+                                                          the user names them; DataLoader iterates as a one-process
+                                                          prepared loader)
     model       model/                                    DistributedModule, PreparedModel, autocast
     optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
     checkpoint  checkpoint/                               checkpoint layout and orchestration
@@ -24,14 +30,17 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "model", "optim", "checkpoint", "top"]
+LAYERS = ["base", "core", "tracking", "plan", "comm", "state", "data", "pipeline", "model", "optim", "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
            "src.hpp": "top",
-           "cuda/nccl.hpp": "comm", "cuda/connect.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
+           "cuda/nccl.hpp": "comm", "cuda/connect.hpp": "comm", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "pipeline",
+           # the loaders a user names (data/'s namespace), which run the pipeline
+           "data/data_loader.hpp": "pipeline", "data/prepared_loader.hpp": "pipeline", "data/prepare.hpp": "pipeline",
+           "data/loader.hpp": "pipeline"}
 FOLDER = {"detail": "base", "policy": "base", "accelerator": "top"}
 # The namespace every header of a folder declares its public names in.
 NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
-             "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
+             "data": "accel::data", "pipeline": "accel::pipeline", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
              "accelerator": "accel"}
 
 

@@ -11,7 +11,7 @@
 #endif
 
 #include <accel/core/structure.hpp>
-#include <accel/data/placement.hpp>
+#include <accel/pipeline/placement.hpp>
 #include <accel/detail/linkage.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -55,7 +55,7 @@ ACCEL_DECL c10::Stream current_stream(c10::Device device) {
 
 }  // namespace accel::cuda
 
-namespace accel::data {
+namespace accel::pipeline {
 
 template <>
 struct Placement<place::async> {
@@ -94,4 +94,4 @@ struct Placement<place::async> {
   c10::Device device;
 };
 
-}  // namespace accel::data
+}  // namespace accel::pipeline
