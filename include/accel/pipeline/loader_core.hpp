@@ -249,8 +249,8 @@ struct LoaderCore {
     return at::detail::getDefaultCPUGenerator();
   }
   // Whether a job of `processes` processes draws this loader's shuffled order from the global generator (one
-  // process without a sampler generator of its own; dispatched loading, where rank 0 alone samples) rather than
-  // from a synchronised sampler generator.
+  // process without a sampler generator of its own; a transport with one reader, which alone samples: dispatched
+  // loading) rather than from a synchronised sampler generator.
   [[nodiscard]] bool draws_from_global(std::int64_t processes) const {
     return orders && !options.seedable && !options.seed && (Transport::single_reader || processes == 1);
   }
