@@ -3,9 +3,9 @@
 // must pad like Accelerate). Both fill the same reusable index buffer per batch.
 #include "alloc_counter.hpp"
 
-#include <accel/plan/plan.hpp>
-#include <accel/data/plan_view.hpp>
 #include <accel/data/sampler.hpp>
+#include <accel/pipeline/plan_view.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -60,7 +60,7 @@ void report(benchmark::State& state, std::int64_t batches, std::size_t bytes0) {
 }
 
 void accel_plan(benchmark::State& state, const accel::data::IndexOrder& order) {
-  const auto view = accel::data::planned_batches(the_plan(state.range(0)), order);
+  const auto view = accel::pipeline::planned_batches(the_plan(state.range(0)), order);
   auto& buf = the_buffer();
   std::int64_t batches = 0;
   const auto bytes0 = accel_bench::allocated_bytes.load();

@@ -39,9 +39,10 @@
 #include <accel/data/dataset.hpp>
 #include <accel/data/iterable_shard.hpp>
 #include <accel/data/loader_state.hpp>
-#include <accel/data/plan_view.hpp>
 #include <accel/data/prepare.hpp>
 #include <accel/data/sampler.hpp>
+
+#include <accel/pipeline/plan_view.hpp>
 
 #include <accel/model/autocast.hpp>
 #include <accel/model/distributed_module.hpp>

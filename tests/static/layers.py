@@ -10,7 +10,13 @@
     engines     comm/gloo.hpp, comm/connect.hpp,          the engines: Gloo and NCCL communicators and their
                 cuda/nccl.hpp, cuda/connect.hpp           constructors' declarations
     state       state/                                    launch environment, engine choice, ProcessState, GradientState
-    data        data/, cuda/placement.hpp                 loaders: step sources, transports, placement
+    data        data/ (but the four below)                the user's vocabulary: datasets, samplers, shards,
+                                                          options, collate, LoaderState
+    pipeline    pipeline/, cuda/placement.hpp,            a prepared loader's machinery: step sources, transports,
+                data/data_loader.hpp, data/loader.hpp,    loader core, cursor, workers, placement, plan view; and
+                data/prepared_loader.hpp, data/prepare.hpp  data/'s loaders, which run it (namespace accel::data:
+                                                          the user names them; DataLoader iterates as a one-process
+                                                          prepared loader)
     model       model/                                    DistributedModule, PreparedModel, autocast
     optim       optim/                                    accumulation, optimizer/scheduler wrappers, GradScaler
     checkpoint  checkpoint/                               checkpoint layout and orchestration
@@ -32,17 +38,23 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "core", "tracking", "plan", "comm", "rendezvous", "engines", "state", "data", "model", "optim", "checkpoint", "top"]
+LAYERS = ["base", "core", "tracking", "plan", "comm", "rendezvous", "engines", "state", "data", "pipeline", "model", "optim",
+          "checkpoint", "top"]
 SPECIAL = {"error.hpp": "base", "config.hpp": "base", "accelerator.hpp": "top", "accel.hpp": "top",
            "src.hpp": "top",
            "comm/gloo.hpp": "engines", "comm/connect.hpp": "engines", "cuda/nccl.hpp": "engines",
-           "cuda/connect.hpp": "engines", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "data"}
+           "cuda/connect.hpp": "engines", "cuda/rng.hpp": "comm", "cuda/placement.hpp": "pipeline",
+           # the loaders a user names (data/'s namespace), which run the pipeline
+           "data/data_loader.hpp": "pipeline", "data/prepared_loader.hpp": "pipeline", "data/prepare.hpp": "pipeline",
+           "data/loader.hpp": "pipeline"}
 FOLDER = {"detail": "base", "policy": "base", "accelerator": "top", "state/rendezvous": "rendezvous"}
 # The namespace every header of a folder declares its public names in.
 NAMESPACE = {"core": "accel", "tracking": "accel::tracking", "plan": "accel::plan", "comm": "accel::comm|accel", "state": "accel",
              "state/rendezvous": "accel::rendezvous",
-             "data": "accel::data", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
-             "accelerator": "accel"}
+             "data": "accel::data", "pipeline": "accel::pipeline", "model": "accel", "optim": "accel", "checkpoint": "accel::checkpoint",
+             "accelerator": "accel",
+             # a specialisation is declared in its primary template's namespace (cuda/rng.hpp, cuda/placement.hpp)
+             "cuda": "accel::cuda|accel|accel::pipeline"}
 
 
 def layer_of(rel: str) -> str:

@@ -1,7 +1,7 @@
 // The range contract of the plan views (STYLE.md, "loader range contract"), checked at compile time.
 #include <accel/data/batch_sampler_shard.hpp>
 #include <accel/data/iterable_shard.hpp>
-#include <accel/data/plan_view.hpp>
+#include <accel/pipeline/plan_view.hpp>
 
 #include <range/v3/range/concepts.hpp>
 #include <range/v3/view/enumerate.hpp>
@@ -13,6 +13,8 @@
 
 namespace {
 using namespace accel::data;
+using accel::pipeline::PlannedBatch;
+using accel::pipeline::PlannedBatches;
 using Sampler = std::vector<std::vector<std::int64_t>>;
 using Shard = decltype(BatchSamplerShard(std::declval<Sampler>(), accel::plan::ShardSpec{}));
 using Iter = decltype(IterableShard(std::views::iota(std::int64_t{0}, std::int64_t{10}), accel::plan::ShardSpec{}));

@@ -80,8 +80,8 @@ using Split = accel::CheckedConfig<accel::dist::gloo, accel::batches::split>;
 }  // namespace accel_test
 
 // ---- plans ------------------------------------------------------------------------------------------------
+#include <accel/pipeline/plan_view.hpp>
 #include <accel/plan/plan.hpp>
-#include <accel/data/plan_view.hpp>
 
 #include <random>
 
@@ -90,7 +90,7 @@ namespace accel_test {
 //! The batches of a plan over an order (sequential by default), as index lists.
 inline Batches batches_of(const accel::plan::BatchPlan& p, const accel::data::IndexOrder& order) {
   Batches out;
-  for (const auto& b : accel::data::planned_batches(p, order)) {
+  for (const auto& b : accel::pipeline::planned_batches(p, order)) {
     std::vector<std::int64_t> v;
     b.indices_into(v);
     out.push_back(std::move(v));

@@ -11,7 +11,7 @@
 #endif
 
 #include <accel/core/structure.hpp>
-#include <accel/data/placement.hpp>
+#include <accel/pipeline/placement.hpp>
 #include <accel/detail/linkage.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -32,7 +32,7 @@ ACCEL_DECL c10::Stream current_stream(c10::Device device);
 
 }  // namespace accel::cuda
 
-namespace accel::data {
+namespace accel::pipeline {
 
 template <>
 struct Placement<place::async> {
@@ -71,7 +71,7 @@ struct Placement<place::async> {
   c10::Device device;
 };
 
-}  // namespace accel::data
+}  // namespace accel::pipeline
 
 #if ACCEL_DEFINITIONS
 #include <accel/cuda/impl/placement.ipp>

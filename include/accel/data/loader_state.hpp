@@ -14,6 +14,8 @@
 //! | a user's batch sampler               | whole batches of the sampler's epoch (`k * N`)                       |
 //! | an iterable dataset (sharded, dispatched) | items of the stream, in stream order (as a map-style loader's samples) |
 
+#include <accel/detail/linkage.hpp>
+
 #include <cstdint>
 #include <string>
 #include <tuple>

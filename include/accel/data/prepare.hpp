@@ -22,61 +22,34 @@
 //! \endcode
 
 #include <accel/config.hpp>
-#include <accel/data/batch_sampler_source.hpp>
 #include <accel/data/data_loader.hpp>
-#include <accel/data/loader_core.hpp>
-#include <accel/data/planned_source.hpp>
+#include <accel/data/prepare_context.hpp>
 #include <accel/data/prepared_loader.hpp>
-#include <accel/data/stream_source.hpp>
-#include <accel/data/transport.hpp>
+#include <accel/pipeline/loader_core.hpp>
+#include <accel/pipeline/plan_view.hpp>
+#include <accel/pipeline/planned_source.hpp>
+#include <accel/pipeline/sharded_source.hpp>
+#include <accel/pipeline/stream_source.hpp>
+#include <accel/pipeline/transport.hpp>
 
 #include <memory>
-#include <optional>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
 namespace accel::data {
 
-//! A map-style dataset's sharded epoch: the closed-form plan, or the user's batch sampler when it has one.
-template <class Dataset, class Collate, class Config>
-class ShardedEpoch {
-  using Planned = PlannedEpoch<Dataset, Collate, Config>;
-  using Sampled = BatchSamplerEpoch<Dataset, Collate, Config>;
-
- public:
-  using Core = detail::LoaderCore<Dataset, Collate, Config>;
-  using Payload = typename Core::Batch;
-
-  explicit ShardedEpoch(const std::shared_ptr<Core>& c) : epoch_(start(c)) {}
-  [[nodiscard]] std::int64_t count() const {
-    return std::visit([](const auto& e) { return e.count(); }, epoch_);
-  }
-  [[nodiscard]] static std::size_t size(Core& k) { return k.options.batch_sampler ? Sampled::size(k) : Planned::size(k); }
-  std::optional<detail::Fetched<Payload>> produce(std::int64_t q) const {
-    return std::visit([q](const auto& e) { return e.produce(q); }, epoch_);
-  }
-  //! Steps of the longest rank, and what a step publishes (Note [Joined steps] in gradient_state.hpp).
-  [[nodiscard]] std::int64_t steps() const {
-    return std::visit([](const auto& e) { return e.steps(); }, epoch_);
-  }
-  [[nodiscard]] GradientState::LoaderView view(std::int64_t q) const {
-    return std::visit([q](const auto& e) { return e.view(q); }, epoch_);
-  }
-
- private:
-  static std::variant<Planned, Sampled> start(const std::shared_ptr<Core>& c) {
-    if (c->options.batch_sampler) return std::variant<Planned, Sampled>(std::in_place_type<Sampled>, c);
-    return std::variant<Planned, Sampled>(std::in_place_type<Planned>, c);
-  }
-  std::variant<Planned, Sampled> epoch_;
-};
+// The pipeline's names a user writes as data's (they were declared here before the pipeline had its folder).
+using pipeline::NoSlice;
+using pipeline::PlannedBatch;
+using pipeline::PlannedBatches;
+using pipeline::planned_batches;
 
 // [accelerate:data_loader.py DataLoaderShard]
 //! Every process reads only its own batches (from the plan, or from its shard of the user's batch sampler),
 //! places them, and publishes `end_of_dataloader` and the padding layout to `GradientState`.
 template <class Dataset, class Collate, class Config>
-using ShardedLoader = PreparedLoader<ShardedEpoch<Dataset, Collate, Config>, LocalTransport>;
+using ShardedLoader =
+    PreparedLoader<pipeline::ShardedSource<Dataset, Collate, Config, pipeline::LocalTransport>, pipeline::LocalTransport>;
 
 // [accelerate:data_loader.py DataLoaderDispatcher]
 //! Rank 0 reads and collates every global batch; every rank receives only its own slice (a scatter: each
@@ -84,34 +57,39 @@ using ShardedLoader = PreparedLoader<ShardedEpoch<Dataset, Collate, Config>, Loc
 //! fixed (tensors, `torch::data::Example`, tuples, structs with `accel_fields`) unless a slice function is given;
 //! shapes and dtypes travel as typed metadata; slice sizes come from the plan, which every rank computes alone.
 template <class Dataset, class Collate, class Config, class Slice = NoSlice>
-using DispatchedLoader = PreparedLoader<PlannedEpoch<Dataset, Collate, Config>, DispatchTransport<Slice>>;
+using DispatchedLoader = PreparedLoader<pipeline::PlannedSource<Dataset, Collate, Config, pipeline::DispatchTransport<Slice>>,
+                                        pipeline::DispatchTransport<Slice>>;
 
 // [accelerate:data_loader.py DataLoaderShard over IterableDatasetShard]
-//! An iterable dataset, sharded (stream_source.hpp).
+//! An iterable dataset, sharded (pipeline/stream_source.hpp).
 template <class Dataset, class Collate, class Config>
-using StreamShardedLoader = PreparedLoader<StreamShardEpoch<Dataset, Collate, Config>, LocalTransport>;
+using StreamShardedLoader =
+    PreparedLoader<pipeline::StreamShardSource<Dataset, Collate, Config, pipeline::LocalTransport>, pipeline::LocalTransport>;
 
 // [accelerate:data_loader.py DataLoaderDispatcher over an iterable dataset]
-//! An iterable dataset, dispatched from rank 0 (stream_source.hpp).
+//! An iterable dataset, dispatched from rank 0 (pipeline/stream_source.hpp).
 template <class Dataset, class Collate, class Config, class Slice = NoSlice>
-using StreamDispatchedLoader = PreparedLoader<StreamDispatchEpoch<Dataset, Collate, Config>, DispatchTransport<Slice>>;
+using StreamDispatchedLoader =
+    PreparedLoader<pipeline::StreamDispatchSource<Dataset, Collate, Config, pipeline::DispatchTransport<Slice>>,
+                   pipeline::DispatchTransport<Slice>>;
 
-// [accelerate:data_loader.py prepare_data_loader]
-//! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
-//! DispatchedLoader; the stream variants for iterable datasets), statically typed. A shuffled loader's sampler is
-//! drawn as Accelerate draws it: a generator seeded from the global one and synchronised at every epoch, or the
-//! seedable sampler.
-template <class Config, class Dataset, class Collate, class Slice = NoSlice>
-auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx, Slice slice = {}) {
+namespace detail {
+// `prepare_data_loader`; `publish`: whether the loader registers with GradientState (prepared loaders do; the
+// user's own one-process loader does not).
+template <class Config, class Dataset, class Collate, class Slice>
+auto prepare(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx, Slice slice, bool publish) {
   static_assert(Config::dispatch || std::is_same_v<Slice, NoSlice>,
                 "accel: a slice function only applies to loading::dispatched (rank 0 cuts the global batch with it)");
-  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  // The loading policy picks the transport; from here on the transport alone says which ranks read.
+  using Transport = std::conditional_t<Config::dispatch, pipeline::DispatchTransport<Slice>, pipeline::LocalTransport>;
+  using Core = pipeline::detail::LoaderCore<Dataset, Collate, Config, Transport>;
   const auto& o = loader.options();
   auto core = std::make_shared<Core>();
   core->dataset = loader.dataset();
   core->collate = loader.collate();
   core->options = o;
   core->ctx = ctx;
+  core->publish = publish;
   if constexpr (IterableDataset<Dataset>) {
     accel::detail::require(!o.shuffle, "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
     accel::detail::require(!o.sampler && !o.batch_sampler, "accel: an iterable dataset has no indices to sample; drop sampler/batch_sampler");
@@ -122,27 +100,39 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
   if (o.batch_sampler) {
     accel::detail::require(!Config::split_batches, "accel: batches::split needs a fixed batch size; a batch sampler's batches "
                                                    "vary: use batches::per_process");
-    accel::detail::require(!Config::dispatch, "accel: a batch sampler with loading::dispatched is not available; use loading::sharded");
+    accel::detail::require(!Transport::single_reader,
+                           "accel: a batch sampler with loading::dispatched is not available; use loading::sharded");
   }
   // The one validation of the sharding rules, strict on every path (Accelerate's prepare_data_loader refuses
   // split_batches with a batch size that is not a round multiple of the processes, even where its classes would not).
   plan::validate(core->spec(ctx.process_index), plan::Loading::sharded, /*varying_ok=*/bool(o.batch_sampler));
   if constexpr (MapDataset<Dataset>) {
-    // Under dispatch only rank 0 samples: one process's view of the sampler (no synchronisation). A stream has no
+    // With one reader it alone samples: one process's view of the sampler (no synchronisation). A stream has no
     // indices to shuffle (refused above), nor, in general, a size.
     if (o.shuffle)
-      core->orders = std::make_shared<ShuffledOrders>(loader.dataset()->size(), Config::dispatch ? 1 : ctx.num_processes,
-                                                      o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed,
-                                                      RandomSamplerOptions{}, o.seed);
+      core->orders = std::make_shared<ShuffledOrders>(
+          loader.dataset()->size(), Transport::single_reader ? 1 : ctx.num_processes,
+          o.seedable ? Shuffle::seedable : Shuffle::synchronized, o.data_seed, RandomSamplerOptions{}, o.seed);
   }
-  if constexpr (IterableDataset<Dataset> && Config::dispatch)
-    return StreamDispatchedLoader<Dataset, Collate, Config, Slice>(core, DispatchTransport<Slice>{std::move(slice)});
+  if constexpr (IterableDataset<Dataset> && Transport::single_reader)
+    return StreamDispatchedLoader<Dataset, Collate, Config, Slice>(core, Transport{std::move(slice)});
   else if constexpr (IterableDataset<Dataset>)
     return StreamShardedLoader<Dataset, Collate, Config>(core);
-  else if constexpr (Config::dispatch)
-    return DispatchedLoader<Dataset, Collate, Config, Slice>(core, DispatchTransport<Slice>{std::move(slice)});
+  else if constexpr (Transport::single_reader)
+    return DispatchedLoader<Dataset, Collate, Config, Slice>(core, Transport{std::move(slice)});
   else
     return ShardedLoader<Dataset, Collate, Config>(core);
+}
+}  // namespace detail
+
+// [accelerate:data_loader.py prepare_data_loader]
+//! The prepared loader for `Config` (`loading::sharded` -> ShardedLoader, `loading::dispatched` ->
+//! DispatchedLoader; the stream variants for iterable datasets), statically typed. A shuffled loader's sampler is
+//! drawn as Accelerate draws it: a generator seeded from the global one and synchronised at every epoch, or the
+//! seedable sampler.
+template <class Config, class Dataset, class Collate, class Slice = NoSlice>
+auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const PrepareContext& ctx, Slice slice = {}) {
+  return detail::prepare<Config>(loader, ctx, std::move(slice), /*publish=*/true);
 }
 
 //! `prepare_data_loader` for this process (`ProcessState`, or anything with its accessors).
@@ -159,9 +149,7 @@ using UnpreparedConfig = Config<dist::none, place::none, rng::none>;
 template <LoaderDataset Dataset, class Collate>
 auto DataLoader<Dataset, Collate>::begin() const {
   // A fresh one-process loader per epoch, so every epoch draws anew (the iterator keeps it alive).
-  auto loader = prepare_data_loader<detail::UnpreparedConfig>(*this, PrepareContext{});
-  loader.core()->publish = false;
-  return loader.begin();
+  return detail::prepare<detail::UnpreparedConfig>(*this, PrepareContext{}, NoSlice{}, /*publish=*/false).begin();
 }
 
 }  // namespace accel::data

@@ -1,100 +1,48 @@
 #pragma once
 //! \file
-//! `PreparedLoader<Epoch, Transport>`: the one prepared loader. Every loading path is this template with a step
-//! source (`Epoch`: planned_source.hpp, batch_sampler_source.hpp, stream_source.hpp) and a transport
-//! (transport.hpp); `ShardedLoader`, `DispatchedLoader` and the stream variants are its names (prepare.hpp).
-//!
-//! One epoch is one cursor that runs, for every step:
-//!
-//!     step -> fetch      the source, on the loader's workers (`DataLoaderOptions::workers`), ahead of the loop,
-//!                        and the transport's packing (dispatched loading cuts rank 0's global batch there)
-//!          -> transport  on the loop's thread (dispatched loading's collectives keep their order)
-//!          -> place      the batch on the process's device (sharded loading places it on the worker)
-//!          -> publish    end_of_dataloader and every rank's rows to `GradientState`, while the loop holds it
+//! `PreparedLoader<Source, Transport>`: the one prepared loader, what `prepare_data_loader` returns. Every loading
+//! path is this template with a step source (`Source`: pipeline/planned_source.hpp, pipeline/sharded_source.hpp,
+//! pipeline/stream_source.hpp) and a transport (pipeline/transport.hpp); `ShardedLoader`, `DispatchedLoader` and the
+//! stream variants are its names (prepare.hpp). An epoch is one `pipeline::Cursor` (pipeline/cursor.hpp: step,
+//! fetch, transport, place, publish).
 //!
 //! A prepared loader is a cheap, copyable range handle over shared state (copies iterate the same loader),
-//! single-pass per epoch; `size()` is the number of batches really yielded.
+//! single-pass per epoch; `size()` is the number of batches really yielded. The shared state (the pipeline's
+//! `LoaderCore`) is not handed out: the handle's members are what a user reads and sets of it.
 
-#include <accel/data/loader_core.hpp>
 #include <accel/data/loader_state.hpp>
 #include <accel/data/pass_iterator.hpp>
-#include <accel/data/prefetcher.hpp>
-#include <accel/data/transport.hpp>
+#include <accel/pipeline/cursor.hpp>
+#include <accel/pipeline/loader_core.hpp>
+#include <accel/pipeline/transport.hpp>
 #include <accel/plan/plan.hpp>
-#include <accel/state/gradient_state.hpp>
+
+#include <range/v3/range/concepts.hpp>
 
 #include <cstdint>
 #include <iterator>
 #include <memory>
-#include <optional>
 #include <ranges>
 #include <string>
+#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace accel::data {
 
-template <class Epoch, class Transport>
-class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, Transport>> {
+template <class Source, class Transport>
+class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source, Transport>> {
  public:
-  using Core = typename Epoch::Core;
+  using Core = typename Source::Core;
   using Batch = typename Core::Batch;
+  static_assert(std::is_same_v<typename Core::transport, Transport>,
+                "accel: PreparedLoader: the step source was made for another transport than the loader's (a source names "
+                "its transport: PlannedSource<Dataset, Collate, Config, Transport>)");
+  static_assert(Core::config::dispatch == Transport::single_reader,
+                "accel: PreparedLoader: the configuration's loading policy and the transport disagree: loading::dispatched "
+                "reads on rank 0 alone (DispatchTransport), loading::sharded on every rank (LocalTransport)");
 
  private:
-  //! One epoch in progress: the source's epoch, its workers, the batch the loop holds and its publication.
-  struct Cursor {
-    Cursor(const std::shared_ptr<Core>& c, std::shared_ptr<const Transport> t)
-        : core(c), transport(std::move(t)), registration(core->publish ? &GradientState::instance() : nullptr), epoch(core) {
-      prefetcher.emplace(epoch.count(), core->options.workers, core->options.prefetch,
-                         [this](std::int64_t q) {
-                           auto f = epoch.produce(q);
-                           if (f) transport->pack(*core, *f);  // on the worker, ahead of the loop
-                           return f;
-                         });
-      if constexpr (requires { epoch.steps(); })  // this rank runs out first: Note [Joined steps]
-        if (missing() > 0) {
-          std::vector<GradientState::LoaderView> views;
-          for (std::int64_t q = epoch.count(); q < epoch.steps(); ++q) views.push_back(epoch.view(q));
-          registration.record_steps(std::move(views));
-        }
-    }
-    ~Cursor() { prefetcher.reset(); }  // joins the workers before the epoch they read goes
-    void finish() { core->end_epoch(); }
-    bool advance() {
-      registration.at_step_boundary();  // the step with the held batch is over (Options::preemption acts here)
-      auto fetched = prefetcher->next();
-      if (!fetched) {
-        join();
-        return false;
-      }
-      auto batch = transport->deliver(*core, *fetched);
-      if (!batch) return false;
-      current.emplace(std::move(*batch));
-      core->placement().hand_over(*current);
-      registration.update(std::move(fetched->view));
-      ++core->handed;
-      return true;
-    }
-    // Steps the longest rank runs beyond this one's batches (uneven tails).
-    [[nodiscard]] std::int64_t missing() const {
-      if constexpr (requires { epoch.steps(); }) return core->publish ? epoch.steps() - epoch.count() : 0;
-      else return 0;
-    }
-    // This rank's batches are over: take part in the steps the others still run (Note [Joined steps] in
-    // gradient_state.hpp), with nothing of its own.
-    void join() {
-      if (missing() <= 0 || joined) return;
-      joined = true;
-      registration.join();  // false: this rank had no batch, and so no step to repeat (a starved rank)
-    }
-    std::shared_ptr<Core> core;
-    std::shared_ptr<const Transport> transport;
-    GradientState::Registration registration;
-    Epoch epoch;
-    std::optional<detail::Prefetcher<detail::Fetched<typename Epoch::Payload>>> prefetcher;
-    std::optional<Batch> current;
-    bool joined = false;
-  };
+  using Cursor = pipeline::Cursor<Source, Transport>;
 
  public:
   using iterator = detail::PassIterator<Cursor, Batch>;
@@ -109,9 +57,9 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
   //! Batches (steps, when dispatched) this process yields in its next epoch: the number really yielded (Q4, Q5
   //! fixed). For a stream only when its length is known.
   [[nodiscard]] std::size_t size() const
-    requires requires(Core& k) { Epoch::size(k); }
+    requires requires(Core& k) { Source::size(k); }
   {
-    return Epoch::size(*core_);
+    return Source::size(*core_);
   }
   [[nodiscard]] std::int64_t total_dataset_length() const
     requires MapDataset<typename Core::dataset_type>
@@ -157,9 +105,6 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
   [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
     return {core_->bytes_received, core_->bytes_broadcast_equivalent};
   }
-  //! The shared state (for the library's own wiring: the user's one-process `DataLoader` publishes nothing).
-  [[nodiscard]] const std::shared_ptr<Core>& core() const noexcept { return core_; }
-
  private:
   std::shared_ptr<Core> core_;
   std::shared_ptr<const Transport> transport_;
@@ -167,5 +112,5 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Epoch, 
 
 }  // namespace accel::data
 
-template <class E, class T>
-inline constexpr bool ranges::enable_view<accel::data::PreparedLoader<E, T>> = true;
+template <class S, class T>
+inline constexpr bool ranges::enable_view<accel::data::PreparedLoader<S, T>> = true;

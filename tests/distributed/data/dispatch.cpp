@@ -1,4 +1,4 @@
-// Dispatched loading (data/transport.hpp, loading::dispatched) on real processes.
+// Dispatched loading (pipeline/transport.hpp, loading::dispatched) on real processes.
 #include "../harness.hpp"
 
 #include <accel/accelerator.hpp>

@@ -1,4 +1,4 @@
-// Streams of unknown length on real processes (data/stream_source.hpp): a range with no size(), a file reader and
+// Streams of unknown length on real processes (pipeline/stream_source.hpp): a range with no size(), a file reader and
 // an endless generator, on every cell of the policy matrix (sharded and dispatched), with 0, 1 and 2 workers: the
 // batches and end_of_dataloader flags of a sized stream of the same samples (checked against Accelerate's vectors by
 // golden-stream), the loop cut mid-stream, and resumed from a loader's state at every cut.

@@ -15,7 +15,7 @@ TEST_CASE("the closed-form shard plan equals Accelerate's streaming algorithm", 
     ShardSpec s = random_spec(rng, /*small=*/true);
     const std::int64_t n = std::int64_t(rng() % 60);
     Batches base;
-    for (const auto& b : data::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n), data::IndexOrder::sequential(n))) {
+    for (const auto& b : accel::pipeline::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n), data::IndexOrder::sequential(n))) {
       std::vector<std::int64_t> v;
       b.indices_into(v);
       base.push_back(v);

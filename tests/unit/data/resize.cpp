@@ -263,8 +263,8 @@ TEST_CASE("a user's batch sampler resumes at another number of processes, whole 
           std::vector<data::ShardBatch> all;
           for (const auto& b : data::BatchSamplerShard(batches, spec)) all.push_back(b);
           for (std::size_t k = 1; k <= all.size(); ++k) {
-            using Epoch = data::BatchSamplerEpoch<Indices, data::DefaultCollate, Even>;
-            const auto from = Epoch::shard_from(batches, spec, std::min<std::int64_t>(std::int64_t(k) * N, std::int64_t(batches.size())));
+            using Source = accel::pipeline::BatchSamplerSource<Indices, data::DefaultCollate, Even, accel::pipeline::LocalTransport>;
+            const auto from = Source::shard_from(batches, spec, std::min<std::int64_t>(std::int64_t(k) * N, std::int64_t(batches.size())));
             INFO("N " << N << " r " << r << " even " << even << " drop_last " << drop_last << " k " << k);
             const bool same = from == std::vector<data::ShardBatch>(all.begin() + std::ptrdiff_t(k), all.end());
             REQUIRE(same);

@@ -1,4 +1,4 @@
-// Streams of unknown length (data/dataset.hpp `IterableDataset`, data/stream_source.hpp) in one process, ranks
+// Streams of unknown length (data/dataset.hpp `IterableDataset`, pipeline/stream_source.hpp) in one process, ranks
 // simulated: a range with no size(), a file reader and an endless generator load exactly as a sized stream of the
 // same samples does, on every sharded cell of the policy matrix and dispatched, with 0, 1 and 2 workers; cut by
 // the loop; resumed at every cut; and their prepared loaders have no size() (the multi-process runs are

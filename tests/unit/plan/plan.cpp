@@ -3,8 +3,8 @@
 #include "../support.hpp"
 
 #include <accel/data/batch_sampler_shard.hpp>
+#include <accel/pipeline/plan_view.hpp>
 #include <accel/plan/plan.hpp>
-#include <accel/data/plan_view.hpp>
 #include <catch2/catch.hpp>
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
@@ -175,13 +175,13 @@ TEST_CASE("bad parameters are clear errors", "[plan][errors]") {
   CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 0}, 10), Contains("batch_size must be at least 1 (got 0)"));
   CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, -1), Contains("dataset length is negative"));
   CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, 10).skip(-1), Contains("cannot skip a negative number of batches (-1)"));
-  CHECK_THROWS_WITH(data::planned_batches(accel::plan::batch_plan(2, false, 10), data::IndexOrder::sequential(5)),
+  CHECK_THROWS_WITH(accel::pipeline::planned_batches(accel::plan::batch_plan(2, false, 10), data::IndexOrder::sequential(5)),
                     Contains("the plan covers 10 samples but the order has only 5"));
   CHECK_THROWS_AS(accel::plan::shard_plan({.batch_size = 3, .num_processes = 0}, 10), accel::InvalidArgument);
 }
 
 TEST_CASE("planned batches compose with std::views and range-v3", "[plan][ranges]") {
-  const auto view = data::planned_batches(
+  const auto view = accel::pipeline::planned_batches(
       accel::plan::shard_plan({.batch_size = 3, .num_processes = 3, .process_index = 0}, 10), data::IndexOrder::sequential(10));
   STATIC_REQUIRE(std::ranges::random_access_range<decltype(view)>);
   CHECK(view.size() == 2);
@@ -189,7 +189,7 @@ TEST_CASE("planned batches compose with std::views and range-v3", "[plan][ranges
   for (const auto& b : view | std::views::take(5)) reals.push_back(b.real());
   CHECK(reals == std::vector<std::int64_t>{3, 1});
   std::vector<std::pair<std::size_t, std::int64_t>> firsts;
-  for (auto [i, first] : view | ranges::views::take(5) | ranges::views::transform([](const data::PlannedBatch& b) { return b[0]; }) |
+  for (auto [i, first] : view | ranges::views::take(5) | ranges::views::transform([](const accel::pipeline::PlannedBatch& b) { return b[0]; }) |
                              ranges::views::enumerate)
     firsts.emplace_back(i, first);
   CHECK(firsts == std::vector<std::pair<std::size_t, std::int64_t>>{{0, 0}, {1, 9}});

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-namespace accel::data::detail {
+namespace accel::pipeline::detail {
 
 inline constexpr std::int64_t unknown_count = std::numeric_limits<std::int64_t>::max();
 
@@ -135,4 +135,4 @@ class InOrder {
   std::int64_t turn_ = 0;
 };
 
-}  // namespace accel::data::detail
+}  // namespace accel::pipeline::detail

@@ -10,7 +10,7 @@
 
 #include <c10/core/Device.h>
 
-namespace accel::data {
+namespace accel::pipeline {
 
 template <class Place>
 struct Placement {
@@ -50,7 +50,7 @@ struct Placement<place::device> {
   bool pin_memory = false;
 };
 
-}  // namespace accel::data
+}  // namespace accel::pipeline
 
 #if ACCEL_WITH_CUDA
 #include <accel/cuda/placement.hpp>

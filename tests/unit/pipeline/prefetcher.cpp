@@ -1,4 +1,4 @@
-// Loader workers (data/prefetcher.hpp) through a prepared loader: order, error forwarding, clean stop.
+// Loader workers (pipeline/prefetcher.hpp) through a prepared loader: order, error forwarding, clean stop.
 #include "../support.hpp"
 
 #include <accel/data/loader.hpp>

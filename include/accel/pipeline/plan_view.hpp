@@ -27,13 +27,13 @@
 #include <iterator>
 #include <ranges>
 
-namespace accel::data {
+namespace accel::pipeline {
 
 //! One planned batch: which dataset indices, how many are real, whether it ends the epoch.
 class PlannedBatch {
  public:
   PlannedBatch() = default;
-  PlannedBatch(const plan::BatchPlan* p, const IndexOrder* o, const std::int64_t* drawn, std::int64_t j)
+  PlannedBatch(const plan::BatchPlan* p, const data::IndexOrder* o, const std::int64_t* drawn, std::int64_t j)
       : plan_(p), order_(o), drawn_(drawn), j_(j), span_(p->span(j)) {}
 
   //! Position of this batch in the process's epoch (0-based, counting skipped batches out).
@@ -73,7 +73,7 @@ class PlannedBatch {
 
  private:
   const plan::BatchPlan* plan_ = nullptr;
-  const IndexOrder* order_ = nullptr;
+  const data::IndexOrder* order_ = nullptr;
   const std::int64_t* drawn_ = nullptr;  // order_->data(), cached by the view
   std::int64_t j_ = 0;
   plan::Span span_{};
@@ -113,7 +113,7 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
   };
 
   PlannedBatches() = default;
-  PlannedBatches(plan::BatchPlan p, IndexOrder o) : plan_(p), order_(std::move(o)), drawn_(order_.data()) {
+  PlannedBatches(plan::BatchPlan p, data::IndexOrder o) : plan_(p), order_(std::move(o)), drawn_(order_.data()) {
     if (p.samples() > order_.size()) mismatch(p.samples(), order_.size());  // by value: `this` must not escape
   }
   // The iterators point into this object: copies must not share them.
@@ -129,7 +129,7 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
   [[nodiscard]] iterator end() const { return {this, plan_.size()}; }
   [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(plan_.size()); }
   [[nodiscard]] const plan::BatchPlan& plan() const noexcept { return plan_; }
-  [[nodiscard]] const IndexOrder& order() const noexcept { return order_; }
+  [[nodiscard]] const data::IndexOrder& order() const noexcept { return order_; }
 
  private:
   [[noreturn, gnu::cold, gnu::noinline]] static void mismatch(std::int64_t planned, std::int64_t ordered) {
@@ -138,17 +138,17 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
   }
 
   plan::BatchPlan plan_;
-  IndexOrder order_;
+  data::IndexOrder order_;
   const std::int64_t* drawn_ = nullptr;
 };
 
 //! `plan` applied to `order` (the epoch's sampling order).
-inline PlannedBatches planned_batches(plan::BatchPlan plan, IndexOrder order) { return {plan, std::move(order)}; }
+inline PlannedBatches planned_batches(plan::BatchPlan plan, data::IndexOrder order) { return {plan, std::move(order)}; }
 
 static_assert(std::ranges::random_access_range<PlannedBatches> && std::ranges::sized_range<PlannedBatches>);
 static_assert(std::ranges::view<PlannedBatches>);
 
-}  // namespace accel::data
+}  // namespace accel::pipeline
 
 template <>
-inline constexpr bool ranges::enable_view<accel::data::PlannedBatches> = true;
+inline constexpr bool ranges::enable_view<accel::pipeline::PlannedBatches> = true;

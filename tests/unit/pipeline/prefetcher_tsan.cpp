@@ -1,6 +1,6 @@
 // The loader's worker machinery under ThreadSanitizer (built with -fsanitize=thread; it needs no LibTorch, whose
 // libraries are not instrumented): ordered results, bounded look-ahead, errors forwarded, abandonment joins.
-#include <accel/data/prefetcher.hpp>
+#include <accel/pipeline/prefetcher.hpp>
 
 #include <atomic>
 #include <optional>
@@ -19,7 +19,7 @@ int main() {
     for (int depth : {1, 3}) {
       std::atomic<std::int64_t> most_ahead{0}, consumed{0};
       {
-        accel::data::detail::Prefetcher<std::int64_t> p(200, workers, depth, [&](std::int64_t j) {
+        accel::pipeline::detail::Prefetcher<std::int64_t> p(200, workers, depth, [&](std::int64_t j) {
           most_ahead = std::max<std::int64_t>(most_ahead, j - consumed);
           return j * j;
         });
@@ -32,7 +32,7 @@ int main() {
         check(most_ahead <= std::int64_t(depth) * workers + 1, "look-ahead stays bounded");
       }
       {
-        accel::data::detail::Prefetcher<int> p(50, workers, depth, [](std::int64_t j) -> int {
+        accel::pipeline::detail::Prefetcher<int> p(50, workers, depth, [](std::int64_t j) -> int {
           if (j == 7) throw std::runtime_error("batch 7 is broken");
           return int(j);
         });
@@ -45,9 +45,9 @@ int main() {
         check(message == "batch 7 is broken", "an error reaches the consumer with its message");
       }
       {  // a stream: unknown length, read in order (InOrder) while the rest of each item runs in parallel
-        accel::data::detail::InOrder order;
+        accel::pipeline::detail::InOrder order;
         std::int64_t cursor = 0;  // the stream's position: only touched in item order
-        accel::data::detail::Prefetcher<std::int64_t> p(accel::data::detail::unknown_count, workers, depth,
+        accel::pipeline::detail::Prefetcher<std::int64_t> p(accel::pipeline::detail::unknown_count, workers, depth,
                                                         [&](std::int64_t j) -> std::optional<std::int64_t> {
           const auto read = order.run(j, [&]() -> std::optional<std::int64_t> {
             if (cursor == 100) return std::nullopt;
@@ -63,7 +63,7 @@ int main() {
         check(!p.next(), "nothing after the end of a stream");
       }
       {  // abandoned after 3 batches with work in flight: the destructor joins
-        accel::data::detail::Prefetcher<int> p(1000, workers, depth, [](std::int64_t j) {
+        accel::pipeline::detail::Prefetcher<int> p(1000, workers, depth, [](std::int64_t j) {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
           return int(j);
         });

@@ -2,14 +2,15 @@
 //! \file
 //! The stream step sources: an iterable dataset (any input range of samples), read in order.
 //!
-//! * `StreamShardEpoch` (sharded loading): every process reads the stream and keeps its part of each chunk
-//!   (`IterableShard`: `batch_size` samples of every `batch_size * N`, or `batch_size / N` of every `batch_size`
-//!   under `batches::split`), the last chunk completed from the first unless `drop_last`. One process batches the
-//!   stream as it comes (a short last batch). Every rank's real rows follow from the chunk.
-//! * `StreamDispatchEpoch` (dispatched loading): rank 0 alone reads the stream, in batches of `batch_size` (the
-//!   user's `drop_last` applies to them); a step is N of them (one under `batches::split`). The last step is re-cut
-//!   by `plan::dispatch_cut`, the dispatcher's rule shared with map-style loading. The other ranks learn each step
-//!   (and the end) from rank 0's description.
+//! * `StreamShardSource` (sharded loading: a transport where every rank reads): every process reads the stream and
+//!   keeps its part of each chunk (`IterableShard`: `batch_size` samples of every `batch_size * N`, or
+//!   `batch_size / N` of every `batch_size` under `batches::split`), the last chunk completed from the first unless
+//!   `drop_last`. One process batches the stream as it comes (a short last batch). Every rank's real rows follow
+//!   from the chunk.
+//! * `StreamDispatchSource` (dispatched loading: a transport with one reader, rank 0): the reader alone reads the
+//!   stream, in batches of `batch_size` (the user's `drop_last` applies to them); a step is N of them (one under
+//!   `batches::split`). The last step is re-cut by `plan::dispatch_cut`, the dispatcher's rule shared with map-style
+//!   loading. The other ranks learn each step (and the end) from the reader's description.
 //!
 //! Both read one batch (one step) ahead, so that a step knows whether it is the last (`end_of_dataloader`). The
 //! reading runs in step order (`InOrder`), the collating on the loader's workers. Resuming re-reads the stream and
@@ -17,9 +18,9 @@
 //! `skip_first_batches`; the padding still repeats the stream's first items.
 
 #include <accel/data/iterable_shard.hpp>
-#include <accel/data/loader_core.hpp>
-#include <accel/data/prefetcher.hpp>
-#include <accel/data/transport.hpp>
+#include <accel/pipeline/loader_core.hpp>
+#include <accel/pipeline/prefetcher.hpp>
+#include <accel/pipeline/transport.hpp>
 #include <accel/plan/plan.hpp>
 
 #include <algorithm>
@@ -30,16 +31,19 @@
 #include <utility>
 #include <vector>
 
-namespace accel::data {
+namespace accel::pipeline {
 
-template <class Dataset, class Collate, class Config>
-class StreamShardEpoch {
+template <class Dataset, class Collate, class Config, class Transport>
+class StreamShardSource {
  public:
-  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Core = detail::LoaderCore<Dataset, Collate, Config, Transport>;
   using Batch = typename Core::Batch;
-  using Payload = Batch;
+  using Payload = typename Transport::template payload_type<Batch>;
+  static_assert(EveryRankReads<Transport, Batch>,
+                "accel: StreamShardSource has every rank read the stream and keep its part: it needs a transport where "
+                "every rank reads (LocalTransport, loading::sharded)");
 
-  explicit StreamShardEpoch(const std::shared_ptr<Core>& c)
+  explicit StreamShardSource(const std::shared_ptr<Core>& c)
       : core_(c), shard_(Source(*core_->dataset), core_->spec(core_->ctx.process_index), core_->start) {
     auto& k = *core_;
     // Only one pass over the source is started: single-pass streams are read once.
@@ -113,25 +117,28 @@ class StreamShardEpoch {
   }
 
   std::shared_ptr<Core> core_;
-  IterableShard<Source> shard_;
-  std::optional<std::ranges::iterator_t<IterableShard<Source>>> it_;
+  data::IterableShard<Source> shard_;
+  std::optional<std::ranges::iterator_t<data::IterableShard<Source>>> it_;
   std::optional<std::ranges::iterator_t<const Dataset>> plain_;
   std::optional<Raw> ahead_;
   std::int64_t first_ = 0;  // batches skipped
   detail::InOrder order_;
 };
 
-template <class Dataset, class Collate, class Config>
-class StreamDispatchEpoch {
+template <class Dataset, class Collate, class Config, class Transport>
+class StreamDispatchSource {
  public:
-  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Core = detail::LoaderCore<Dataset, Collate, Config, Transport>;
   using Batch = typename Core::Batch;
-  using Payload = detail::DispatchPayload<Batch>;
+  using Payload = typename Transport::template payload_type<Batch>;
+  static_assert(OneRankReads<Transport, Batch>,
+                "accel: StreamDispatchSource reads the stream on one rank and describes every step to the others: it "
+                "needs a transport with one reader (DispatchTransport, loading::dispatched)");
 
-  explicit StreamDispatchEpoch(const std::shared_ptr<Core>& c) : core_(c) {
+  explicit StreamDispatchSource(const std::shared_ptr<Core>& c) : core_(c) {
     auto& k = *core_;
     k.begin_epoch();
-    if (k.ctx.process_index == 0) {
+    if (Transport::reads_on(k.ctx.process_index)) {
       reader_.emplace(std::ranges::begin(*k.dataset));
       const auto stop = std::ranges::end(*k.dataset);
       for (std::int64_t s = k.start; s > 0 && *reader_ != stop; --s, ++*reader_) keep_first(**reader_);
@@ -141,26 +148,26 @@ class StreamDispatchEpoch {
     first_ = k.skip;
     k.run_epoch(first_, count());
   }
-  //! Rank 0 says when the stream ends; until then every rank has a step to take part in.
+  //! The reader says when the stream ends; until then every rank has a step to take part in.
   [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
   [[nodiscard]] static std::size_t size(Core& k)
     requires std::ranges::sized_range<const Dataset>
   {
-    return std::size_t(k.plan_of(0).skip(k.skip).size());
+    return std::size_t(k.plan_of(Transport::reader_of(k.ctx.process_index)).skip(k.skip).size());
   }
 
   std::optional<detail::Fetched<Payload>> produce(std::int64_t q) {
     detail::Fetched<Payload> f;
     const auto& k = *core_;
     const int N = k.ctx.num_processes;
-    if (k.ctx.process_index != 0) return f;
+    if (!Transport::reads_on(k.ctx.process_index)) return f;
     auto raw = order_.run(q, [&]() -> std::optional<std::pair<std::vector<Sample>, bool>> {
       if (!ahead_) return std::nullopt;
       std::vector<Sample> now = std::move(*ahead_);
       ahead_ = read_step();
       return std::pair{std::move(now), !ahead_.has_value()};
     });
-    if (!raw) return f;  // no step: rank 0 tells the others so
+    if (!raw) return f;  // no step: the reader tells the others so
     auto& [samples, last] = *raw;
     auto& step = f.payload.step;
     const auto cut = plan::dispatch_cut(std::int64_t(samples.size()), N, last, k.options.drop_last, std::int64_t(first_samples_.size()));
@@ -170,7 +177,8 @@ class StreamDispatchEpoch {
     step.cut(cut, N);
     try {
       f.payload.global.emplace(
-          detail::at_site({"collating step", first_ + q, k.epoch, 0, std::nullopt, true}, [&] { return k.collate(samples); }));
+          detail::at_site({"collating step", first_ + q, k.epoch, k.ctx.process_index, std::nullopt, true},
+                          [&] { return k.collate(samples); }));
     } catch (const std::exception& e) {
       step.error = e.what();  // sent to every rank so that all of them stop with it
     }
@@ -179,7 +187,7 @@ class StreamDispatchEpoch {
 
  private:
   using Sample = std::ranges::range_value_t<const Dataset>;
-  // Rank 0: the samples of the next step, or nothing at the end of the stream.
+  // The reader: the samples of the next step, or nothing at the end of the stream.
   std::optional<std::vector<Sample>> read_step() {
     const auto& k = *core_;
     const std::int64_t B = k.options.batch_size;
@@ -205,11 +213,11 @@ class StreamDispatchEpoch {
   }
 
   std::shared_ptr<Core> core_;
-  std::optional<std::ranges::iterator_t<const Dataset>> reader_;  // rank 0 only
+  std::optional<std::ranges::iterator_t<const Dataset>> reader_;  // the reader only
   std::optional<std::vector<Sample>> ahead_;
   std::vector<Sample> first_samples_;
   std::int64_t first_ = 0;  // steps skipped
   detail::InOrder order_;
 };
 
-}  // namespace accel::data
+}  // namespace accel::pipeline

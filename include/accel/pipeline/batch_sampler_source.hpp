@@ -1,13 +1,14 @@
 #pragma once
 //! \file
-//! The batch-sampler step source: the epoch of a user's batch sampler (batches of any sizes), sharded as
-//! Accelerate's `BatchSamplerShard` (batch_sampler_shard.hpp). The sampler is asked once per epoch; every rank
-//! shards its batches for every rank, so the last step and every rank's padding rows are known up front. An epoch
-//! resumed at another number of processes shards the batches the saving job had not reached (`shard_from`).
+//! `BatchSamplerSource`, the batch-sampler step source: the epoch of a user's batch sampler (batches of any
+//! sizes), sharded as Accelerate's `BatchSamplerShard` (data/batch_sampler_shard.hpp). The sampler is asked once
+//! per epoch; every rank shards its batches for every rank, so the last step and every rank's padding rows are
+//! known up front. An epoch resumed at another number of processes shards the batches the saving job had not
+//! reached (`shard_from`).
 
 #include <accel/data/batch_sampler_shard.hpp>
-#include <accel/data/loader_core.hpp>
-#include <accel/data/transport.hpp>
+#include <accel/pipeline/loader_core.hpp>
+#include <accel/pipeline/transport.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,16 +16,19 @@
 #include <optional>
 #include <vector>
 
-namespace accel::data {
+namespace accel::pipeline {
 
-template <class Dataset, class Collate, class Config>
-class BatchSamplerEpoch {
+template <class Dataset, class Collate, class Config, class Transport>
+class BatchSamplerSource {
  public:
-  using Core = detail::LoaderCore<Dataset, Collate, Config>;
+  using Core = detail::LoaderCore<Dataset, Collate, Config, Transport>;
   using Batch = typename Core::Batch;
-  using Payload = Batch;
+  using Payload = typename Transport::template payload_type<Batch>;
+  static_assert(EveryRankReads<Transport, Batch>,
+                "accel: BatchSamplerSource shards a user's batch sampler on every rank, each fetching its own batches: "
+                "it needs a transport where every rank reads (LocalTransport, loading::sharded)");
 
-  explicit BatchSamplerEpoch(const std::shared_ptr<Core>& c) : core_(c) {
+  explicit BatchSamplerSource(const std::shared_ptr<Core>& c) : core_(c) {
     auto& k = *core_;
     (void)k.begin_epoch();  // RNG synchronisation, like every epoch
     const auto batches = k.sampler_batches();
@@ -73,11 +77,11 @@ class BatchSamplerEpoch {
   }
 
  private:
-  static std::vector<ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
+  static std::vector<data::ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
                                        std::int64_t start) {
     if (start > 0) return shard_from(batches, spec, start);
-    std::vector<ShardBatch> out;
-    for (const auto& b : BatchSamplerShard(batches, spec)) out.push_back(b);
+    std::vector<data::ShardBatch> out;
+    for (const auto& b : data::BatchSamplerShard(batches, spec)) out.push_back(b);
     return out;
   }
 
@@ -87,13 +91,13 @@ class BatchSamplerEpoch {
   //! whole rounds only under `drop_last`; an incomplete last round is evened out (`even_batches`) with the epoch's
   //! first round, batch after batch, as `BatchSamplerShard` pads (and as after `skip_first_batches`). With
   //! `start = k * N` these are the shard's batches without its first `k`.
-  static std::vector<ShardBatch> shard_from(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
+  static std::vector<data::ShardBatch> shard_from(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
                                             std::int64_t start) {
     const auto L = std::int64_t(batches.size()), N = std::int64_t(spec.num_processes), r = std::int64_t(spec.process_index);
     accel::detail::require(start >= 0 && start <= L, "accel: an epoch of " + std::to_string(L) + " sampler batches cannot start at batch " +
                                                          std::to_string(start) + "; the start must be in [0, " + std::to_string(L) + "]");
     const std::int64_t rest = L - start, rounds = spec.drop_last ? rest / N : (rest + N - 1) / N;
-    std::vector<ShardBatch> out;
+    std::vector<data::ShardBatch> out;
     for (std::int64_t j = 0; j < rounds; ++j) {
       const std::int64_t b = start + j * N + r;
       if (b < L) out.push_back({batches[std::size_t(b)], std::int64_t(batches[std::size_t(b)].size())});
@@ -108,10 +112,10 @@ class BatchSamplerEpoch {
  private:
 
   std::shared_ptr<Core> core_;
-  std::vector<std::vector<ShardBatch>> shards_;  // every rank's batches of the epoch
+  std::vector<std::vector<data::ShardBatch>> shards_;  // every rank's batches of the epoch
   std::int64_t first_ = 0;                        // batches skipped
   std::int64_t steps_ = 0;                        // the longest rank's steps
   int starved_ = -1;                              // a rank without any batch while others have some
 };
 
-}  // namespace accel::data
+}  // namespace accel::pipeline

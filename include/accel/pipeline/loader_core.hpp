@@ -2,18 +2,19 @@
 //! \file
 //! `LoaderCore`: the state a prepared loader shares between its copies and iterators, and its epoch state machine
 //! (which epoch runs next, what to skip, the generator to restore on resume, the RNG synchronisation and the draw
-//! of the epoch's order, where the running epoch stands for `state_dict()`). Also where a loader runs
-//! (`PrepareContext`) and how a batch is fetched from a map-style dataset.
+//! of the epoch's order, where the running epoch stands for `state_dict()`). Also how a batch is fetched from a
+//! map-style dataset. What depends on the loading path (which ranks read, and so which plan a rank follows, who
+//! samples, whether the RNGs are synchronised) it asks of its transport (transport.hpp), never of the configuration.
 
-#include <accel/comm/communicator.hpp>
 #include <accel/comm/rng.hpp>
 #include <accel/core/generator_state.hpp>
 #include <accel/data/dataset.hpp>
-#include <accel/data/options.hpp>
-#include <accel/data/prefetcher.hpp>
 #include <accel/data/loader_state.hpp>
-#include <accel/data/placement.hpp>
+#include <accel/data/options.hpp>
+#include <accel/data/prepare_context.hpp>
 #include <accel/data/sampler.hpp>
+#include <accel/pipeline/placement.hpp>
+#include <accel/pipeline/prefetcher.hpp>
 #include <accel/plan/plan.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -27,22 +28,7 @@
 #include <string>
 #include <vector>
 
-namespace accel::data {
-
-//! Where a prepared loader runs: its rank among `num_processes`, the communicator (nullptr: one process, or
-//! ranks simulated in one process as Accelerate's `prepare_data_loader(num_processes=, process_index=)`), and
-//! the device batches go to.
-struct PrepareContext {
-  int num_processes = 1;
-  int process_index = 0;
-  comm::Communicator* comm = nullptr;
-  c10::Device device = c10::Device(c10::kCPU);
-  //! The context of a process state (`ProcessState`, or anything with its four accessors).
-  template <class State>
-  static PrepareContext of(const State& s) {
-    return {s.num_processes(), s.process_index(), s.comm(), s.device()};
-  }
-};
+namespace accel::pipeline {
 
 namespace detail {
 
@@ -50,10 +36,10 @@ namespace detail {
 //! collate function.
 template <class Dataset, class Collate>
 auto fetch(const Dataset& ds, const Collate& collate, std::span<const std::int64_t> indices) {
-  if constexpr (BatchedDataset<Dataset>) {
+  if constexpr (data::BatchedDataset<Dataset>) {
     return ds.get_batch(indices);
   } else {
-    std::vector<sample_t<Dataset>> samples;
+    std::vector<data::sample_t<Dataset>> samples;
     samples.reserve(indices.size());
     for (auto i : indices) samples.push_back(ds.get(i));
     return collate(samples);
@@ -102,7 +88,7 @@ template <class Dataset, class Collate>
 struct batch_of {
   using type = decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
 };
-template <IterableDataset Dataset, class Collate>
+template <data::IterableDataset Dataset, class Collate>
 struct batch_of<Dataset, Collate> {
   using type = std::remove_cvref_t<decltype(std::declval<const Collate&>()(
       std::declval<const std::vector<std::ranges::range_value_t<const Dataset>>&>()))>;
@@ -111,16 +97,19 @@ template <class Dataset, class Collate>
 using batch_t = typename batch_of<Dataset, Collate>::type;
 
 //! The state a prepared loader shares between its copies and iterators.
-template <class Dataset, class Collate, class Config>
+//! `Transport` (transport.hpp) says which rank reads for which: the core's plans, sampling and RNG synchronisation
+//! follow it.
+template <class Dataset, class Collate, class Config, class Transport>
 struct LoaderCore {
   using Batch = batch_t<Dataset, Collate>;
   using dataset_type = Dataset;
   using config = Config;
+  using transport = Transport;
   std::shared_ptr<const Dataset> dataset;
   Collate collate;
-  DataLoaderOptions options;
-  PrepareContext ctx;
-  std::shared_ptr<ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
+  data::DataLoaderOptions options;
+  data::PrepareContext ctx;
+  std::shared_ptr<data::ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
   std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
   std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
   std::int64_t start = 0;                // position of the epoch's order the next (or running) epoch starts at (a resume)
@@ -149,27 +138,29 @@ struct LoaderCore {
 
   //! Rank `rank`'s closed-form plan of an epoch of the current length, from `start` on (empty for an unsized stream).
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
-    if constexpr (MapDataset<Dataset>)
+    if constexpr (data::MapDataset<Dataset>)
       return plan::loader_plan(spec(rank), order_length >= 0 ? order_length : dataset->size(),
-                               Config::dispatch ? plan::Loading::dispatched : plan::Loading::sharded, start);
+                               Transport::single_reader ? plan::Loading::dispatched : plan::Loading::sharded, start);
     else if constexpr (std::ranges::sized_range<const Dataset>)
       return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
-                               Config::dispatch ? plan::Loading::dispatched
+                               Transport::single_reader ? plan::Loading::dispatched
                                : ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable, start);
     else
       return {};
   }
 
   //! The loading path, for the state's description.
-  [[nodiscard]] LoaderKind kind() const {
-    if constexpr (MapDataset<Dataset>)
-      return options.batch_sampler ? LoaderKind::batch_sampler : Config::dispatch ? LoaderKind::dispatched : LoaderKind::sharded;
+  [[nodiscard]] data::LoaderKind kind() const {
+    if constexpr (data::MapDataset<Dataset>)
+      return options.batch_sampler     ? data::LoaderKind::batch_sampler
+             : Transport::single_reader ? data::LoaderKind::dispatched
+                                        : data::LoaderKind::sharded;
     else
-      return Config::dispatch ? LoaderKind::stream_dispatched : LoaderKind::stream_sharded;
+      return Transport::single_reader ? data::LoaderKind::stream_dispatched : data::LoaderKind::stream_sharded;
   }
   //! The dataset's length (-1: a stream of unknown length).
   [[nodiscard]] std::int64_t dataset_length() const {
-    if constexpr (MapDataset<Dataset>) return dataset->size();
+    if constexpr (data::MapDataset<Dataset>) return dataset->size();
     else if constexpr (std::ranges::sized_range<const Dataset>) return std::int64_t(std::ranges::size(*dataset));
     else return -1;
   }
@@ -182,7 +173,7 @@ struct LoaderCore {
   }
   //! Units of the running (or next) epoch's order, -1 where not known yet (a batch sampler not asked, a stream).
   [[nodiscard]] std::int64_t epoch_units() const {
-    if constexpr (MapDataset<Dataset>) {
+    if constexpr (data::MapDataset<Dataset>) {
       if (options.batch_sampler) return sampled && sampled->first == epoch ? std::int64_t(sampled->second->size()) : -1;
       return order_length >= 0 ? order_length : dataset->size();
     } else {
@@ -196,10 +187,11 @@ struct LoaderCore {
   }
   //! What differs between the loader that saved `s` and this one ("" when nothing does): a state resumes only into
   //! a loader of the same path, dataset length and batch size (format-2 states record none of it).
-  [[nodiscard]] std::string mismatch(const LoaderState& s) const {
+  [[nodiscard]] std::string mismatch(const data::LoaderState& s) const {
     if (s.processes == 0) return {};
     auto length = [](std::int64_t n) { return n < 0 ? std::string("a stream of unknown length") : std::to_string(n) + " samples"; };
-    if (s.kind != std::int64_t(kind())) return "was saved by " + kind_name(s.kind) + ", this loader uses " + kind_name(std::int64_t(kind()));
+    if (s.kind != std::int64_t(kind()))
+      return "was saved by " + data::kind_name(s.kind) + ", this loader uses " + data::kind_name(std::int64_t(kind()));
     if (s.split != Config::split_batches)
       return std::string("was saved under ") + (s.split ? "batches::split" : "batches::per_process") + ", this loader runs under " +
              (Config::split_batches ? "batches::split" : "batches::per_process");
@@ -215,11 +207,11 @@ struct LoaderCore {
   //! batch sampler) up to the epoch's end, where a skip past the end leaves it, and the batch count is the steps
   //! that reach it at the saving job's size (more only at the end). A user's sampler or batch sampler may return
   //! another number of units than the dataset's length: there the end is not known before its epoch is drawn.
-  [[nodiscard]] std::string unreachable(const LoaderState& s) const {
+  [[nodiscard]] std::string unreachable(const data::LoaderState& s) const {
     if (s.position < 0) return {};  // format 2: resumed after its batches
-    const bool batch_sampler = s.kind == std::int64_t(LoaderKind::batch_sampler);
+    const bool batch_sampler = s.kind == std::int64_t(data::LoaderKind::batch_sampler);
     std::int64_t units = dataset_length();  // of the epoch, where known now
-    if constexpr (MapDataset<Dataset>)
+    if constexpr (data::MapDataset<Dataset>)
       if (options.sampler || options.batch_sampler) units = -1;
     const std::string where = "is at position " + std::to_string(s.position) + (batch_sampler ? " (batches)" : "");
     if (units >= 0 && s.position > units)
@@ -257,10 +249,10 @@ struct LoaderCore {
     return at::detail::getDefaultCPUGenerator();
   }
   // Whether a job of `processes` processes draws this loader's shuffled order from the global generator (one
-  // process without a sampler generator of its own; dispatched loading, where rank 0 alone samples) rather than
-  // from a synchronised sampler generator.
+  // process without a sampler generator of its own; a transport with one reader, which alone samples: dispatched
+  // loading) rather than from a synchronised sampler generator.
   [[nodiscard]] bool draws_from_global(std::int64_t processes) const {
-    return orders && !options.seedable && !options.seed && (Config::dispatch || processes == 1);
+    return orders && !options.seedable && !options.seed && (Transport::single_reader || processes == 1);
   }
   // Starts an epoch: restore (resume), synchronise, draw the order. When the order comes from the global
   // generator (one process, no sampler generator), the resumed epoch was under way, and the global generator was
@@ -269,15 +261,15 @@ struct LoaderCore {
   // An epoch resumed from a job of another size whose rule drew the order differently (one process: the global
   // generator; several: the sampler generator) is redrawn by that rule from a copy of the saved state, and this
   // loader's sampler generator is moved past the epoch, where a fresh job of this size has it.
-  IndexOrder begin_epoch() {
+  data::IndexOrder begin_epoch() {
     auto gen = epoch_generator();
     std::optional<std::vector<std::uint8_t>> resume_after;
-    std::optional<IndexOrder> redrawn;
+    std::optional<data::IndexOrder> redrawn;
     if (restore && gen) {
       const bool saved_global = draws_from_global(drawn_by ? drawn_by : ctx.num_processes);
       if (saved_global != draws_from_global(ctx.num_processes)) {
         if (start > 0) {  // the interrupted epoch: its order as the saving job drew it
-          at::Generator copy = make_generator(0);
+          at::Generator copy = data::make_generator(0);
           set_generator_bytes(copy, *restore);
           redrawn = orders->draw_with(saved_global, copy);
           orders->skip_epochs(epoch + 1);
@@ -290,13 +282,13 @@ struct LoaderCore {
         set_generator_bytes(*gen, *restore);
       }
     }
-    if constexpr (!Config::dispatch) {
+    if constexpr (!Transport::single_reader) {  // one reader samples alone: nothing to synchronise
       std::optional<at::Generator> sync = orders && !options.seedable ? orders->generator() : std::nullopt;
       synchronize_rng_states<typename Config::rng>(ctx.comm, sync);
     }
     epoch_start_state = redrawn ? *restore : gen ? generator_bytes(*gen) : std::vector<std::uint8_t>{};
     restore.reset();
-    IndexOrder order = redrawn ? std::move(*redrawn) : draw_order();
+    data::IndexOrder order = redrawn ? std::move(*redrawn) : draw_order();
     if (resume_after) set_generator_bytes(*gen, *resume_after);
     return order;
   }
@@ -316,9 +308,9 @@ struct LoaderCore {
     resumed = 0;
     ++epoch;
   }
-  [[nodiscard]] LoaderState state() const {
+  [[nodiscard]] data::LoaderState state() const {
     const std::int64_t N = ctx.num_processes;
-    LoaderState s{.processes = N, .drawn_by = N, .samples = dataset_length(), .batch_size = options.batch_size,
+    data::LoaderState s{.processes = N, .drawn_by = N, .samples = dataset_length(), .batch_size = options.batch_size,
                   .kind = std::int64_t(kind()), .split = Config::split_batches};
     auto gen = epoch_generator();
     if (running && handed < total) {
@@ -342,13 +334,13 @@ struct LoaderCore {
   }
   //! Resumes from `s`: at its global position when it records one (any number of processes), else (format 2)
   //! after its batches (the same number of processes).
-  void load(const LoaderState& s, GlobalGenerator g) {
+  void load(const data::LoaderState& s, data::GlobalGenerator g) {
     accel::detail::require(s.epoch >= 0 && s.batches >= 0 && s.position >= -1, "accel: load_state_dict: a negative epoch, batch count or position");
     if (const auto what = mismatch(s); !what.empty())
       throw InvalidArgument("accel: load_state_dict: the loader state " + what + "; resume with the loader that saved it");
     if (const auto what = unreachable(s); !what.empty())
       throw InvalidArgument("accel: load_state_dict: the loader state " + what + ": it is damaged, or not this loader's");
-    global_restored_elsewhere = g == GlobalGenerator::restored_by_caller;
+    global_restored_elsewhere = g == data::GlobalGenerator::restored_by_caller;
     epoch = s.epoch;
     start = std::max<std::int64_t>(s.position, 0);
     skip = s.position >= 0 ? 0 : s.batches;
@@ -369,20 +361,20 @@ struct LoaderCore {
                                                   " returned index " + std::to_string(i) + ", outside the dataset's " +
                                                   std::to_string(n) + " samples");
   }
-  IndexOrder draw_order() {
-    if constexpr (MapDataset<Dataset>) {
+  data::IndexOrder draw_order() {
+    if constexpr (data::MapDataset<Dataset>) {
       if (options.sampler) {
         auto order = options.sampler(epoch);
         check_indices(order, "sampler");
         order_length = std::int64_t(order.size());
-        return IndexOrder::of(std::move(order));
+        return data::IndexOrder::of(std::move(order));
       }
-      return orders ? orders->next(epoch) : IndexOrder::sequential(dataset->size());
+      return orders ? orders->next(epoch) : data::IndexOrder::sequential(dataset->size());
     } else {
-      return IndexOrder{};
+      return data::IndexOrder{};
     }
   }
 };
 
 }  // namespace detail
-}  // namespace accel::data
+}  // namespace accel::pipeline

@@ -5,10 +5,18 @@
 //! cursor hands it to the transport on the loop's thread (collectives must keep their order), which returns this
 //! rank's batch.
 //!
-//! | transport           | payload                                   | what it does                                 |
-//! |---------------------|-------------------------------------------|----------------------------------------------|
-//! | `LocalTransport`    | this rank's batch, fetched and placed     | nothing (sharded loading)                    |
-//! | `DispatchTransport` | rank 0: the global batch and its `DispatchStep` | packs every rank's message (on the workers), scatters them in one collective, places the slice |
+//! | transport           | reader of rank r | payload                               | what it does                 |
+//! |---------------------|------------------|---------------------------------------|------------------------------|
+//! | `LocalTransport`    | r                | this rank's batch, fetched and placed | nothing (sharded loading)    |
+//! | `DispatchTransport` | 0                | rank 0: the global batch and its `DispatchStep` | packs every rank's message (on the workers), scatters them in one collective, places the slice |
+//!
+//! The transport owns what differs between the loading paths, and the sources and the loader core ask it (never
+//! the configuration's `loading` policy): which rank reads the data of rank r's steps (`reader_of(r)`, whether r
+//! reads at all: `reads_on(r)`; `single_reader`: one rank reads for all, so it alone samples and every rank runs
+//! its steps) and what a fetched step carries (`payload_type<Batch>`). A source states which transports it works
+//! with (`static_assert`s naming the mismatch), so a prepared loader whose source and transport disagree does not
+//! compile (tests/fail/source_transport_mismatch.cpp), nor one whose configuration's `loading` policy and transport
+//! disagree (data/prepared_loader.hpp; tests/fail/loading_transport_mismatch.cpp).
 //!
 //! A transport may also `pack` a fetched step where it was fetched (on the loader's workers): the dispatched
 //! transport cuts rank 0's global batch into every rank's message there, so that the loop's thread only sends it
@@ -17,8 +25,9 @@
 #include <accel/comm/collectives.hpp>
 #include <accel/core/serialize.hpp>
 #include <accel/core/structure.hpp>
-#include <accel/data/loader_core.hpp>
+#include <accel/data/prepare_context.hpp>
 #include <accel/detail/linkage.hpp>
+#include <accel/plan/plan.hpp>
 #include <accel/state/gradient_state.hpp>
 
 #include <ATen/ops/empty.h>
@@ -26,6 +35,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstring>
 #include <cstdint>
 #include <memory>
@@ -37,12 +47,14 @@
 #include <type_traits>
 #include <vector>
 
-namespace accel::data {
+namespace accel::pipeline {
 
 //! No slice function: dispatched loading cuts every tensor along dim 0 (Accelerate's default `slice_fn`).
 struct NoSlice {};
 
 namespace detail {
+
+using data::PrepareContext;
 
 //! One fetched step: what the transport moves, and what the loader publishes to `GradientState` once the loop
 //! holds the batch (whether it is the last, and every rank's rows: from the plans, or a layout).
@@ -312,8 +324,25 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchPayload<Batch>& payl
 
 }  // namespace detail
 
+//! What the sources and the loader core ask of a transport (the table above).
+template <class T>
+concept StepTransport = requires(int rank) {
+  { T::single_reader } -> std::convertible_to<bool>;
+  { T::reader_of(rank) } -> std::same_as<int>;
+  { T::reads_on(rank) } -> std::same_as<bool>;
+  typename T::template payload_type<int>;
+};
+
 //! Sharded loading: the source fetched (and placed) this rank's own batch; nothing moves.
 struct LocalTransport {
+  //! Every rank reads its own batches (from its own plan, or its own shard).
+  static constexpr bool single_reader = false;
+  static constexpr int reader_of(int rank) noexcept { return rank; }
+  static constexpr bool reads_on(int) noexcept { return true; }
+  //! The step is this rank's batch, fetched and placed.
+  template <class Batch>
+  using payload_type = Batch;
+
   template <class Core, class Batch>
   void pack(const Core&, detail::Fetched<Batch>&) const {}
   template <class Core, class Batch>
@@ -327,12 +356,20 @@ struct LocalTransport {
 //! are learned here, from rank 0's description.
 template <class Slice = NoSlice>
 struct DispatchTransport {
+  //! Rank 0 reads every rank's rows (it alone samples); every rank runs rank 0's steps.
+  static constexpr bool single_reader = true;
+  static constexpr int reader_of(int) noexcept { return 0; }
+  static constexpr bool reads_on(int rank) noexcept { return rank == 0; }
+  //! The step as rank 0 describes it, and on rank 0 the global batch and every rank's message.
+  template <class Batch>
+  using payload_type = detail::DispatchPayload<Batch>;
+
   Slice slice;
   //! On the worker that fetched the step: rank 0 packs every rank's message (not with a slice function).
   template <class Core, class Batch>
   void pack(const Core& k, detail::Fetched<detail::DispatchPayload<Batch>>& f) const {
     if constexpr (std::is_same_v<Slice, NoSlice> && TensorStructure<Batch>)
-      if (k.ctx.process_index == 0) detail::pack_step(k.ctx, f.payload);
+      if (reads_on(k.ctx.process_index)) detail::pack_step(k.ctx, f.payload);
   }
   template <class Core, class Batch>
   std::optional<Batch> deliver(Core& k, detail::Fetched<detail::DispatchPayload<Batch>>& f) const {
@@ -344,4 +381,15 @@ struct DispatchTransport {
   }
 };
 
-}  // namespace accel::data
+//! Every rank reads its own batch, which is what the step carries (sharded loading).
+template <class T, class Batch>
+concept EveryRankReads =
+    StepTransport<T> && !T::single_reader && std::same_as<typename T::template payload_type<Batch>, Batch>;
+//! One rank reads every rank's rows and describes the step to the others (dispatched loading).
+template <class T, class Batch>
+concept OneRankReads = StepTransport<T> && T::single_reader &&
+                       std::same_as<typename T::template payload_type<Batch>, detail::DispatchPayload<Batch>>;
+
+static_assert(EveryRankReads<LocalTransport, int> && OneRankReads<DispatchTransport<>, int>);
+
+}  // namespace accel::pipeline
