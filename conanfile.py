@@ -35,7 +35,9 @@ class AccelConan(ConanFile):
         basic_layout(self)
 
     def package(self):
-        copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
+        # the headers and the bodies they include at their end in header-only mode (impl/*.ipp)
+        for pattern in ("*.hpp", "*.ipp"):
+            copy(self, pattern, os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         cmake_dir = os.path.join(self.package_folder, "lib", "cmake", "accel")
         copy(self, "accelDependencies.cmake", os.path.join(self.source_folder, "cmake"), cmake_dir)

@@ -74,39 +74,55 @@ int main(int argc, char** argv) {
   accel::ProcessState state;
   const double accel_rdzv = std::chrono::duration<double>(Clock::now() - r1).count();
   auto& comm = *state.comm();
-  auto& pg = *dynamic_cast<accel::comm::GlooCommunicator&>(comm).backend();  // raw calls on the same process group as accel's
+  auto& pg =
+      *dynamic_cast<accel::comm::GlooCommunicator&>(comm).backend();  // raw calls on the same process group as accel's
 
   nlohmann::json entries = nlohmann::json::array();
   auto add = [&](const std::string& name, std::pair<double, double> t, const nlohmann::json& extra = {}) {
-    nlohmann::json e{{"name", name}, {"accel_seconds", t.first}, {"baseline", "raw c10d"}, {"baseline_seconds", t.second},
-                     {"ratio", t.first / t.second}, {"processes", env.world_size}};
+    nlohmann::json e{{"name", name},
+                     {"accel_seconds", t.first},
+                     {"baseline", "raw c10d"},
+                     {"baseline_seconds", t.second},
+                     {"ratio", t.first / t.second},
+                     {"processes", env.world_size}};
     for (auto& [k, v] : extra.items()) e[k] = v;
     entries.push_back(e);
-    if (env.rank == 0) std::cout << name << ": accel " << t.first * 1e6 << " us, raw " << t.second * 1e6 << " us, ratio " << t.first / t.second << std::endl;
+    if (env.rank == 0)
+      std::cout << name << ": accel " << t.first * 1e6 << " us, raw " << t.second * 1e6 << " us, ratio "
+                << t.first / t.second << std::endl;
   };
 
   // 4 B and 8 B travel unchecked (Gloo's fast path, checked by the next collective); 16 B and 4 KiB carry the
   // 64-slot collective check in the same message; 64 MiB is preceded by a check collective of its own.
-  for (const auto& [label, numel, iters, blocks] : {std::tuple{"4B", int64_t(1), 400, 9}, std::tuple{"16B", int64_t(4), 200, 9},
-                                                    std::tuple{"4KiB", int64_t(1024), 200, 9}, std::tuple{"64MiB", int64_t(16) << 20, 3, 5}}) {
+  for (const auto& [label, numel, iters, blocks] :
+       {std::tuple{"4B", int64_t(1), 400, 9}, std::tuple{"16B", int64_t(4), 200, 9},
+        std::tuple{"4KiB", int64_t(1024), 200, 9}, std::tuple{"64MiB", int64_t(16) << 20, 3, 5}}) {
     at::Tensor x = at::ones({numel});
-    add(std::string("all_reduce_") + label, compare(comm, iters, blocks, [&] { comm.all_reduce(x); }, [&] {
-          std::vector<at::Tensor> v{x};
-          pg.allreduce(v)->wait();
-        }));
-    add(std::string("gather_") + label, compare(comm, iters, blocks, [&] { (void)accel::gather(&comm, x); }, [&] {
-          std::vector<at::Tensor> in{x};
-          std::vector<std::vector<at::Tensor>> out(1);
-          for (int r = 0; r < env.world_size; ++r) out[0].push_back(at::empty_like(x));
-          pg.allgather(out, in)->wait();
-          (void)at::cat(out[0], 0);
-        }));
-    add(std::string("broadcast_") + label, compare(comm, iters, blocks, [&] { accel::broadcast(&comm, x); }, [&] {
-          std::vector<at::Tensor> v{x};
-          pg.broadcast(v)->wait();
-        }));
+    add(std::string("all_reduce_") + label, compare(
+                                                comm, iters, blocks, [&] { comm.all_reduce(x); },
+                                                [&] {
+                                                  std::vector<at::Tensor> v{x};
+                                                  pg.allreduce(v)->wait();
+                                                }));
+    add(std::string("gather_") + label, compare(
+                                            comm, iters, blocks, [&] { (void)accel::gather(&comm, x); },
+                                            [&] {
+                                              std::vector<at::Tensor> in{x};
+                                              std::vector<std::vector<at::Tensor>> out(1);
+                                              for (int r = 0; r < env.world_size; ++r)
+                                                out[0].push_back(at::empty_like(x));
+                                              pg.allgather(out, in)->wait();
+                                              (void)at::cat(out[0], 0);
+                                            }));
+    add(std::string("broadcast_") + label, compare(
+                                               comm, iters, blocks, [&] { accel::broadcast(&comm, x); },
+                                               [&] {
+                                                 std::vector<at::Tensor> v{x};
+                                                 pg.broadcast(v)->wait();
+                                               }));
   }
-  add("rendezvous", {accel_rdzv, raw_rdzv}, {{"note", "ProcessState (store, arrival census, heartbeat, Gloo mesh) vs TCPStore + ProcessGroupGloo"}});
+  add("rendezvous", {accel_rdzv, raw_rdzv},
+      {{"note", "ProcessState (store, arrival census, heartbeat, Gloo mesh) vs TCPStore + ProcessGroupGloo"}});
   if (env.rank == 0) std::ofstream(out_path) << entries.dump(2) << "\n";
   return 0;
 }

@@ -1,7 +1,7 @@
 // The frozen-peer watch at scale, simulated on one machine: N ranks, each running the real rendezvous, heartbeat
-// and watch (state/rendezvous/rendezvous.hpp, state/rendezvous/heartbeat.hpp, Communicator::await) against one real TCPStore, no engine.
-// The ranks live as threads in a few processes; the rank that freezes lives alone in a process of its own, which
-// receives SIGSTOP (its heartbeat stops, its connections stay open: Note [Frozen peers]).
+// and watch (state/rendezvous/rendezvous.hpp, state/rendezvous/heartbeat.hpp, Communicator::await) against one real
+// TCPStore, no engine. The ranks live as threads in a few processes; the rank that freezes lives alone in a process of
+// its own, which receives SIGSTOP (its heartbeat stops, its connections stay open: Note [Frozen peers]).
 //
 // Timeline, after every rank has met (all times from the common start t0):
 //   idle      [0, 2 s)                       the ranks beat, nobody waits
@@ -52,6 +52,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 namespace comm = accel::comm;
+namespace rendezvous = accel::rendezvous;
 
 struct Params {
   int ranks = 64, procs = 4, collectives = 3;
@@ -69,22 +70,38 @@ Params parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("heartbeat_sim: " + a + " needs a value");
       return argv[++i];
     };
-    if (a == "--ranks") p.ranks = std::stoi(next());
-    else if (a == "--procs") p.procs = std::stoi(next());
-    else if (a == "--collectives") p.collectives = std::stoi(next());
-    else if (a == "--interval-ms") p.interval = ms(std::stoi(next()));
-    else if (a == "--peer-timeout-ms") p.peer_timeout = ms(std::stoi(next()));
-    else if (a == "--collective-ms") p.collective = ms(std::stoi(next()));
-    else if (a == "--json") p.json = next();
-    else if (a == "--child") p.child = true;
-    else if (a == "--port") p.port = std::stoi(next());
-    else if (a == "--first") p.first = std::stoi(next());
-    else if (a == "--count") p.count = std::stoi(next());
-    else if (a == "--frozen") p.frozen = std::stoi(next());
-    else if (a == "--job") p.job = next();
-    else if (a == "--secret") p.secret = next();
-    else if (a == "--out") p.out = next();
-    else throw std::runtime_error("heartbeat_sim: unknown argument " + a);
+    if (a == "--ranks")
+      p.ranks = std::stoi(next());
+    else if (a == "--procs")
+      p.procs = std::stoi(next());
+    else if (a == "--collectives")
+      p.collectives = std::stoi(next());
+    else if (a == "--interval-ms")
+      p.interval = ms(std::stoi(next()));
+    else if (a == "--peer-timeout-ms")
+      p.peer_timeout = ms(std::stoi(next()));
+    else if (a == "--collective-ms")
+      p.collective = ms(std::stoi(next()));
+    else if (a == "--json")
+      p.json = next();
+    else if (a == "--child")
+      p.child = true;
+    else if (a == "--port")
+      p.port = std::stoi(next());
+    else if (a == "--first")
+      p.first = std::stoi(next());
+    else if (a == "--count")
+      p.count = std::stoi(next());
+    else if (a == "--frozen")
+      p.frozen = std::stoi(next());
+    else if (a == "--job")
+      p.job = next();
+    else if (a == "--secret")
+      p.secret = next();
+    else if (a == "--out")
+      p.out = next();
+    else
+      throw std::runtime_error("heartbeat_sim: unknown argument " + a);
   }
   return p;
 }
@@ -93,7 +110,9 @@ Params parse(int argc, char** argv) {
 struct Timeline {
   long idle_end, watched_end, freeze, frozen_end, deadline;
   explicit Timeline(const Params& p)
-      : idle_end(2000), watched_end(idle_end + p.collectives * p.collective.count()), freeze(watched_end + 500),
+      : idle_end(2000),
+        watched_end(idle_end + p.collectives * p.collective.count()),
+        freeze(watched_end + 500),
         frozen_end(freeze + std::max<long>(1000, p.peer_timeout.count() - 2 * p.interval.count())),
         deadline(freeze + p.peer_timeout.count() + 8 * p.interval.count() + 4000) {}
 };
@@ -231,7 +250,8 @@ int child(const Params& p) {
         const std::string msg = e.what();
         std::lock_guard<std::mutex> lock(mu);
         const double thrown = std::chrono::duration<double>(Clock::now() - at(t0, tl.freeze)).count();
-        names.push_back({{"rank", r}, {"waited_s", waited_s(msg)}, {"thrown_s", thrown}, {"named", named(msg)}, {"error", msg}});
+        names.push_back(
+            {{"rank", r}, {"waited_s", waited_s(msg)}, {"thrown_s", thrown}, {"named", named(msg)}, {"error", msg}});
       }
     });
   // The frozen rank's process reports before it is stopped.
@@ -321,17 +341,38 @@ int parent(Params p, const char* self) {
   for (auto [first, n] : blocks) {
     const std::string out = dir + "/" + std::to_string(first) + ".json";
     outs.push_back(out);
-    std::vector<std::string> args = {self, "--child", "--port", std::to_string(p.port), "--first", std::to_string(first),
-                                     "--count", std::to_string(n), "--frozen", std::to_string(p.frozen), "--ranks",
-                                     std::to_string(p.ranks), "--interval-ms", std::to_string(p.interval.count()),
-                                     "--peer-timeout-ms", std::to_string(p.peer_timeout.count()), "--collective-ms",
-                                     std::to_string(p.collective.count()), "--collectives", std::to_string(p.collectives),
-                                     "--job", p.job, "--secret", p.secret, "--out", out};
+    std::vector<std::string> args = {self,
+                                     "--child",
+                                     "--port",
+                                     std::to_string(p.port),
+                                     "--first",
+                                     std::to_string(first),
+                                     "--count",
+                                     std::to_string(n),
+                                     "--frozen",
+                                     std::to_string(p.frozen),
+                                     "--ranks",
+                                     std::to_string(p.ranks),
+                                     "--interval-ms",
+                                     std::to_string(p.interval.count()),
+                                     "--peer-timeout-ms",
+                                     std::to_string(p.peer_timeout.count()),
+                                     "--collective-ms",
+                                     std::to_string(p.collective.count()),
+                                     "--collectives",
+                                     std::to_string(p.collectives),
+                                     "--job",
+                                     p.job,
+                                     "--secret",
+                                     p.secret,
+                                     "--out",
+                                     out};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
-    if (::posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) throw std::runtime_error("posix_spawn failed");
+    if (::posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("posix_spawn failed");
     pids.push_back(pid);
   }
   const auto m0 = Clock::now();
@@ -365,7 +406,7 @@ int parent(Params p, const char* self) {
     const auto& t = j["traffic"];
     for (std::size_t ph = 0; ph < 3; ++ph) {
       const std::size_t a = ph < 2 ? ph : 3;  // the phases' marks: (0,1) (1,2) (3,4)
-      if (a + 1 >= t.size()) continue;         // the frozen rank's process stops counting at the freeze
+      if (a + 1 >= t.size()) continue;        // the frozen rank's process stops counting at the freeze
       req[ph] += double(t[a + 1][0].get<std::uint64_t>() - t[a][0].get<std::uint64_t>());
       keys[ph] += double(t[a + 1][1].get<std::uint64_t>() - t[a][1].get<std::uint64_t>());
     }
@@ -378,8 +419,10 @@ int parent(Params p, const char* self) {
     for (const auto& n : j["names"]) {
       ++healthy;
       const auto who = n["named"].get<std::set<int>>();
-      if (n["waited_s"].get<double>() < 0) ++unnamed;
-      else if (who.count(p.frozen)) ++named_right, waits.push_back(n["waited_s"].get<double>());
+      if (n["waited_s"].get<double>() < 0)
+        ++unnamed;
+      else if (who.count(p.frozen))
+        ++named_right, waits.push_back(n["waited_s"].get<double>());
       if (!who.empty() && (who.size() > 1 || !who.count(p.frozen))) ++named_others;
       if (example_name.empty() && n.contains("error")) example_name = n["error"];
     }
@@ -388,24 +431,34 @@ int parent(Params p, const char* self) {
   const double secs[3] = {double(tl.idle_end) / 1000, double(tl.watched_end - tl.idle_end) / 1000,
                           double(tl.frozen_end - tl.freeze) / 1000};
   const char* phase[3] = {"idle", "watched", "frozen"};
-  nlohmann::json result = {{"ranks", p.ranks}, {"procs", p.procs}, {"frozen_rank", p.frozen},
-                           {"interval_ms", p.interval.count()}, {"peer_timeout_ms", p.peer_timeout.count()},
-                           {"collective_ms", p.collective.count()}, {"meet_s", meet_s}};
-  std::printf("heartbeat simulation: %d ranks in %zu processes, heartbeat %lld ms, peer timeout %lld ms, rank %d frozen\n",
-              p.ranks, blocks.size(), (long long)p.interval.count(), (long long)p.peer_timeout.count(), p.frozen);
+  nlohmann::json result = {{"ranks", p.ranks},
+                           {"procs", p.procs},
+                           {"frozen_rank", p.frozen},
+                           {"interval_ms", p.interval.count()},
+                           {"peer_timeout_ms", p.peer_timeout.count()},
+                           {"collective_ms", p.collective.count()},
+                           {"meet_s", meet_s}};
+  std::printf(
+      "heartbeat simulation: %d ranks in %zu processes, heartbeat %lld ms, peer timeout %lld ms, rank %d frozen\n",
+      p.ranks, blocks.size(), (long long)p.interval.count(), (long long)p.peer_timeout.count(), p.frozen);
   std::printf("  all ranks met in %.1f s\n", meet_s);
   for (int ph = 0; ph < 3; ++ph) {
     const Quantiles q = quantiles(ages[ph]);
     std::printf("  %-8s %9.0f requests/s %9.0f keys/s   beat age p50 %.2f s p99 %.2f s max %.2f s\n", phase[ph],
                 req[ph] / secs[ph], keys[ph] / secs[ph], q.p50, q.p99, q.max);
-    result[phase[ph]] = {{"requests_per_s", req[ph] / secs[ph]}, {"keys_per_s", keys[ph] / secs[ph]},
-                         {"beat_age_p50_s", q.p50}, {"beat_age_p99_s", q.p99}, {"beat_age_max_s", q.max}};
+    result[phase[ph]] = {{"requests_per_s", req[ph] / secs[ph]},
+                         {"keys_per_s", keys[ph] / secs[ph]},
+                         {"beat_age_p50_s", q.p50},
+                         {"beat_age_p99_s", q.p99},
+                         {"beat_age_max_s", q.max}};
   }
   const double limit = double(p.peer_timeout.count() + 2 * p.interval.count()) / 1000;
   const double first = waits.empty() ? -1 : waits.front(), last = waits.empty() ? -1 : waits.back();
   std::printf("  false reports while every rank was healthy: %ld\n", false_reports);
-  std::printf("  frozen rank %d named by %ld of %ld healthy ranks, after %.1f-%.1f s (goal <= %.1f s); other ranks named "
-              "by %ld; not named by %ld\n", p.frozen, named_right, healthy, first, last, limit, named_others, unnamed);
+  std::printf(
+      "  frozen rank %d named by %ld of %ld healthy ranks, after %.1f-%.1f s (goal <= %.1f s); other ranks named "
+      "by %ld; not named by %ld\n",
+      p.frozen, named_right, healthy, first, last, limit, named_others, unnamed);
   if (!example_false.empty()) std::printf("  a false report: %s\n", example_false.c_str());
   if (!example_name.empty()) std::printf("  an error: %s\n", example_name.c_str());
   result["false_reports"] = false_reports;
@@ -415,7 +468,8 @@ int parent(Params p, const char* self) {
   result["not_named"] = unnamed;
   result["name_after_s"] = {{"first", first}, {"last", last}, {"goal", limit}};
   if (!p.json.empty()) std::ofstream(p.json) << result.dump(2) << "\n";
-  if (!std::getenv("SIM_KEEP")) for (const auto& path : outs) std::remove(path.c_str());
+  if (!std::getenv("SIM_KEEP"))
+    for (const auto& path : outs) std::remove(path.c_str());
   ::rmdir(dir.c_str());
   return 0;
 }

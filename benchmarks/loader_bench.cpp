@@ -8,8 +8,8 @@
 #include <accel/accelerator.hpp>
 #include <accel/data/loader.hpp>
 
-#include <ATen/ops/randn.h>
 #include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
 #include <benchmark/benchmark.h>
 #include <torch/data.h>
 
@@ -31,7 +31,8 @@ struct Acc : accel::Accelerator<accel::dist::gloo, accel::place::none> {};
 
 void BM_loader_epoch_accel(benchmark::State& state) {
   accel::data::DataLoader dl(accel::data::TensorDataset(data().x, data().y), {.batch_size = kBatch, .shuffle = true});
-  auto loader = accel::data::prepare_data_loader<Acc::config>(dl, accel::data::PrepareContext{kProcesses, kRank, nullptr});
+  auto loader =
+      accel::data::prepare_data_loader<Acc::config>(dl, accel::data::PrepareContext{kProcesses, kRank, nullptr});
   std::int64_t batches = 0;
   for (auto _ : state)
     for (const auto& b : loader) {
@@ -70,7 +71,8 @@ struct TorchTensors : torch::data::datasets::Dataset<TorchTensors> {
 void BM_loader_epoch_libtorch(benchmark::State& state) {
   auto ds = TorchTensors{}.map(torch::data::transforms::Stack<>());
   torch::data::samplers::DistributedRandomSampler sampler(kSamples, kProcesses, kRank);
-  auto loader = torch::data::make_data_loader(std::move(ds), std::move(sampler), torch::data::DataLoaderOptions(kBatch));
+  auto loader =
+      torch::data::make_data_loader(std::move(ds), std::move(sampler), torch::data::DataLoaderOptions(kBatch));
   std::int64_t batches = 0;
   for (auto _ : state)
     for (auto& b : *loader) {
@@ -82,7 +84,19 @@ void BM_loader_epoch_libtorch(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_loader_epoch_hand)->Unit(benchmark::kMillisecond)->Repetitions(3)->ReportAggregatesOnly(true)->Iterations(2);
-BENCHMARK(BM_loader_epoch_accel)->Unit(benchmark::kMillisecond)->Repetitions(3)->ReportAggregatesOnly(true)->Iterations(2);
-BENCHMARK(BM_loader_epoch_libtorch)->Unit(benchmark::kMillisecond)->Repetitions(3)->ReportAggregatesOnly(true)->Iterations(1);
+BENCHMARK(BM_loader_epoch_hand)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true)
+    ->Iterations(2);
+BENCHMARK(BM_loader_epoch_accel)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true)
+    ->Iterations(2);
+BENCHMARK(BM_loader_epoch_libtorch)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true)
+    ->Iterations(1);
 BENCHMARK_MAIN();

@@ -23,7 +23,8 @@ struct Size {
 
 inline torch::nn::Sequential make_net(const Size& z) {
   torch::nn::Sequential net(torch::nn::Linear(z.inputs, z.hidden), torch::nn::ReLU());
-  for (std::int64_t l = 1; l < z.layers; ++l) net->push_back(torch::nn::Linear(z.hidden, z.hidden)), net->push_back(torch::nn::ReLU());
+  for (std::int64_t l = 1; l < z.layers; ++l)
+    net->push_back(torch::nn::Linear(z.hidden, z.hidden)), net->push_back(torch::nn::ReLU());
   net->push_back(torch::nn::Linear(z.hidden, kClasses));
   return net;
 }

@@ -25,15 +25,15 @@
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
-#include <nlohmann/json.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -65,15 +65,19 @@ Data make_data(const Size& z, int processes, int accum) {
 // ---- 1. the training loop, through accel and by hand ---------------------------------------------------------
 
 // Seconds per optimizer step through the Accelerator.
-double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook = accel::CommHook::none, std::int64_t check_every = 0) {
-  Acc acc{accel::Options{.seed = 3, .gradient_accumulation_steps = accum, .bucket_bytes = kBucketBytes, .comm_hook = hook,
+double accel_steps(const Size& z, int accum, const Data& d, accel::CommHook hook = accel::CommHook::none,
+                   std::int64_t check_every = 0) {
+  Acc acc{accel::Options{.seed = 3,
+                         .gradient_accumulation_steps = accum,
+                         .bucket_bytes = kBucketBytes,
+                         .comm_hook = hook,
                          .check_replicas_every = check_every}};
   at::manual_seed(0);
   auto net = make_net(z);
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-3));
-  auto [model, opt, loader, sched] =
-      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(d.x, d.y), {.batch_size = z.batch, .shuffle = true}),
-                  std::make_shared<torch::optim::StepLR>(*sgd, 100000));
+  auto [model, opt, loader, sched] = acc.prepare(
+      net, sgd, accel::data::DataLoader(accel::data::TensorDataset(d.x, d.y), {.batch_size = z.batch, .shuffle = true}),
+      std::make_shared<torch::optim::StepLR>(*sgd, 100000));
   int i = 0;
   Clock::time_point t0;
   for (const auto& b : loader) {
@@ -184,7 +188,9 @@ int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "overhead.json";
   // Sections to run (train, replicas, calls, hooks, buffers, rendezvous, checks): all by default.
   const std::vector<std::string> only(argv + std::min(argc, 2), argv + argc);
-  const auto wanted = [&](const std::string& s) { return only.empty() || std::find(only.begin(), only.end(), s) != only.end(); };
+  const auto wanted = [&](const std::string& s) {
+    return only.empty() || std::find(only.begin(), only.end(), s) != only.end();
+  };
   Acc acc;
   const int N = acc.num_processes(), rank = acc.process_index();
   if (N < 2) throw accel::InvalidArgument("overhead_bench: run it under accel-launch --nproc-per-node 2");
@@ -192,8 +198,9 @@ int main(int argc, char** argv) try {
   nlohmann::json entries = nlohmann::json::array();
   const auto add = [&](nlohmann::json e) {
     if (rank == 0)
-      std::cout << e["name"].get<std::string>() << ": accel " << e["accel_seconds"].get<double>() << " s, " << e["baseline"].get<std::string>()
-                << " " << e["baseline_seconds"].get<double>() << " s, ratio " << e["ratio"].get<double>() << std::endl;
+      std::cout << e["name"].get<std::string>() << ": accel " << e["accel_seconds"].get<double>() << " s, "
+                << e["baseline"].get<std::string>() << " " << e["baseline_seconds"].get<double>() << " s, ratio "
+                << e["ratio"].get<double>() << std::endl;
     entries.push_back(std::move(e));
   };
 
@@ -207,9 +214,15 @@ int main(int argc, char** argv) try {
         h = std::min(h, hand_steps(pg, rank, N, z, accum, data));
         a = std::min(a, accel_steps(z, accum, data));
       }
-      add({{"name", std::string("train_step_") + z.name + (accum > 1 ? "_accumulate2" : "")}, {"accel_seconds", a},
-           {"baseline", "hand-written LibTorch + c10d loop"}, {"baseline_seconds", h}, {"ratio", a / h}, {"goal", 1.02},
-           {"processes", N}, {"batch_per_process", z.batch}, {"accumulation_steps", accum}});
+      add({{"name", std::string("train_step_") + z.name + (accum > 1 ? "_accumulate2" : "")},
+           {"accel_seconds", a},
+           {"baseline", "hand-written LibTorch + c10d loop"},
+           {"baseline_seconds", h},
+           {"ratio", a / h},
+           {"goal", 1.02},
+           {"processes", N},
+           {"batch_per_process", z.batch},
+           {"accumulation_steps", accum}});
     }
   }
 
@@ -223,9 +236,14 @@ int main(int argc, char** argv) try {
         without = std::min(without, accel_steps(kSmall, 1, data));
         with = std::min(with, accel_steps(kSmall, 1, data, accel::CommHook::none, every));
       }
-      add({{"name", "replica_check_every_" + std::to_string(every) + "_small"}, {"accel_seconds", with},
-           {"baseline", "the same accel loop without the check"}, {"baseline_seconds", without}, {"ratio", with / without},
-           {"goal", every == 100 ? 1.01 : 1.5}, {"processes", N}, {"batch_per_process", kSmall.batch}});
+      add({{"name", "replica_check_every_" + std::to_string(every) + "_small"},
+           {"accel_seconds", with},
+           {"baseline", "the same accel loop without the check"},
+           {"baseline_seconds", without},
+           {"ratio", with / without},
+           {"goal", every == 100 ? 1.01 : 1.5},
+           {"processes", N},
+           {"batch_per_process", kSmall.batch}});
     }
 
   // 2. Per-call costs on a tiny model: each accel call beside the raw call it wraps.
@@ -240,33 +258,46 @@ int main(int argc, char** argv) try {
     for (auto& p : lin->parameters()) p.mutable_grad() = at::zeros_like(p);
     for (auto& p : raw_lin->parameters()) p.mutable_grad() = at::zeros_like(p);
     const auto x = at::randn({8, 4});
-    const auto per_call = [&](const std::string& name, const std::string& raw_name, int iters, const std::function<void()>& ours,
-                              const std::function<void()>& raw) {
+    const auto per_call = [&](const std::string& name, const std::string& raw_name, int iters,
+                              const std::function<void()>& ours, const std::function<void()>& raw) {
       acc.wait_for_everyone();
       const double o = ns_per_call(iters, 7, ours);
       acc.wait_for_everyone();
       const double r = raw ? ns_per_call(iters, 7, raw) : 0.0;
-      nlohmann::json e{{"name", "per_call_" + name}, {"accel_seconds", o * 1e-9}, {"accel_ns", o}, {"baseline", raw_name},
-                       {"baseline_seconds", r * 1e-9}, {"baseline_ns", r}, {"ratio", r > 0 ? o / r : 0.0}, {"processes", N}};
+      nlohmann::json e{{"name", "per_call_" + name},
+                       {"accel_seconds", o * 1e-9},
+                       {"accel_ns", o},
+                       {"baseline", raw_name},
+                       {"baseline_seconds", r * 1e-9},
+                       {"baseline_ns", r},
+                       {"ratio", r > 0 ? o / r : 0.0},
+                       {"processes", N}};
       add(e);
     };
-    per_call("accumulate", "nothing (a hand loop counts steps in an int)", 100000, [&] { auto s = calls.accumulate(model); }, {});
+    per_call("accumulate", "nothing (a hand loop counts steps in an int)", 100000,
+             [&] { auto s = calls.accumulate(model); }, {});
     accel::GradientState::instance().set_sync_gradients(true);  // a step that synchronises: the wrapped step steps
-    per_call("optimizer_step", "torch::optim::SGD::step", 20000, [&] { opt.step(); }, [&] { raw_sgd.step(); });
-    per_call("zero_grad", "torch::optim::SGD::zero_grad", 20000, [&] { opt.zero_grad(); }, [&] { raw_sgd.zero_grad(); });
-    per_call("scheduler_step", "torch::optim::StepLR::step", 20000, [&] { sched.step(); }, [&] { raw_sched.step(); });
+    per_call(
+        "optimizer_step", "torch::optim::SGD::step", 20000, [&] { opt.step(); }, [&] { raw_sgd.step(); });
+    per_call(
+        "zero_grad", "torch::optim::SGD::zero_grad", 20000, [&] { opt.zero_grad(); }, [&] { raw_sgd.zero_grad(); });
+    per_call(
+        "scheduler_step", "torch::optim::StepLR::step", 20000, [&] { sched.step(); }, [&] { raw_sched.step(); });
     // backward of a tiny loss on an unprepared model (no all-reduce): accel's scaling and bookkeeping only.
     // (accumulation 2: both sides divide the loss by 2, as a hand loop that accumulates does)
-    per_call("backward", "(loss / 2).backward()", 5000, [&] { calls.backward(raw_lin(x).sum()); },
-             [&] { (raw_lin(x).sum() / 2.0).backward(); });
+    per_call(
+        "backward", "(loss / 2).backward()", 5000, [&] { calls.backward(raw_lin(x).sum()); },
+        [&] { (raw_lin(x).sum() / 2.0).backward(); });
     const auto small = at::randn({4});
-    per_call("gather_for_metrics_4_floats", "c10d allgather + cat", 2000, [&] { (void)calls.gather_for_metrics(small); }, [&] {
-      std::vector<at::Tensor> in{small};
-      std::vector<std::vector<at::Tensor>> out(1);
-      for (int r = 0; r < N; ++r) out[0].push_back(at::empty_like(small));
-      pg.allgather(out, in)->wait();
-      (void)at::cat(out[0], 0);
-    });
+    per_call(
+        "gather_for_metrics_4_floats", "c10d allgather + cat", 2000, [&] { (void)calls.gather_for_metrics(small); },
+        [&] {
+          std::vector<at::Tensor> in{small};
+          std::vector<std::vector<at::Tensor>> out(1);
+          for (int r = 0; r < N; ++r) out[0].push_back(at::empty_like(small));
+          pg.allgather(out, in)->wait();
+          (void)at::cat(out[0], 0);
+        });
     // One step of a prepared loader (plan, fetch, transport, GradientState publication) against a hand index loop
     // over the same tensor dataset, batch 1 (the per-step cost, not the copy, dominates).
     const auto xs = at::randn({200000, 4});
@@ -282,8 +313,15 @@ int main(int argc, char** argv) try {
       batches += xs.index_select(0, i).size(0) + xs.index_select(0, i).size(0);  // data and target, as TensorDataset
     }
     const double raw = seconds_since(t0) * 1e9 / double(xs.size(0) / N);
-    add({{"name", "per_call_loader_step"}, {"accel_seconds", ours * 1e-9}, {"accel_ns", ours}, {"baseline", "hand index_select loop"},
-         {"baseline_seconds", raw * 1e-9}, {"baseline_ns", raw}, {"ratio", ours / raw}, {"processes", N}, {"batches", batches}});
+    add({{"name", "per_call_loader_step"},
+         {"accel_seconds", ours * 1e-9},
+         {"accel_ns", ours},
+         {"baseline", "hand index_select loop"},
+         {"baseline_seconds", raw * 1e-9},
+         {"baseline_ns", raw},
+         {"ratio", ours / raw},
+         {"processes", N},
+         {"batches", batches}});
   }
 
   // 3. Rendezvous, 10 rounds on fresh ports.
@@ -300,8 +338,14 @@ int main(int argc, char** argv) try {
     std::int64_t full = 0;
     for (const auto& p : make_net(kLarge)->parameters()) full += p.numel() * 4;
     for (const auto& [name, t] : {std::pair{"fp16", fp16}, std::pair{"bf16", bf16}})
-      add({{"name", std::string("train_step_large_") + name + "_hook"}, {"accel_seconds", t}, {"baseline", "the same step, uncompressed"},
-           {"baseline_seconds", none}, {"ratio", t / none}, {"processes", N}, {"gradient_bytes", full / 2}, {"baseline_gradient_bytes", full}});
+      add({{"name", std::string("train_step_large_") + name + "_hook"},
+           {"accel_seconds", t},
+           {"baseline", "the same step, uncompressed"},
+           {"baseline_seconds", none},
+           {"ratio", t / none},
+           {"processes", N},
+           {"gradient_bytes", full / 2},
+           {"baseline_gradient_bytes", full}});
   }
 
   // 3. DDP's buffer broadcast: the forward of a prepared BatchNorm MLP with broadcast_buffers on and off (both
@@ -318,8 +362,8 @@ int main(int argc, char** argv) try {
         torch::nn::Sequential net;
         std::int64_t in = z.inputs;
         for (std::int64_t l = 0; l < z.layers; ++l)
-          net->push_back(torch::nn::Linear(in, z.hidden)), net->push_back(torch::nn::BatchNorm1d(z.hidden)), net->push_back(torch::nn::ReLU()),
-              in = z.hidden;
+          net->push_back(torch::nn::Linear(in, z.hidden)), net->push_back(torch::nn::BatchNorm1d(z.hidden)),
+              net->push_back(torch::nn::ReLU()), in = z.hidden;
         net->push_back(torch::nn::Linear(in, bench::kClasses));
         return net;
       };
@@ -333,9 +377,16 @@ int main(int argc, char** argv) try {
       const double o = ns_per_call(z.iters, 7, [&] { (void)with(x); });
       acc.wait_for_everyone();
       const double r = ns_per_call(z.iters, 7, [&] { (void)without(x); });
-      add({{"name", std::string("per_forward_buffers_") + z.name}, {"accel_seconds", o * 1e-9}, {"accel_ns", o},
-           {"baseline", "the same forward with broadcast_buffers = false"}, {"baseline_seconds", r * 1e-9}, {"baseline_ns", r},
-           {"ratio", o / r}, {"processes", N}, {"parameters", params}, {"batch_per_process", z.batch}});
+      add({{"name", std::string("per_forward_buffers_") + z.name},
+           {"accel_seconds", o * 1e-9},
+           {"accel_ns", o},
+           {"baseline", "the same forward with broadcast_buffers = false"},
+           {"baseline_seconds", r * 1e-9},
+           {"baseline_ns", r},
+           {"ratio", o / r},
+           {"processes", N},
+           {"parameters", params},
+           {"batch_per_process", z.batch}});
     }
   }
 
@@ -359,7 +410,8 @@ int main(int argc, char** argv) try {
         release_together(*side, "accel" + std::to_string(round), N);
         const auto t0 = Clock::now();
         auto comm = accel::comm::make_gloo_communicator(
-            {.addr = env.master_addr, .port = port + 1, .rank = env.rank, .size = env.world_size}, accel::comm::CommOptions{});
+            {.addr = env.master_addr, .port = port + 1, .rank = env.rank, .size = env.world_size},
+            accel::comm::CommOptions{});
         ours.push_back(seconds_since(t0));
         comm->barrier();
       };
@@ -367,15 +419,20 @@ int main(int argc, char** argv) try {
       const auto run_sealed = [&] {
         release_together(*side, "sealed" + std::to_string(round), N);
         const auto t0 = Clock::now();
-        auto comm = accel::comm::make_gloo_communicator(
-            {.addr = env.master_addr, .port = port + 2, .rank = env.rank, .size = env.world_size,
-             .job = {.id = "bench", .secret = "0123456789abcdef0123456789abcdef"}},
-            accel::comm::CommOptions{});
+        auto comm =
+            accel::comm::make_gloo_communicator({.addr = env.master_addr,
+                                                 .port = port + 2,
+                                                 .rank = env.rank,
+                                                 .size = env.world_size,
+                                                 .job = {.id = "bench", .secret = "0123456789abcdef0123456789abcdef"}},
+                                                accel::comm::CommOptions{});
         sealed.push_back(seconds_since(t0));
         comm->barrier();
       };
-      if (round % 2 == 0) run_raw(), run_ours(), run_sealed();
-      else run_sealed(), run_ours(), run_raw();
+      if (round % 2 == 0)
+        run_raw(), run_ours(), run_sealed();
+      else
+        run_sealed(), run_ours(), run_raw();
     }
     std::sort(sealed.begin(), sealed.end());
     // What a heartbeat adds with a secret: one seal of its value, and (while watching) one check per peer.
@@ -391,17 +448,30 @@ int main(int argc, char** argv) try {
     t_seal = Clock::now();
     for (int i = 0; i < reps; ++i) sink += seal.open(beat_key, one)->size();
     const double open_s = seconds_since(t_seal) / reps;
-    add({{"name", "rendezvous_authenticated"}, {"accel_seconds", sealed[sealed.size() / 2]},
-         {"baseline", "accel's rendezvous without a secret"}, {"baseline_seconds", median(ours)},
-         {"ratio", sealed[sealed.size() / 2] / median(ours)}, {"processes", N},
-         {"seal_seconds_per_beat_value", seal_s}, {"open_seconds_per_beat_value", open_s}, {"sink", double(sink % 7)}});
+    add({{"name", "rendezvous_authenticated"},
+         {"accel_seconds", sealed[sealed.size() / 2]},
+         {"baseline", "accel's rendezvous without a secret"},
+         {"baseline_seconds", median(ours)},
+         {"ratio", sealed[sealed.size() / 2] / median(ours)},
+         {"processes", N},
+         {"seal_seconds_per_beat_value", seal_s},
+         {"open_seconds_per_beat_value", open_s},
+         {"sink", double(sink % 7)}});
     const auto ours_rounds = ours, raw_rounds = raw;
     std::sort(ours.begin(), ours.end());
     std::sort(raw.begin(), raw.end());
-    add({{"name", "rendezvous"}, {"accel_seconds", median(ours)}, {"baseline", "raw c10d (TCPStore + ProcessGroupGloo)"},
-         {"baseline_seconds", median(raw)}, {"ratio", median(ours) / median(raw)}, {"goal", 2.0}, {"processes", N},
-         {"accel_min_max_seconds", {ours.front(), ours.back()}}, {"baseline_min_max_seconds", {raw.front(), raw.back()}},
-         {"worst_ratio", ours.back() / raw.back()}, {"rounds", ours.size()}, {"accel_rounds_seconds", ours_rounds},
+    add({{"name", "rendezvous"},
+         {"accel_seconds", median(ours)},
+         {"baseline", "raw c10d (TCPStore + ProcessGroupGloo)"},
+         {"baseline_seconds", median(raw)},
+         {"ratio", median(ours) / median(raw)},
+         {"goal", 2.0},
+         {"processes", N},
+         {"accel_min_max_seconds", {ours.front(), ours.back()}},
+         {"baseline_min_max_seconds", {raw.front(), raw.back()}},
+         {"worst_ratio", ours.back() / raw.back()},
+         {"rounds", ours.size()},
+         {"accel_rounds_seconds", ours_rounds},
          {"baseline_rounds_seconds", raw_rounds}});
   }
   // 4. The checks of a checkpoint archive before LibTorch reads it (checkpoint/archive.hpp, checkpoint/pickle.hpp:
@@ -425,9 +495,14 @@ int main(int argc, char** argv) try {
         in.load_from(b.data(), b.size());
         load = std::min(load, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      add({{"name", "archive_checks_" + std::to_string(tensors) + "_tensors"}, {"accel_seconds", check},
-           {"baseline", "LibTorch's InputArchive::load_from of the same bytes"}, {"baseline_seconds", load},
-           {"ratio", check / load}, {"goal", 0.1}, {"archive_bytes", b.size()}, {"tensors", tensors}});
+      add({{"name", "archive_checks_" + std::to_string(tensors) + "_tensors"},
+           {"accel_seconds", check},
+           {"baseline", "LibTorch's InputArchive::load_from of the same bytes"},
+           {"baseline_seconds", load},
+           {"ratio", check / load},
+           {"goal", 0.1},
+           {"archive_bytes", b.size()},
+           {"tensors", tensors}});
     }
   if (rank == 0) std::ofstream(out_path) << entries.dump(2) << "\n";
   acc.wait_for_everyone();

@@ -110,7 +110,6 @@ void hand_loop(benchmark::State& state, const std::int64_t* perm) {
   report(state, batches, bytes0);
 }
 
-
 void BM_plan_sequential_accel(benchmark::State& s) { accel_plan(s, accel::data::IndexOrder::sequential(kSamples)); }
 void BM_plan_sequential_hand(benchmark::State& s) { hand_loop(s, nullptr); }
 void BM_plan_shuffled_accel(benchmark::State& s) { accel_plan(s, shuffled()); }
@@ -119,8 +118,24 @@ void BM_plan_shuffled_hand(benchmark::State& s) { hand_loop(s, shuffled().data()
 }  // namespace
 
 // Interleaved registration so both sides of a pair see the same machine state.
-BENCHMARK(BM_plan_sequential_hand)->Arg(kDefaultBatch)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(BM_plan_sequential_accel)->Arg(kDefaultBatch)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(BM_plan_shuffled_hand)->Arg(kDefaultBatch)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(BM_plan_shuffled_accel)->Arg(kDefaultBatch)->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+BENCHMARK(BM_plan_sequential_hand)
+    ->Arg(kDefaultBatch)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_plan_sequential_accel)
+    ->Arg(kDefaultBatch)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_plan_shuffled_hand)
+    ->Arg(kDefaultBatch)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_plan_shuffled_accel)
+    ->Arg(kDefaultBatch)
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
 BENCHMARK_MAIN();

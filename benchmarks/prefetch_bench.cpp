@@ -14,23 +14,23 @@
 // would). Rank 0 writes build/bench/results.json entries to argv[1]: ratio = step time / ideal.
 #include <accel/accel.hpp>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/stack.h>
-#include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
 #include <torch/data/example.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -205,17 +205,29 @@ int main(int argc, char** argv) {
   using Dispatched = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;
   nlohmann::json entries = nlohmann::json::array();
   // `reads`: the samples this rank reads a step (a stream: by one reader at most, in order).
-  auto report = [&](const std::string& path, int workers, double step, double fetch, bool in_order, std::int64_t reads) {
-    const double ideal = workers == 0 ? compute_alone + fetch : std::max(compute_alone, in_order ? fetch : fetch / workers);
+  auto report = [&](const std::string& path, int workers, double step, double fetch, bool in_order,
+                    std::int64_t reads) {
+    const double ideal =
+        workers == 0 ? compute_alone + fetch : std::max(compute_alone, in_order ? fetch : fetch / workers);
     const double hand = hand_seconds(reads, in_order ? std::min(workers, 1) : workers, compute, state);
     const std::string name = "prefetch_" + path + "_" + std::to_string(workers) + "w";
-    entries.push_back({{"name", name}, {"accel_seconds", step}, {"baseline", "ideal max(compute, fetch / workers)"},
-                       {"baseline_seconds", ideal}, {"ratio", step / ideal}, {"goal", 1.10}, {"compute_seconds", compute_alone},
+    entries.push_back({{"name", name},
+                       {"accel_seconds", step},
+                       {"baseline", "ideal max(compute, fetch / workers)"},
+                       {"baseline_seconds", ideal},
+                       {"ratio", step / ideal},
+                       {"goal", 1.10},
+                       {"compute_seconds", compute_alone},
                        {"fetch_seconds", fetch}});
-    entries.push_back({{"name", name}, {"accel_seconds", step}, {"baseline", "the same reads by hand"},
-                       {"baseline_seconds", hand}, {"ratio", step / hand}, {"goal", 1.05}});
-    state.print(name, ": step ", step * 1e3, " ms; ideal ", ideal * 1e3, " ms (compute ", compute_alone * 1e3, ", fetch ",
-                fetch * 1e3, "): ratio ", step / ideal, "; the same reads by hand ", hand * 1e3, " ms: ratio ", step / hand);
+    entries.push_back({{"name", name},
+                       {"accel_seconds", step},
+                       {"baseline", "the same reads by hand"},
+                       {"baseline_seconds", hand},
+                       {"ratio", step / hand},
+                       {"goal", 1.05}});
+    state.print(name, ": step ", step * 1e3, " ms; ideal ", ideal * 1e3, " ms (compute ", compute_alone * 1e3,
+                ", fetch ", fetch * 1e3, "): ratio ", step / ideal, "; the same reads by hand ", hand * 1e3,
+                " ms: ratio ", step / hand);
   };
   const bool lead = state.process_index() == 0;
   for (const int workers : {0, 1, 2}) {

@@ -15,12 +15,12 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -42,9 +42,10 @@ double train_steps(const Size& z, std::int64_t bucket_bytes) {
   at::manual_seed(0);
   auto net = make_net(z);
   const auto n = std::int64_t(warmup + steps) * z.batch * acc.num_processes();
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(1e-3)),
-                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, z.inputs}), at::randint(0, kClasses, {n})),
-                                                                  {.batch_size = z.batch, .shuffle = true}));
+  auto [model, opt, loader] = acc.prepare(
+      net, torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(1e-3)),
+      accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, z.inputs}), at::randint(0, kClasses, {n})),
+                              {.batch_size = z.batch, .shuffle = true}));
   int i = 0;
   Clock::time_point t0;
   for (const auto& b : loader) {
@@ -94,7 +95,8 @@ std::tuple<double, double, double> overlap(Acc& acc, int reps) {
 int main(int argc, char** argv) try {
   const std::string out_path = argc > 1 ? argv[1] : "train.json";
   Acc acc;
-  if (acc.num_processes() < 2) throw accel::InvalidArgument("train_bench: run it under accel-launch --nproc-per-node 2");
+  if (acc.num_processes() < 2)
+    throw accel::InvalidArgument("train_bench: run it under accel-launch --nproc-per-node 2");
   std::int64_t params = 0;
   for (const auto& p : make_net(kLarge)->parameters()) params += p.numel();
   // Alternate the two bucketings twice; keep each one's best run (the machine is shared and noisy).
@@ -123,9 +125,10 @@ int main(int argc, char** argv) try {
         {"hidden_fraction", alone > 0 ? 1.0 - std::min(1.0, exposed / alone) : 0.0},
     };
     std::ofstream(out_path) << out.dump(2);
-    std::cout << "accel: " << params << " parameters, " << bucketed << " s/step (" << samples_per_s << " samples/s); flat all-reduce "
-              << flat << " s/step; backward " << with << " s with sync, " << without << " s local; all-reduce alone " << alone
-              << " s; small MLP " << small << " s/step; hidden " << 100.0 * (1.0 - std::min(1.0, exposed / alone)) << "%" << std::endl;
+    std::cout << "accel: " << params << " parameters, " << bucketed << " s/step (" << samples_per_s
+              << " samples/s); flat all-reduce " << flat << " s/step; backward " << with << " s with sync, " << without
+              << " s local; all-reduce alone " << alone << " s; small MLP " << small << " s/step; hidden "
+              << 100.0 * (1.0 - std::min(1.0, exposed / alone)) << "%" << std::endl;
   }
   acc.wait_for_everyone();
   return 0;

@@ -18,12 +18,12 @@
 
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -31,8 +31,8 @@
 #include <iostream>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -48,7 +48,8 @@ constexpr int kWarmup = 2, kSteps = 20;
 
 torch::nn::Sequential make_mlp() {
   at::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(kInputs, kHidden), torch::nn::Tanh(), torch::nn::Linear(kHidden, kInputs));
+  return torch::nn::Sequential(torch::nn::Linear(kInputs, kHidden), torch::nn::Tanh(),
+                               torch::nn::Linear(kHidden, kInputs));
 }
 
 // One rank's figures for one Accelerator (doubles: they travel in one all-reduce; every value fits exactly).
@@ -58,8 +59,8 @@ struct Figures {
   double backward_peak_bytes = 0, step_peak_bytes = 0;  // the peak's two halves: forward + backward, step + zero_grad
   static constexpr int kFields = 10;
   [[nodiscard]] std::vector<double> row() const {
-    return {state_bytes, gradient_bytes, peak_bytes, resident_bytes, step_seconds, total_numel, partition_numel, padding_numel,
-            backward_peak_bytes, step_peak_bytes};
+    return {state_bytes, gradient_bytes,  peak_bytes,    resident_bytes,      step_seconds,
+            total_numel, partition_numel, padding_numel, backward_peak_bytes, step_peak_bytes};
   }
   static Figures of(const double* r) { return {r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]}; }
 };
@@ -91,7 +92,8 @@ Figures measure(Acc& acc) {
   const std::int64_t before = TensorCounter::live();
   Figures f;
   auto net = make_mlp();
-  auto [model, opt] = acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4)));
+  auto [model, opt] =
+      acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4)));
   at::manual_seed(100 + acc.process_index());
   const at::Tensor x = at::randn({kBatch, kInputs}), y = at::randn({kBatch, kInputs});
   std::vector<double> times;
@@ -129,7 +131,8 @@ Figures measure(Acc& acc) {
   f.resident_bytes = double(TensorCounter::live() - before);
   if (const auto& z = opt.sharded()) {
     f.state_bytes = double(z->state_bytes());
-    f.total_numel = double(z->total_numel()), f.partition_numel = double(z->partition_numel()), f.padding_numel = double(z->padding_numel());
+    f.total_numel = double(z->total_numel()), f.partition_numel = double(z->partition_numel()),
+    f.padding_numel = double(z->padding_numel());
   } else {
     f.state_bytes = double(accel::optimizer_state_bytes(opt.inner()));
     for (const auto& p : net->parameters()) f.total_numel += double(p.numel());
@@ -168,9 +171,12 @@ int main(int argc, char** argv) try {
     for (std::size_t m = 0; m < all.size(); ++m)
       for (int r = 0; r < ranks; ++r) {
         const auto& f = all[m][std::size_t(r)];
-        std::printf("rank %d %-5s state %9.0f B  gradients held %9.0f B  peak %9.0f B (backward %9.0f, step %9.0f)  resident %9.0f B  "
-                    "step %.2f ms\n", r, modes[m], f.state_bytes, f.gradient_bytes, f.peak_bytes, f.backward_peak_bytes, f.step_peak_bytes,
-                    f.resident_bytes, 1e3 * f.step_seconds);
+        std::printf(
+            "rank %d %-5s state %9.0f B  gradients held %9.0f B  peak %9.0f B (backward %9.0f, step %9.0f)  resident "
+            "%9.0f B  "
+            "step %.2f ms\n",
+            r, modes[m], f.state_bytes, f.gradient_bytes, f.peak_bytes, f.backward_peak_bytes, f.step_peak_bytes,
+            f.resident_bytes, 1e3 * f.step_seconds);
       }
     // An entry's figure is the largest over the ranks (what each rank must provide); per_rank lists them all.
     auto worst = [&](std::size_t m, double Figures::*field) {
@@ -194,8 +200,13 @@ int main(int argc, char** argv) try {
       const double share = partition / total;
       auto bytes = [&](const std::string& what, double Figures::*field, std::optional<double> goal) {
         const double a = worst(m, field), b = worst(0, field);
-        nlohmann::json e{{"name", stage + "_" + what}, {"unit", "bytes"}, {"accel_bytes", std::int64_t(a)}, {"baseline", baseline},
-                         {"baseline_bytes", std::int64_t(b)}, {"ratio", a / b}, {"per_rank", bytes_of(ranks_of(m, field))},
+        nlohmann::json e{{"name", stage + "_" + what},
+                         {"unit", "bytes"},
+                         {"accel_bytes", std::int64_t(a)},
+                         {"baseline", baseline},
+                         {"baseline_bytes", std::int64_t(b)},
+                         {"ratio", a / b},
+                         {"per_rank", bytes_of(ranks_of(m, field))},
                          {"baseline_per_rank", bytes_of(ranks_of(0, field))}};
         if (goal) e["goal"] = *goal;
         entries.push_back(std::move(e));
@@ -203,7 +214,8 @@ int main(int argc, char** argv) try {
       bytes("optimizer_state_bytes", &Figures::state_bytes, share * (1 + 1e-9));
       entries.back()["total_numel"] = std::int64_t(total), entries.back()["partition_numel"] = std::int64_t(partition);
       entries.back()["padding_numel"] = std::int64_t(padding);
-      bytes("gradient_bytes", &Figures::gradient_bytes, m == 2 ? std::optional<double>(share * (1 + 1e-9)) : std::nullopt);
+      bytes("gradient_bytes", &Figures::gradient_bytes,
+            m == 2 ? std::optional<double>(share * (1 + 1e-9)) : std::nullopt);
       bytes("step_peak_bytes", &Figures::peak_bytes, std::nullopt);
       entries.back()["backward_peak_per_rank"] = bytes_of(ranks_of(m, &Figures::backward_peak_bytes));
       entries.back()["optimizer_step_peak_per_rank"] = bytes_of(ranks_of(m, &Figures::step_peak_bytes));
@@ -211,13 +223,18 @@ int main(int argc, char** argv) try {
       entries.back()["baseline_optimizer_step_peak_per_rank"] = bytes_of(ranks_of(0, &Figures::step_peak_bytes));
       bytes("resident_bytes", &Figures::resident_bytes, std::nullopt);
       const double a = worst(m, &Figures::step_seconds), b = worst(0, &Figures::step_seconds);
-      entries.push_back({{"name", stage + "_train_step_2proc_cpu_adamw_mlp8M"}, {"accel_seconds", a}, {"baseline", baseline},
-                         {"baseline_seconds", b}, {"ratio", a / b}, {"per_rank", ranks_of(m, &Figures::step_seconds)},
+      entries.push_back({{"name", stage + "_train_step_2proc_cpu_adamw_mlp8M"},
+                         {"accel_seconds", a},
+                         {"baseline", baseline},
+                         {"baseline_seconds", b},
+                         {"ratio", a / b},
+                         {"per_rank", ranks_of(m, &Figures::step_seconds)},
                          {"baseline_per_rank", ranks_of(0, &Figures::step_seconds)}});
     }
     std::ofstream(out_path) << entries.dump(2);
     for (const auto& e : entries)
-      std::cout << e["name"].get<std::string>() << ": ratio " << e["ratio"].get<double>() << " against " << baseline << std::endl;
+      std::cout << e["name"].get<std::string>() << ": ratio " << e["ratio"].get<double>() << " against " << baseline
+                << std::endl;
   }
   ddp.wait_for_everyone();
   return 0;

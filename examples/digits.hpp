@@ -24,7 +24,8 @@ inline std::pair<at::Tensor, at::Tensor> read_digits(const std::string& path) {
     std::stringstream row(line);
     std::vector<float> values;
     for (std::string cell; std::getline(row, cell, ',');) values.push_back(std::stof(cell));
-    if (values.size() != 65) throw accel::InvalidArgument(path + ": a row has " + std::to_string(values.size()) + " values, not 65");
+    if (values.size() != 65)
+      throw accel::InvalidArgument(path + ": a row has " + std::to_string(values.size()) + " values, not 65");
     pixels.insert(pixels.end(), values.begin(), values.end() - 1);
     labels.push_back(std::int64_t(values.back()));
   }

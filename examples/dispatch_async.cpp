@@ -14,17 +14,17 @@
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <CLI/CLI.hpp>
 
 #include <iomanip>
 
 #if ACCEL_WITH_CUDA
-using Placement = accel::place::async;   // pinned staging and a copy stream when the process has a GPU
+using Placement = accel::place::async;  // pinned staging and a copy stream when the process has a GPU
 #else
 using Placement = accel::place::device;  // a build without CUDA has no asynchronous copies to make
 #endif
@@ -46,9 +46,11 @@ int main(int argc, char** argv) try {
       net, torch::optim::Adam(net->parameters(), torch::optim::AdamOptions(3e-3)),
       accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, 0, n_train), y.narrow(0, 0, n_train)),
                               {.batch_size = 64, .shuffle = true, .workers = 2, .prefetch = 2}),
-      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)), {.batch_size = 64}));
-  acc.print("dispatched loading on ", acc.num_processes(), " process(es), device ", acc.device(), ": rank 0 reads batches of ",
-            train.total_batch_size(), " and scatters ", train.total_batch_size() / acc.num_processes(), " rows to each process");
+      accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)),
+                              {.batch_size = 64}));
+  acc.print("dispatched loading on ", acc.num_processes(), " process(es), device ", acc.device(),
+            ": rank 0 reads batches of ", train.total_batch_size(), " and scatters ",
+            train.total_batch_size() / acc.num_processes(), " rows to each process");
 
   for (int epoch = 0; epoch < epochs; ++epoch) {
     train.set_epoch(epoch);
@@ -63,11 +65,15 @@ int main(int argc, char** argv) try {
       loss_sum += loss.item<double>();
       ++batches;
     }
-    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4), acc.reduce(at::scalar_tensor(loss_sum / double(batches)), accel::Reduction::mean).item<double>());
+    acc.print("epoch ", epoch, "  loss ", std::fixed, std::setprecision(4),
+              acc.reduce(at::scalar_tensor(loss_sum / double(batches)), accel::Reduction::mean).item<double>());
   }
   const auto [received, broadcast] = train.transport_bytes();
-  acc.print("this process received ", received, " bytes of batches; a broadcast of every global batch (Accelerate's "
-            "transport) would have sent it ", broadcast, " (", std::setprecision(3), double(received) / double(std::max<std::int64_t>(broadcast, 1)), "x)");
+  acc.print("this process received ", received,
+            " bytes of batches; a broadcast of every global batch (Accelerate's "
+            "transport) would have sent it ",
+            broadcast, " (", std::setprecision(3), double(received) / double(std::max<std::int64_t>(broadcast, 1)),
+            "x)");
 
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0, seen = 0;
@@ -76,7 +82,8 @@ int main(int argc, char** argv) try {
     correct += hits.sum().item<std::int64_t>();
     seen += hits.size(0);
   }
-  acc.print("held-out accuracy ", std::fixed, std::setprecision(2), 100.0 * double(correct) / double(seen), "% over ", seen, " samples");
+  acc.print("held-out accuracy ", std::fixed, std::setprecision(2), 100.0 * double(correct) / double(seen), "% over ",
+            seen, " samples");
   acc.wait_for_everyone();
   return seen == n_test ? 0 : 1;
 } catch (const std::exception& e) {

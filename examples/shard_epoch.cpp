@@ -20,16 +20,18 @@ int main() {
   const int N = state.num_processes(), r = state.process_index();
   const std::int64_t n = 1000, batch = 32;
 
-  accel::set_seed(1234, r, /*device_specific=*/true);        // deliberately different on every rank
+  accel::set_seed(1234, r, /*device_specific=*/true);  // deliberately different on every rank
   std::optional<at::Generator> generator = accel::data::synchronized_generator();
   accel::data::RandomSampler sampler(n, *generator);
 
   for (int epoch = 0; epoch < 3; ++epoch) {
-    accel::synchronize_rng_states<Acc::config::rng>(comm, generator);   // rank 0's generator everywhere
+    accel::synchronize_rng_states<Acc::config::rng>(comm, generator);  // rank 0's generator everywhere
     const auto order = sampler.next_epoch();
-    std::vector<accel::plan::BatchPlan> plans;                 // every rank's plan: pure math, no messages
+    std::vector<accel::plan::BatchPlan> plans;  // every rank's plan: pure math, no messages
     for (int q = 0; q < N; ++q)
-      plans.push_back(accel::plan::loader_plan({.batch_size = batch, .num_processes = N, .process_index = q,
+      plans.push_back(accel::plan::loader_plan({.batch_size = batch,
+                                                .num_processes = N,
+                                                .process_index = q,
                                                 .split_batches = Acc::config::split_batches,
                                                 .even_batches = Acc::config::even_batches},
                                                n, accel::plan::Loading::sharded));
@@ -40,7 +42,8 @@ int main() {
       b.indices_into(idx);
       padding += b.padding();
       accel::GatherLayout layout;
-      for (const auto& p : plans) layout.size.push_back(p.span(b.number()).size()), layout.real.push_back(p.real(b.number()));
+      for (const auto& p : plans)
+        layout.size.push_back(p.span(b.number()).size()), layout.real.push_back(p.real(b.number()));
       const auto all = accel::gather_for_metrics(comm, at::tensor(idx, at::kLong), layout);
       seen.insert(seen.end(), all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
     }

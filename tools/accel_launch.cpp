@@ -1,12 +1,13 @@
 // accel-launch: starts N processes of any program on this node with the variables of torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT), prefixes every
 // output line with its rank, forwards SIGINT/SIGTERM (then stops the processes after --stop-grace) and SIGUSR1/SIGUSR2
-// (nothing more: a job with Options::preemption saves and exits by itself), and fails fast: when one process exits non-zero, the others are
-// stopped and that exit code is returned (128 + signal for a process killed by a signal).
+// (nothing more: a job with Options::preemption saves and exits by itself), and fails fast: when one process exits
+// non-zero, the others are stopped and that exit code is returned (128 + signal for a process killed by a signal).
 //
 // The launcher of node rank 0 hosts the job's rendezvous store (a c10d TCPStore at MASTER_PORT; its workers connect
 // to it, TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun). It listens on loopback for a job on one node, and on
-// the --master-addr interface alone for several (accel/state/rendezvous/listen.hpp, Note [Listening surface]). The job has an id
+// the --master-addr interface alone for several (accel/state/rendezvous/listen.hpp, Note [Listening surface]). The job
+// has an id
 // (--job-id, ACCEL_JOB_ID, the scheduler's, or generated) and, when ACCEL_JOB_SECRET / ACCEL_JOB_SECRET_FILE is set
 // or the job runs on one node (a secret is generated then), a secret that seals every value written to the store;
 // both reach the processes as ACCEL_JOB_ID and ACCEL_JOB_SECRET (Notes [Job keys], [Authenticated keys]).
@@ -18,8 +19,8 @@
 //                                               and stops its processes, or restarts them while restarts remain
 //                                               (--max-restarts: every launcher restarts its group together, into
 //                                               generation + 1);
-//   accel-launch/<job>/<generation>/done/<node> this node's processes all exited 0; the job succeeds when every node's has;
-//   accel-launch/<job>/stop                     a launcher was interrupted (SIGINT/SIGTERM): every launcher stops;
+//   accel-launch/<job>/<generation>/done/<node> this node's processes all exited 0; the job succeeds when every node's
+//   has; accel-launch/<job>/stop                     a launcher was interrupted (SIGINT/SIGTERM): every launcher stops;
 //   accel-launch/<job>/left                     launchers of nodes > 0 that are done with the store; node 0 (the host)
 //                                               waits for them before it ends, so nobody loses the store before reading
 //                                               the outcome.
@@ -28,8 +29,8 @@
 // abnormally, written the moment its launcher sees it end (a pidfd per process wakes the launcher's poll); the
 // processes' heartbeats read it, so that a collective waiting for that rank is abandoned at once (Note [Ended
 // ranks] in accel/state/rendezvous/job_identity.hpp).
-#include <accel/state/rendezvous/store.hpp>
 #include <accel/state/launch_env.hpp>
+#include <accel/state/rendezvous/store.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -109,7 +110,9 @@ int exit_code(int status) {
 }
 
 std::string describe(int status) {
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")";
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
@@ -195,11 +198,11 @@ class Launcher {
   int main() {
     if (!join()) return 1;  // signals end the launcher until its processes exist
     traffic("after the meeting");
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
-    struct sigaction fwd{};
+    struct sigaction fwd {};
     fwd.sa_handler = on_forward;
     ::sigaction(SIGUSR1, &fwd, nullptr);
     ::sigaction(SIGUSR2, &fwd, nullptr);
@@ -208,14 +211,18 @@ class Launcher {
       if (g_signal) return finish(128 + g_signal);
       const Outcome o = run(generation);
       switch (o.kind) {
-        case Outcome::success: return finish(0);
-        case Outcome::stopped: return finish(o.code);
-        case Outcome::store_lost: return o.code;
+        case Outcome::success:
+          return finish(0);
+        case Outcome::stopped:
+          return finish(o.code);
+        case Outcome::store_lost:
+          return o.code;
         case Outcome::failure:
           if (g_signal) return finish(o.code);  // interrupted: no restart
           if (generation < s_.max_restarts) {
             say("restarting every process (restart " + std::to_string(generation + 1) + " of --max-restarts " +
-                std::to_string(s_.max_restarts) + "; TORCHELASTIC_RESTART_COUNT=" + std::to_string(generation + 1) + ")");
+                std::to_string(s_.max_restarts) + "; TORCHELASTIC_RESTART_COUNT=" + std::to_string(generation + 1) +
+                ")");
             continue;
           }
           if (s_.max_restarts > 0)
@@ -231,7 +238,9 @@ class Launcher {
   [[nodiscard]] std::string where() const { return s_.master_addr + ":" + std::to_string(s_.port); }
   [[nodiscard]] std::string key(const std::string& what) const { return "accel-launch/" + s_.job_id + "/" + what; }
   [[nodiscard]] std::string failed_key(int g) const { return key(std::to_string(g) + "/failed"); }
-  [[nodiscard]] std::string done_key(int g, int node) const { return key(std::to_string(g) + "/done/" + std::to_string(node)); }
+  [[nodiscard]] std::string done_key(int g, int node) const {
+    return key(std::to_string(g) + "/done/" + std::to_string(node));
+  }
   [[nodiscard]] std::string join_key(int node) const { return key("join/" + std::to_string(node)); }
 
   // ACCEL_STORE_TRAFFIC=1: the launcher's store requests so far (what it costs the store: benchmarks/README.md).
@@ -239,12 +248,13 @@ class Launcher {
     const char* v = std::getenv("ACCEL_STORE_TRAFFIC");
     if (!v || std::string(v) != "1") return;
     const auto t = accel::rendezvous::StoreTraffic::now();
-    say("store traffic " + std::string(when) + ": " + std::to_string(t.requests) + " requests, " + std::to_string(t.keys) +
-        " keys in " + std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - g_started).count()) + " s");
+    say("store traffic " + std::string(when) + ": " + std::to_string(t.requests) + " requests, " +
+        std::to_string(t.keys) + " keys in " +
+        std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - g_started).count()) + " s");
   }
   void say(const std::string& what) const {
-    std::fprintf(stderr, "accel-launch: %s%s\n", s_.nnodes > 1 ? ("node " + std::to_string(s_.node_rank) + ": ").c_str() : "",
-                 what.c_str());
+    std::fprintf(stderr, "accel-launch: %s%s\n",
+                 s_.nnodes > 1 ? ("node " + std::to_string(s_.node_rank) + ": ").c_str() : "", what.c_str());
     std::fflush(stderr);
   }
 
@@ -253,12 +263,14 @@ class Launcher {
     const auto t0 = Clock::now();
     const auto timeout = std::chrono::milliseconds(int64_t(s_.join_timeout * 1000));
     try {
-      if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout)) throw std::runtime_error("nothing listens there");
+      if (s_.node_rank != 0 && !reachable(s_.master_addr, s_.port, t0 + timeout))
+        throw std::runtime_error("nothing listens there");
       auto tcp = s_.node_rank == 0 ? accel::rendezvous::host_store(s_.master_addr, s_.port, timeout)
                                    : accel::rendezvous::connect_store(s_.master_addr, s_.port, timeout);
       s_.port = tcp->getPort();  // the port chosen when --master-port was left out
       store_ = c10::make_intrusive<accel::rendezvous::JobStore>(
-          tcp, s_.secret, "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
+          tcp, s_.secret,
+          "accel-launch" + (s_.nnodes > 1 ? " (node " + std::to_string(s_.node_rank) + ")" : std::string()));
     } catch (const std::exception& e) {
       store_.reset();
       if (s_.node_rank == 0)
@@ -266,7 +278,8 @@ class Launcher {
             "); choose a free --master-port, and a --master-addr of this host");
       else
         say("could not reach the rendezvous store of node 0 at " + where() + " within " + seconds(s_.join_timeout) +
-            ": start accel-launch --node-rank 0 on the node of --master-addr (its launcher hosts the store), and give every "
+            ": start accel-launch --node-rank 0 on the node of --master-addr (its launcher hosts the store), and give "
+            "every "
             "node the same --master-addr and --master-port (or raise --join-timeout)");
       return false;
     }
@@ -277,13 +290,14 @@ class Launcher {
         s_.job_id = text(store_->get("accel-launch/job"));
         accel::rendezvous::check_job_id(s_.job_id, "published by node 0");
       } catch (const std::exception& e) {
-        say("could not agree on a job id with node 0 at " + where() + " (" + first_line(e.what()) + "); give every node "
+        say("could not agree on a job id with node 0 at " + where() + " (" + first_line(e.what()) +
+            "); give every node "
             "the same --job-id");
         return false;
       }
     }
-    const std::string config = "--nnodes " + std::to_string(s_.nnodes) + " --nproc-per-node " + std::to_string(s_.nproc) +
-                               " --max-restarts " + std::to_string(s_.max_restarts);
+    const std::string config = "--nnodes " + std::to_string(s_.nnodes) + " --nproc-per-node " +
+                               std::to_string(s_.nproc) + " --max-restarts " + std::to_string(s_.max_restarts);
     char host[256] = "?";
     ::gethostname(host, sizeof host - 1);
     const std::string me = config + "|" + host + ":" + std::to_string(::getpid());
@@ -292,7 +306,8 @@ class Launcher {
     try {
       if (const auto held = text(store_->compareSet(join_key(s_.node_rank), {}, bytes(me))); held != me) {
         say("another launcher (" + held.substr(held.find('|') + 1) + ") already joined as --node-rank " +
-            std::to_string(s_.node_rank) + "; give every node its own --node-rank, 0 to " + std::to_string(s_.nnodes - 1));
+            std::to_string(s_.node_rank) + "; give every node its own --node-rank, 0 to " +
+            std::to_string(s_.nnodes - 1));
         mismatch_ = true;
         return true;
       }
@@ -305,8 +320,10 @@ class Launcher {
         std::string missing;
         int joined = 0;
         for (int n = 0; n < s_.nnodes; ++n) {
-          if (store_->check({join_key(n)})) ++joined;
-          else missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+          if (store_->check({join_key(n)}))
+            ++joined;
+          else
+            missing += (missing.empty() ? "" : ", ") + std::to_string(n);
         }
         say("only " + std::to_string(joined) + " of " + std::to_string(s_.nnodes) + " nodes joined within " +
             seconds(s_.join_timeout) + "; missing node rank(s): " + missing + ". Start accel-launch --nnodes " +
@@ -317,8 +334,9 @@ class Launcher {
       for (int n = 0; n < s_.nnodes; ++n) {
         const std::string theirs = text(store_->get(join_key(n)));
         if (theirs.substr(0, theirs.find('|')) != config) {
-          say("node " + std::to_string(n) + " was started with " + theirs.substr(0, theirs.find('|')) + ", this node with " +
-              config + "; start every node with the same --nnodes, --nproc-per-node and --max-restarts");
+          say("node " + std::to_string(n) + " was started with " + theirs.substr(0, theirs.find('|')) +
+              ", this node with " + config +
+              "; start every node with the same --nnodes, --nproc-per-node and --max-restarts");
           mismatch_ = true;
           return true;
         }
@@ -483,8 +501,10 @@ class Launcher {
       const std::size_t pipes = fds.size();
       for (auto& c : children)
         if (c.running && c.exit_fd >= 0) fds.push_back(pollfd{c.exit_fd, POLLIN, 0});
-      if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-      else std::this_thread::sleep_for(50ms);
+      if (!fds.empty())
+        ::poll(fds.data(), fds.size(), 100);
+      else
+        std::this_thread::sleep_for(50ms);
       for (std::size_t k = 0; k < pipes; ++k) {
         if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         auto [c, is_err] = who[k];
@@ -527,16 +547,19 @@ class Launcher {
           if (c.exit_fd >= 0) ::close(c.exit_fd), c.exit_fd = -1;
           const int code = exit_code(status);
           if (code != 0 && !failure && !stop) {
-            failure = report(generation, {c.rank, code, s_.node_rank, describe(status)}, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            failure = report(generation, {c.rank, code, s_.node_rank, describe(status)},
+                             WIFSIGNALED(status) ? WTERMSIG(status) : 0);
             const std::string rest = others() == 0 ? std::string()
-                                     : (s_.grace > 0 ? "waiting for" : "stopping") + std::string(" the other ") +
-                                           std::to_string(others()) + " process(es)" + (s_.nnodes > 1 ? " of this node" : "");
+                                                   : (s_.grace > 0 ? "waiting for" : "stopping") +
+                                                         std::string(" the other ") + std::to_string(others()) +
+                                                         " process(es)" + (s_.nnodes > 1 ? " of this node" : "");
             if (failure->rank == c.rank && failure->node == s_.node_rank)
               say("rank " + std::to_string(c.rank) + " " + describe(status) + "; " + rest +
                   (s_.nnodes == 1 ? "" : (rest.empty() ? "" : "; ") + std::string("the other nodes stop theirs")));
             else
-              say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " + failure->what +
-                  " (and here rank " + std::to_string(c.rank) + " " + describe(status) + ")" + (rest.empty() ? "" : "; " + rest));
+              say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " +
+                  failure->what + " (and here rank " + std::to_string(c.rank) + " " + describe(status) + ")" +
+                  (rest.empty() ? "" : "; " + rest));
             stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.grace * 1000));
           }
         } else {
@@ -549,22 +572,26 @@ class Launcher {
         try {
           if (store_->check({failed_key(generation)})) {
             failure = Failure::decode(text(store_->get(failed_key(generation))));
-            say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " + failure->what + "; " +
-                (s_.grace > 0 ? "waiting for" : "stopping") + " the " + std::to_string(others()) + " process(es) of this node");
+            say("rank " + std::to_string(failure->rank) + " on node " + std::to_string(failure->node) + " " +
+                failure->what + "; " + (s_.grace > 0 ? "waiting for" : "stopping") + " the " +
+                std::to_string(others()) + " process(es) of this node");
             stop_deadline = Clock::now() + std::chrono::milliseconds(int64_t(s_.grace * 1000));
           } else if (store_->check({key("stop")})) {
             stop = Outcome{Outcome::stopped, std::stoi(text(store_->get(key("stop"))))};
-            say("another node's launcher was interrupted; stopping the " + std::to_string(others()) + " process(es) of this node");
+            say("another node's launcher was interrupted; stopping the " + std::to_string(others()) +
+                " process(es) of this node");
             stop_deadline = Clock::now();
           }
         } catch (const std::exception& e) {
           say("lost the rendezvous store at " + where() + " (" + first_line(e.what()) +
-              "): the launcher of node 0 ended; stopping the " + std::to_string(others()) + " process(es) of this node");
+              "): the launcher of node 0 ended; stopping the " + std::to_string(others()) +
+              " process(es) of this node");
           stop = Outcome{Outcome::store_lost, 1};
           stop_deadline = Clock::now();
         }
       }
-      const bool pipes_open = std::any_of(children.begin(), children.end(), [](const Child& c) { return c.out >= 0 || c.err >= 0; });
+      const bool pipes_open =
+          std::any_of(children.begin(), children.end(), [](const Child& c) { return c.out >= 0 || c.err >= 0; });
       if (running == 0 && !pipes_open) break;
       if (running == 0 && !drain_deadline) drain_deadline = Clock::now() + 2s;
       if (drain_deadline && Clock::now() >= *drain_deadline) break;  // a grandchild holds a pipe
@@ -613,7 +640,8 @@ class Launcher {
         std::this_thread::sleep_for(200ms);
       }
     } catch (const std::exception& e) {
-      say("lost the rendezvous store at " + where() + " (" + first_line(e.what()) + ") while waiting for the other nodes");
+      say("lost the rendezvous store at " + where() + " (" + first_line(e.what()) +
+          ") while waiting for the other nodes");
       return {Outcome::store_lost, 1};
     }
   }
@@ -633,19 +661,27 @@ int main(int argc, char** argv) {
   bool no_prefix = false;
   app.add_option("--nproc-per-node", s.nproc, "processes on this node")->check(CLI::PositiveNumber);
   app.add_option("--nnodes", s.nnodes, "nodes in the job (one accel-launch per node)")->check(CLI::PositiveNumber);
-  app.add_option("--node-rank", s.node_rank, "this node's index (node 0 hosts the rendezvous store)")->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr", master_addr, "address of node 0, reachable from every node (required with --nnodes > 1)");
+  app.add_option("--node-rank", s.node_rank, "this node's index (node 0 hosts the rendezvous store)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", master_addr,
+                 "address of node 0, reachable from every node (required with --nnodes > 1)");
   app.add_option("--master-port", master_port, "rendezvous port (default: a free port; required with --nnodes > 1)")
       ->check(CLI::Range(1, 65535));
-  app.add_option("--max-restarts", s.max_restarts,
-                 "after a failure, restart every process of every node this many times (each resumes from its checkpoint)")
+  app.add_option(
+         "--max-restarts", s.max_restarts,
+         "after a failure, restart every process of every node this many times (each resumes from its checkpoint)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--join-timeout", s.join_timeout, "seconds the launchers of a multi-node job wait for each other (default 300)")
+  app.add_option("--join-timeout", s.join_timeout,
+                 "seconds the launchers of a multi-node job wait for each other (default 300)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--grace", s.grace, "after a failure, seconds the others get to end by themselves before being stopped");
-  app.add_option("--stop-grace", s.stop_grace, "after forwarding SIGINT/SIGTERM, seconds the processes get to save and exit "
-                 "(Options::preemption) before they are stopped (default 30, SLURM's KillWait)")->check(CLI::NonNegativeNumber);
-  app.add_option("--job-id", s.job_id, "the job's id, under which every rendezvous key lives (default: ACCEL_JOB_ID, the "
+  app.add_option("--grace", s.grace,
+                 "after a failure, seconds the others get to end by themselves before being stopped");
+  app.add_option("--stop-grace", s.stop_grace,
+                 "after forwarding SIGINT/SIGTERM, seconds the processes get to save and exit "
+                 "(Options::preemption) before they are stopped (default 30, SLURM's KillWait)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--job-id", s.job_id,
+                 "the job's id, under which every rendezvous key lives (default: ACCEL_JOB_ID, the "
                  "scheduler's job id, or generated; give every node the same)");
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
   app.add_option("command", s.command, "the program and its arguments")->required();
@@ -671,9 +707,12 @@ int main(int argc, char** argv) {
   // A job on one node stays on loopback, whatever --master-addr says (Note [Listening surface]).
   if (s.nnodes == 1) s.master_addr = "127.0.0.1";
   try {
-    if (!s.job_id.empty()) accel::rendezvous::check_job_id(s.job_id, "--job-id");
-    else if (std::string id = accel::rendezvous::job_id_from(accel::process_env); id != "none") s.job_id = id;
-    else if (s.nnodes == 1) s.job_id = accel::rendezvous::random_hex(16);
+    if (!s.job_id.empty())
+      accel::rendezvous::check_job_id(s.job_id, "--job-id");
+    else if (std::string id = accel::rendezvous::job_id_from(accel::process_env); id != "none")
+      s.job_id = id;
+    else if (s.nnodes == 1)
+      s.job_id = accel::rendezvous::random_hex(16);
     s.secret = accel::rendezvous::job_secret_from(accel::process_env);
   } catch (const std::exception& e) {
     std::cerr << "accel-launch: " << e.what() << "\n";
@@ -682,7 +721,8 @@ int main(int argc, char** argv) {
   if (s.secret.empty() && s.nnodes == 1) s.secret = accel::rendezvous::random_hex(32);
   if (s.secret.empty())
     std::cerr << "accel-launch: warning: no ACCEL_JOB_SECRET or ACCEL_JOB_SECRET_FILE: any host that reaches "
-              << s.master_addr << " can write this job's rendezvous keys; give every node the same secret (README, "
+              << s.master_addr
+              << " can write this job's rendezvous keys; give every node the same secret (README, "
                  "Security)\n";
 
   ::signal(SIGPIPE, SIG_IGN);

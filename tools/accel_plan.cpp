@@ -3,8 +3,8 @@
 // Accelerate's vectors from its parameters (--golden F --emit|--check).
 #include "plan/golden.hpp"
 
-#include <accel/plan/plan.hpp>
 #include <accel/data/sampler.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <ATen/Context.h>
 #include <CLI/CLI.hpp>
@@ -12,8 +12,8 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <string>
 #include <optional>
+#include <string>
 
 namespace {
 
@@ -55,12 +55,15 @@ int run_golden(const Args& a) {
   }
   const auto result = accel_plan::check_golden(ref, a.golden);
   for (const auto& f : result.failures) std::cout << "FAILED " << f << "\n";
-  std::cout << a.golden.substr(a.golden.find_last_of('/') + 1) << ": " << result.passed << " passed, " << result.failed << " failed\n";
+  std::cout << a.golden.substr(a.golden.find_last_of('/') + 1) << ": " << result.passed << " passed, " << result.failed
+            << " failed\n";
   return result.failed == 0 ? 0 : 1;
 }
 
 int run_plan(const Args& a) {
-  plan::Loading loading = a.dispatch ? plan::Loading::dispatched : a.iterable ? plan::Loading::iterable : plan::Loading::sharded;
+  plan::Loading loading = a.dispatch   ? plan::Loading::dispatched
+                          : a.iterable ? plan::Loading::iterable
+                                       : plan::Loading::sharded;
   std::optional<data::ShuffledOrders> orders;
   data::IndexOrder order = data::IndexOrder::sequential(a.samples);
   if (a.shuffle) {
@@ -74,15 +77,20 @@ int run_plan(const Args& a) {
   }
   json out = json::array();
   for (int r = 0; r < a.processes; ++r) {
-    const plan::ShardSpec spec{.batch_size = a.batch_size, .drop_last = a.drop_last, .num_processes = a.processes,
-                               .process_index = r, .split_batches = a.split, .even_batches = !a.uneven};
+    const plan::ShardSpec spec{.batch_size = a.batch_size,
+                               .drop_last = a.drop_last,
+                               .num_processes = a.processes,
+                               .process_index = r,
+                               .split_batches = a.split,
+                               .even_batches = !a.uneven};
     const auto p = plan::loader_plan(spec, a.samples, loading, a.start).skip(a.skip);
     json batches = json::array();
     for (std::int64_t j = 0; j < p.size(); ++j) {
       const auto s = p.span(j);
       json idx = json::array();
       for (auto pos = s.begin; pos < s.end; ++pos) idx.push_back(order[p.sample(pos)]);
-      batches.push_back({{"indices", idx}, {"padding", s.size() - p.real(j)}, {"end_of_dataloader", p.end_of_dataloader(j)}});
+      batches.push_back(
+          {{"indices", idx}, {"padding", s.size() - p.real(j)}, {"end_of_dataloader", p.end_of_dataloader(j)}});
     }
     out.push_back({{"process_index", r}, {"size", p.size()}, {"batches", batches}});
   }
@@ -91,8 +99,9 @@ int run_plan(const Args& a) {
     return 0;
   }
   if (a.start > 0 || a.resumed_from > 0)
-    std::cout << "the rest of epoch " << a.epoch << " from sample " << a.start << " of " << a.samples << ", checkpoint of "
-              << (a.resumed_from > 0 ? a.resumed_from : a.processes) << " process(es), now " << a.processes << "\n";
+    std::cout << "the rest of epoch " << a.epoch << " from sample " << a.start << " of " << a.samples
+              << ", checkpoint of " << (a.resumed_from > 0 ? a.resumed_from : a.processes) << " process(es), now "
+              << a.processes << "\n";
   for (const auto& proc : out) {
     std::cout << "process " << proc["process_index"] << ": " << proc["size"] << " batches\n";
     std::int64_t j = a.skip;
@@ -100,7 +109,8 @@ int run_plan(const Args& a) {
       const auto& idx = b["indices"];
       const auto real = idx.size() - b["padding"].get<std::size_t>();
       std::cout << "  batch " << j++ << ":";
-      for (std::size_t i = 0; i < idx.size(); ++i) std::cout << ' ' << idx[i].get<std::int64_t>() << (i >= real ? "*" : "");
+      for (std::size_t i = 0; i < idx.size(); ++i)
+        std::cout << ' ' << idx[i].get<std::int64_t>() << (i >= real ? "*" : "");
       if (b["end_of_dataloader"].get<bool>()) std::cout << "   <- end_of_dataloader";
       std::cout << "\n";
     }
@@ -126,14 +136,18 @@ int main(int argc, char** argv) {
   app.add_flag("--seedable", a.seedable, "use_seedable_sampler=True");
   app.add_option("--data-seed", a.data_seed, "data_seed for --seedable");
   app.add_option("--skip", a.skip, "skip_first_batches: batches of the prepared loader to skip");
-  app.add_option("--start", a.start, "a resumed epoch: the samples already consumed (a checkpoint's LoaderState::position)")
+  app.add_option("--start", a.start,
+                 "a resumed epoch: the samples already consumed (a checkpoint's LoaderState::position)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--resumed-from", a.resumed_from, "a resumed epoch: the processes of the job that saved the checkpoint "
-                                                   "(whose rule drew the epoch's order with --shuffle)")->check(CLI::PositiveNumber);
+  app.add_option("--resumed-from", a.resumed_from,
+                 "a resumed epoch: the processes of the job that saved the checkpoint "
+                 "(whose rule drew the epoch's order with --shuffle)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--iterable", a.iterable, "an iterable dataset (IterableDatasetShard)");
   app.add_flag("--dispatch", a.dispatch, "loading::dispatched (rank 0 reads, every rank gets its slice)");
   app.add_flag("--json", a.as_json, "print JSON instead of a table");
-  auto* golden = app.add_option("--golden", a.golden, "a golden file of Python Accelerate's vectors")->check(CLI::ExistingFile);
+  auto* golden =
+      app.add_option("--golden", a.golden, "a golden file of Python Accelerate's vectors")->check(CLI::ExistingFile);
   auto* emit = app.add_flag("--emit", a.emit, "with --golden: write the library's results in the same schema");
   auto* check = app.add_flag("--check", a.check, "with --golden: compare and print 'N passed, M failed'");
   emit->needs(golden)->excludes(check);

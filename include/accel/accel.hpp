@@ -6,8 +6,8 @@
 //! cuda/nccl.hpp) and the trackers' writers (tracking/csv.hpp, jsonl.hpp, tensorboard.hpp); include one by name
 //! to use it directly.
 
-#include <accel/error.hpp>
 #include <accel/config.hpp>
+#include <accel/error.hpp>
 #include <accel/policy/batches.hpp>
 #include <accel/policy/dist.hpp>
 #include <accel/policy/loading.hpp>

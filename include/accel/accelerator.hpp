@@ -7,8 +7,8 @@
 //!
 //! Acc acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 4}};
 //! auto [model, opt, loader, sched] = acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters()),
-//!                                                accel::data::DataLoader(dataset, {.batch_size = 64, .shuffle = true}),
-//!                                                std::make_shared<torch::optim::StepLR>(*adamw, 100));
+//!                                                accel::data::DataLoader(dataset, {.batch_size = 64, .shuffle =
+//!                                                true}), std::make_shared<torch::optim::StepLR>(*adamw, 100));
 //! for (const auto& batch : loader) {
 //!   auto step = acc.accumulate(model);                 // sync decision; no_sync on accumulation steps
 //!   auto ac = acc.autocast();                           // bf16/fp16 forward under Options::mixed_precision
@@ -32,7 +32,6 @@
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/rng.hpp>
 #include <accel/config.hpp>
-#include <accel/state/gradient_state.hpp>
 #include <accel/data/prepare.hpp>
 #include <accel/model/autocast.hpp>
 #include <accel/model/prepared_model.hpp>
@@ -40,6 +39,7 @@
 #include <accel/optim/accelerated.hpp>
 #include <accel/optim/accumulation.hpp>
 #include <accel/optim/grad_scaler.hpp>
+#include <accel/state/gradient_state.hpp>
 #include <accel/state/preemption.hpp>
 #include <accel/state/process_state.hpp>
 #include <accel/tracking/trackers.hpp>
@@ -70,27 +70,33 @@ class Accelerator {
   using engine = std::conditional_t<problem == ConfigProblem::none, typename config::dist, dist::none>;
 
   Accelerator(Options o = {})  // NOLINT: implicit, so that `Acc acc{accel::Options{...}}` reads well
-      : opt_(o), state_(ProcessOptions{.launch = o.launch, .comm = o.comm}, engine{}),
-        accumulation_({.steps = o.gradient_accumulation_steps, .sync_with_dataloader = o.sync_with_dataloader,
+      : opt_(o),
+        state_(ProcessOptions{.launch = o.launch, .comm = o.comm}, engine{}),
+        accumulation_({.steps = o.gradient_accumulation_steps,
+                       .sync_with_dataloader = o.sync_with_dataloader,
                        .sync_each_batch = o.sync_each_batch}) {
     checkpoint::check_project(o.project_config);
     if (o.preemption.enabled) {
       detail::require(o.project_config.automatic_checkpoint_naming,
                       "accel: Options::preemption saves with save_state() under automatic checkpoint naming; set "
                       "Options::project_config.automatic_checkpoint_naming = true (and its project_dir)");
-      detail::require(o.preemption.check_every >= 1, "accel: PreemptionOptions::check_every is " + std::to_string(o.preemption.check_every) +
-                                                          "; agree on signals every 1 or more optimizer steps");
+      detail::require(o.preemption.check_every >= 1, "accel: PreemptionOptions::check_every is " +
+                                                         std::to_string(o.preemption.check_every) +
+                                                         "; agree on signals every 1 or more optimizer steps");
       signals_ = detail::SignalWatch(o.preemption.signals);
     }
-    detail::require(o.check_replicas_every >= 0, "accel: Options::check_replicas_every is " + std::to_string(o.check_replicas_every) +
+    detail::require(o.check_replicas_every >= 0, "accel: Options::check_replicas_every is " +
+                                                     std::to_string(o.check_replicas_every) +
                                                      "; use 0 (no check) or a number of optimizer steps");
     detail::require(o.gradient_accumulation_steps >= 1, "accel: Options::gradient_accumulation_steps is " +
-                                                            std::to_string(o.gradient_accumulation_steps) + "; use 1 (no accumulation) or more");
+                                                            std::to_string(o.gradient_accumulation_steps) +
+                                                            "; use 1 (no accumulation) or more");
     bind_boundary_hook();
     if (o.seed) set_seed(*o.seed, state_.process_index(), o.device_specific_seed);
     if (o.mixed_precision == Precision::fp16) {
-      detail::require(state_.device().is_cuda(), "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
-                                                 "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
+      detail::require(state_.device().is_cuda(),
+                      "accel: Precision::fp16 needs a GPU (fp16 training scales the loss on the "
+                      "device); this process runs on the CPU: use Precision::bf16, or Precision::no");
       // not a step call: the scaler is built here (its step goes through the prepared optimizer's door)
       scaler_ = std::make_shared<GradScaler>(state_.device(), state_.comm(), o.scaler);
       checkpointer_.set_scaler({[s = scaler_](auto& a) { s->save(a); }, [s = scaler_](auto& a) { s->load(a); },
@@ -109,10 +115,12 @@ class Accelerator {
   //!
   //! | argument                                           | result                                          |
   //! |----------------------------------------------------|-------------------------------------------------|
-  //! | model: `std::shared_ptr<M>` or a module holder      | `PreparedModel<Holder>` (the holder itself under `dist::none`), moved to the device, rank 0's weights |
-  //! | optimizer: `std::shared_ptr<O>` or `O&&`            | `AcceleratedOptimizer<O>`                        |
-  //! | `data::DataLoader`                                  | the prepared loader of `config` (`ShardedLoader`, `DispatchedLoader`, ...) |
-  //! | scheduler: `std::shared_ptr<S>` (an `LRScheduler`: LibTorch's, or optim/schedulers.hpp's PyTorch-exact ones) | `AcceleratedScheduler<S>`, held back by every prepared optimizer's skipped steps |
+  //! | model: `std::shared_ptr<M>` or a module holder      | `PreparedModel<Holder>` (the holder itself under
+  //! `dist::none`), moved to the device, rank 0's weights | | optimizer: `std::shared_ptr<O>` or `O&&`            |
+  //! `AcceleratedOptimizer<O>`                        | | `data::DataLoader`                                  | the
+  //! prepared loader of `config` (`ShardedLoader`, `DispatchedLoader`, ...) | | scheduler: `std::shared_ptr<S>` (an
+  //! `LRScheduler`: LibTorch's, or optim/schedulers.hpp's PyTorch-exact ones) | `AcceleratedScheduler<S>`, held back by
+  //! every prepared optimizer's skipped steps |
   //!
   //! An optimizer holding a parameter of no prepared model is an error (build it from the model's
   //! `parameters()`). The order of preparation is the order of the checkpoint's files.
@@ -148,14 +156,14 @@ class Accelerator {
   //! call it on synchronising steps only (`sync_gradients()`): gradients are unscaled once per step.
   double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0);
   template <class M>
-    requires ModuleHandle<M> || is_prepared_model<M>
+  requires ModuleHandle<M> || is_prepared_model<M>
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0);
   // [accelerate:accelerator.py Accelerator.clip_grad_value_]
   //! Unscales the gradients (fp16) then clamps every gradient element into `[-clip_value, clip_value]`. Under
   //! fp16, call it on synchronising steps only (`sync_gradients()`), as `clip_grad_norm_`.
   void clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value);
   template <class M>
-    requires ModuleHandle<M> || is_prepared_model<M>
+  requires ModuleHandle<M> || is_prepared_model<M>
   void clip_grad_value_(const M& model, double clip_value);
   //! Divides every prepared optimizer's gradients by the loss scale (fp16; nothing otherwise).
   void unscale_gradients();
@@ -176,8 +184,8 @@ class Accelerator {
   //! elements in rank order without the padding, exactly the samples the tensor form keeps for the same batch.
   //! Outside a prepared loader's loop it is every rank's elements, concatenated (Accelerate's `gather_object`).
   template <class T>
-    requires(!TensorStructure<std::vector<T>>)
-  [[nodiscard]] std::vector<T> gather_for_metrics(const std::vector<T>& x) const;
+  requires(!TensorStructure<std::vector<T>>)
+      [[nodiscard]] std::vector<T> gather_for_metrics(const std::vector<T>& x) const;
   //! Every rank's `x`, concatenated (shapes must agree: under uneven tails a rank out of batches contributes
   //! zeros of the shape it last gathered; use `gather_for_metrics` for a batch's rows).
   template <TensorStructure T>
@@ -230,19 +238,27 @@ class Accelerator {
   //! Runs `f()` on the main process only; `bool` (whether it ran) for an `f` returning nothing, else
   //! `std::optional` of its result (`ProcessState::on_main_process`). The `on_*` helpers do not communicate.
   template <std::invocable F>
-  OnProcessResult<F> on_main_process(F&& f) const { return state_.on_main_process(std::forward<F>(f)); }
+  OnProcessResult<F> on_main_process(F&& f) const {
+    return state_.on_main_process(std::forward<F>(f));
+  }
   // [accelerate:accelerator.py Accelerator.on_local_main_process]
   //! Runs `f()` on the main process of each node only.
   template <std::invocable F>
-  OnProcessResult<F> on_local_main_process(F&& f) const { return state_.on_local_main_process(std::forward<F>(f)); }
+  OnProcessResult<F> on_local_main_process(F&& f) const {
+    return state_.on_local_main_process(std::forward<F>(f));
+  }
   // [accelerate:accelerator.py Accelerator.on_last_process]
   //! Runs `f()` on the last process only.
   template <std::invocable F>
-  OnProcessResult<F> on_last_process(F&& f) const { return state_.on_last_process(std::forward<F>(f)); }
+  OnProcessResult<F> on_last_process(F&& f) const {
+    return state_.on_last_process(std::forward<F>(f));
+  }
   // [accelerate:accelerator.py Accelerator.on_process]
   //! Runs `f()` on the process `index` only (an index outside `[0, num_processes())` is an error).
   template <std::invocable F>
-  OnProcessResult<F> on_process(int index, F&& f) const { return state_.on_process(index, std::forward<F>(f)); }
+  OnProcessResult<F> on_process(int index, F&& f) const {
+    return state_.on_process(index, std::forward<F>(f));
+  }
   // [accelerate:accelerator.py Accelerator.on_local_process]
   //! Runs `f()` on the process of local index `local_index` of each node (outside `[0, local processes)`: an error).
   template <std::invocable F>
@@ -252,7 +268,9 @@ class Accelerator {
   void wait_for_everyone() const { state_.wait_for_everyone(); }
   [[nodiscard]] auto main_process_first() const { return state_.main_process_first(); }
   template <class... Args>
-  void print(const Args&... args) const { state_.print(args...); }
+  void print(const Args&... args) const {
+    state_.print(args...);
+  }
 
   // ---- checkpoints (checkpoint/checkpointer.hpp; layout: checkpoint/format.hpp) ---------------------------------
 
@@ -307,7 +325,7 @@ class Accelerator {
   //! (checkpoint/safetensors.hpp). Every process calls it; the main process writes, the others wait for it, and
   //! a failure there is raised on every process.
   template <class M>
-    requires ModuleHandle<M> || is_prepared_model<M>
+  requires ModuleHandle<M> || is_prepared_model<M>
   void save_model(const M& model, const std::filesystem::path& dir, const checkpoint::SaveModelOptions& options = {});
 
   // ---- experiment trackers (tracking/trackers.hpp) ------------------------------------------------------------
@@ -344,8 +362,7 @@ class Accelerator {
   static T concat_rows(const std::vector<T>& parts);
   //! The elements of several gathers of objects, concatenated.
   template <class U>
-    requires(!TensorStructure<std::vector<U>>)
-  static std::vector<U> concat_rows(std::vector<std::vector<U>> parts);
+  requires(!TensorStructure<std::vector<U>>) static std::vector<U> concat_rows(std::vector<std::vector<U>> parts);
   //! A collective in an epoch where some rank has no batch at all: that rank has no step to repeat, so the
   //! collective could never be matched; every rank knows it from the plan and stops here, with the same error.
   void refuse_starved(const char* what) const;
@@ -405,7 +422,8 @@ class Accelerator {
   void shard_gradients();
   // ZeRO stage 2: this rank's part of the partitioned gradients of `parameters`, and the whole gradients of the
   // others (parameters of no sharded optimizer).
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gradients_of(const std::vector<at::Tensor>& parameters) const;
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gradients_of(
+      const std::vector<at::Tensor>& parameters) const;
   void check_optimizer_parameters(std::size_t first) const;
   template <class M>
   static std::shared_ptr<DistributedModule> distributed_of(const M& m);
@@ -415,26 +433,26 @@ class Accelerator {
   Accumulation accumulation_;
   std::shared_ptr<GradScaler> scaler_;
   std::vector<OptimizerEntry> optimizers_;
-  Ddps ddps_;  // every prepared model's gradient synchroniser
+  Ddps ddps_;                              // every prepared model's gradient synchroniser
   checkpoint::Checkpointer checkpointer_;  // every prepared object, in prepare order
   std::vector<std::function<void(const std::filesystem::path&)>> save_hooks_;  // register_save_state_pre_hook's
-  tracking::Trackers trackers_;            // the run's writers (none but on the main process) and position
-  bool trackers_started_ = false;          // init_trackers was called (on every process)
-  detail::SignalWatch signals_;            // Options::preemption's signals, while this accelerator lives
-  std::uint64_t boundary_steps_ = 0;       // optimizer steps at the last step boundary
-  bool resumed_ = false;                   // load_state was called: init_trackers continues the run's files from
-                                           // trackers_'s position (the checkpoint's)
-  std::uint64_t training_steps_ = 0;       // synchronising steps with a backward, counted at step boundaries
+  tracking::Trackers trackers_;       // the run's writers (none but on the main process) and position
+  bool trackers_started_ = false;     // init_trackers was called (on every process)
+  detail::SignalWatch signals_;       // Options::preemption's signals, while this accelerator lives
+  std::uint64_t boundary_steps_ = 0;  // optimizer steps at the last step boundary
+  bool resumed_ = false;              // load_state was called: init_trackers continues the run's files from
+                                      // trackers_'s position (the checkpoint's)
+  std::uint64_t training_steps_ = 0;  // synchronising steps with a backward, counted at step boundaries
   std::uint64_t backwards_ = 0, backwards_at_boundary_ = 0;  // backward() calls: in all, at the last step boundary
-  std::uint64_t replicas_agreed_ = 0;      // training_steps_ at the last replica check that passed
-  bool accumulating_ = false;              // accumulate() decided the step that the next backward runs
-  std::uint64_t steps_at_backward_ = 0;    // optimizer steps at the last backward (parameter changes since)
-  unsigned warned_ = 0;                    // warn_once's bits, one per Warning
-  std::int64_t trigger_ = 0;               // set_trigger's flag, until check_trigger finds it
+  std::uint64_t replicas_agreed_ = 0;                        // training_steps_ at the last replica check that passed
+  bool accumulating_ = false;            // accumulate() decided the step that the next backward runs
+  std::uint64_t steps_at_backward_ = 0;  // optimizer steps at the last backward (parameter changes since)
+  unsigned warned_ = 0;                  // warn_once's bits, one per Warning
+  std::int64_t trigger_ = 0;             // set_trigger's flag, until check_trigger finds it
 };
 
 }  // namespace accel
 
+#include <accel/accelerator/checkpoints.hpp>
 #include <accel/accelerator/loop.hpp>
 #include <accel/accelerator/prepare.hpp>
-#include <accel/accelerator/checkpoints.hpp>

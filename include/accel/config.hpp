@@ -27,20 +27,24 @@
 
 #include <type_traits>
 
-
 namespace accel {
 
 namespace detail {
 
-template <class Rng> struct rng_kinds;
-template <class... Ks> struct rng_kinds<rng::sync<Ks...>> {
-  template <class K> static constexpr int count = (0 + ... + int(std::is_same_v<K, Ks>));
+template <class Rng>
+struct rng_kinds;
+template <class... Ks>
+struct rng_kinds<rng::sync<Ks...>> {
+  template <class K>
+  static constexpr int count = (0 + ... + int(std::is_same_v<K, Ks>));
   static constexpr bool all_known = (rng::Kind<Ks> && ...);
   static constexpr bool unique = ((count<Ks> == 1) && ...);
   static constexpr bool empty = sizeof...(Ks) == 0;
 };
-template <> struct rng_kinds<rng::none> {
-  template <class K> static constexpr int count = 0;
+template <>
+struct rng_kinds<rng::none> {
+  template <class K>
+  static constexpr int count = 0;
   static constexpr bool all_known = true, unique = true, empty = true;
 };
 
@@ -69,7 +73,9 @@ struct Config {
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
   //! The ZeRO stage: 0 (`shard::none`), 1 (`shard::optimizer`) or 2 (`shard::gradients`).
-  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::gradients> ? 2 : std::is_same_v<shard, accel::shard::optimizer> ? 1 : 0;
+  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::gradients>   ? 2
+                                    : std::is_same_v<shard, accel::shard::optimizer> ? 1
+                                                                                     : 0;
 };
 
 //! What is wrong with a list of policies (the first problem found), or `none`.
@@ -102,19 +108,20 @@ template <class... Ps>
 consteval ConfigProblem diagnose() {
   using P = ConfigProblem;
   if (!detail::all_policies<Ps...>) return P::not_a_policy;
-  if (detail::count_in_slot<slot::distributed, Ps...> > 1) return P::duplicate_distributed;
-  if (detail::count_in_slot<slot::batching, Ps...> > 1) return P::duplicate_batching;
-  if (detail::count_in_slot<slot::tail, Ps...> > 1) return P::duplicate_tail;
-  if (detail::count_in_slot<slot::loading, Ps...> > 1) return P::duplicate_loading;
-  if (detail::count_in_slot<slot::rng, Ps...> > 1) return P::duplicate_rng;
-  if (detail::count_in_slot<slot::placement, Ps...> > 1) return P::duplicate_placement;
-  if (detail::count_in_slot<slot::sharding, Ps...> > 1) return P::duplicate_sharding;
+  if (detail::count_in_slot < slot::distributed, Ps... >> 1) return P::duplicate_distributed;
+  if (detail::count_in_slot < slot::batching, Ps... >> 1) return P::duplicate_batching;
+  if (detail::count_in_slot < slot::tail, Ps... >> 1) return P::duplicate_tail;
+  if (detail::count_in_slot < slot::loading, Ps... >> 1) return P::duplicate_loading;
+  if (detail::count_in_slot < slot::rng, Ps... >> 1) return P::duplicate_rng;
+  if (detail::count_in_slot < slot::placement, Ps... >> 1) return P::duplicate_placement;
+  if (detail::count_in_slot < slot::sharding, Ps... >> 1) return P::duplicate_sharding;
 
   using C = Config<Ps...>;
   using kinds = detail::rng_kinds<typename C::rng>;
   constexpr bool explicit_rng = detail::count_in_slot<slot::rng, Ps...> == 1;
   constexpr bool explicit_tail = detail::count_in_slot<slot::tail, Ps...> == 1;
-  constexpr bool cpu_engine = std::is_same_v<typename C::dist, dist::gloo> || std::is_same_v<typename C::dist, dist::none>;
+  constexpr bool cpu_engine =
+      std::is_same_v<typename C::dist, dist::gloo> || std::is_same_v<typename C::dist, dist::none>;
   if (!kinds::all_known) return P::rng_sync_not_a_kind;
   if (!kinds::unique) return P::rng_sync_repeated_kind;
   if (std::is_same_v<typename C::dist, dist::nccl> && !ACCEL_WITH_CUDA) return P::nccl_without_cuda_build;
@@ -140,61 +147,68 @@ struct CheckedConfig : Config<Ps...> {
   using P = ConfigProblem;
 
   static_assert(problem != P::not_a_policy,
-      "accel::Accelerator<...>: a template argument is not an accel policy; use the tags of accel::dist, "
-      "accel::batches, accel::tail, accel::loading, accel::rng, accel::place or accel::shard");
+                "accel::Accelerator<...>: a template argument is not an accel policy; use the tags of accel::dist, "
+                "accel::batches, accel::tail, accel::loading, accel::rng, accel::place or accel::shard");
   static_assert(problem != P::duplicate_distributed,
-      "accel::Accelerator<...>: two policies fill slot 'distributed' (accel::dist::...); keep one");
+                "accel::Accelerator<...>: two policies fill slot 'distributed' (accel::dist::...); keep one");
   static_assert(problem != P::duplicate_batching,
-      "accel::Accelerator<...>: two policies fill slot 'batching' (accel::batches::...); keep one");
+                "accel::Accelerator<...>: two policies fill slot 'batching' (accel::batches::...); keep one");
   static_assert(problem != P::duplicate_tail,
-      "accel::Accelerator<...>: two policies fill slot 'tail' (accel::tail::...); keep one");
+                "accel::Accelerator<...>: two policies fill slot 'tail' (accel::tail::...); keep one");
   static_assert(problem != P::duplicate_loading,
-      "accel::Accelerator<...>: two policies fill slot 'loading' (accel::loading::...); keep one");
+                "accel::Accelerator<...>: two policies fill slot 'loading' (accel::loading::...); keep one");
   static_assert(problem != P::duplicate_rng,
-      "accel::Accelerator<...>: two policies fill slot 'rng' (accel::rng::...); list every kind in one "
-      "accel::rng::sync<...>");
+                "accel::Accelerator<...>: two policies fill slot 'rng' (accel::rng::...); list every kind in one "
+                "accel::rng::sync<...>");
   static_assert(problem != P::duplicate_placement,
-      "accel::Accelerator<...>: two policies fill slot 'placement' (accel::place::...); keep one");
+                "accel::Accelerator<...>: two policies fill slot 'placement' (accel::place::...); keep one");
   static_assert(problem != P::duplicate_sharding,
-      "accel::Accelerator<...>: two policies fill slot 'sharding' (accel::shard::...); keep one");
-  static_assert(problem != P::rng_sync_not_a_kind,
+                "accel::Accelerator<...>: two policies fill slot 'sharding' (accel::shard::...); keep one");
+  static_assert(
+      problem != P::rng_sync_not_a_kind,
       "accel::rng::sync<...>: every argument must be accel::rng::torch, accel::rng::cuda or accel::rng::generator");
   static_assert(problem != P::rng_sync_repeated_kind,
-      "accel::rng::sync<...>: a generator kind is listed twice; list each kind once");
-  static_assert(problem != P::nccl_without_cuda_build,
+                "accel::rng::sync<...>: a generator kind is listed twice; list each kind once");
+  static_assert(
+      problem != P::nccl_without_cuda_build,
       "accel::dist::nccl needs CUDA, but accel is built without it (ACCEL_WITH_CUDA=0); use accel::dist::gloo "
       "or a LibTorch with CUDA");
-  static_assert(problem != P::rng_cuda_without_cuda_build,
+  static_assert(
+      problem != P::rng_cuda_without_cuda_build,
       "accel::rng::cuda needs CUDA, but accel is built without it (ACCEL_WITH_CUDA=0); remove accel::rng::cuda "
       "from accel::rng::sync<...>");
   static_assert(problem != P::rng_cuda_without_gpu_engine,
-      "accel::rng::cuda synchronises GPU generators, but the distributed policy is a CPU one (dist::gloo or "
-      "dist::none); use accel::dist::nccl or accel::dist::from_env, or drop accel::rng::cuda");
+                "accel::rng::cuda synchronises GPU generators, but the distributed policy is a CPU one (dist::gloo or "
+                "dist::none); use accel::dist::nccl or accel::dist::from_env, or drop accel::rng::cuda");
   static_assert(problem != P::async_without_cuda_build,
-      "accel::place::async needs CUDA (pinned memory, copy streams), but accel is built without it "
-      "(ACCEL_WITH_CUDA=0); use accel::place::device");
+                "accel::place::async needs CUDA (pinned memory, copy streams), but accel is built without it "
+                "(ACCEL_WITH_CUDA=0); use accel::place::device");
   static_assert(problem != P::async_with_gloo,
-      "accel::place::async copies to a GPU, but accel::dist::gloo keeps tensors on the CPU; use "
-      "accel::place::device, or accel::dist::nccl / accel::dist::from_env");
+                "accel::place::async copies to a GPU, but accel::dist::gloo keeps tensors on the CPU; use "
+                "accel::place::device, or accel::dist::nccl / accel::dist::from_env");
   static_assert(problem != P::dispatched_without_processes,
-      "accel::loading::dispatched sends rank 0's batches to the other processes, but accel::dist::none has "
-      "one process; use accel::loading::sharded");
-  static_assert(problem != P::dispatched_with_uneven_tail,
+                "accel::loading::dispatched sends rank 0's batches to the other processes, but accel::dist::none has "
+                "one process; use accel::loading::sharded");
+  static_assert(
+      problem != P::dispatched_with_uneven_tail,
       "accel::loading::dispatched always gives every process the same number of batches, so accel::tail::uneven "
       "would be ignored; remove it or use accel::loading::sharded");
-  static_assert(problem != P::dispatched_with_generator_sync,
+  static_assert(
+      problem != P::dispatched_with_generator_sync,
       "accel::loading::dispatched samples on rank 0 only, so accel::rng::generator has nothing to synchronise; "
       "use accel::rng::none or accel::rng::sync<accel::rng::torch>");
   static_assert(problem != P::dispatched_without_placement,
-      "accel::loading::dispatched moves every slice to its process's device, so it needs a placement; use "
-      "accel::place::device (the default) instead of accel::place::none");
-  static_assert(problem != P::sharding_without_processes,
+                "accel::loading::dispatched moves every slice to its process's device, so it needs a placement; use "
+                "accel::place::device (the default) instead of accel::place::none");
+  static_assert(
+      problem != P::sharding_without_processes,
       "accel::shard::optimizer splits the optimizer state across processes, but accel::dist::none has one process; "
       "use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop accel::shard::optimizer");
-  static_assert(problem != P::gradient_sharding_without_processes,
+  static_assert(
+      problem != P::gradient_sharding_without_processes,
       "accel::shard::gradients splits the gradients and the optimizer state across processes, but accel::dist::none "
-      "has one process; use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop accel::shard::gradients");
-
+      "has one process; use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop "
+      "accel::shard::gradients");
 };
 
 }  // namespace accel

@@ -11,7 +11,8 @@
 //! \endcode
 
 #if defined(ACCEL_DECL)
-#error "accel: <accel/src.hpp> must come before any other accel header of its translation unit (it compiles their definitions)"
+#error \
+    "accel: <accel/src.hpp> must come before any other accel header of its translation unit (it compiles their definitions)"
 #else
 #define ACCEL_SOURCE 1
 

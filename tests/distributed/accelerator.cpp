@@ -31,8 +31,7 @@ struct Trainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_p
 // prepare + accumulate + backward equal one process on the concatenated batches; the scheduler steps N times per
 // optimizer step; the GradScaler's overflow finding is shared by every rank.
 void accelerator(const Args&) {
-  Trainer acc{accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 256,
-                             .comm = options(30000).comm}};
+  Trainer acc{accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 256, .comm = options(30000).comm}};
   tally.rank = acc.process_index();
   const int N = acc.num_processes();
   const std::int64_t B = 3, steps = 4;  // 4 optimizer steps of 2 micro-batches of B rows per process
@@ -42,8 +41,9 @@ void accelerator(const Args&) {
   at::manual_seed(100 + tally.rank);  // different initial weights on every rank: prepare broadcasts rank 0's
   auto net = make();
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.2));
-  auto [model, opt, loader, sched] = acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}),
-                                                 std::make_shared<torch::optim::StepLR>(*sgd, 1000));
+  auto [model, opt, loader, sched] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}),
+                  std::make_shared<torch::optim::StepLR>(*sgd, 1000));
   check(model.distributed().buckets() > 1, "several gradient buckets");
   auto reference = make();  // one process: the same start, one step on each 2*N*B consecutive rows
   {
@@ -55,7 +55,8 @@ void accelerator(const Args&) {
   torch::optim::SGD ref_opt(reference->parameters(), 0.2);
   for (std::int64_t s = 0; s < steps; ++s) {
     ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x.narrow(0, s * 2 * N * B, 2 * N * B)), y.narrow(0, s * 2 * N * B, 2 * N * B)).backward();
+    torch::mse_loss(reference->forward(x.narrow(0, s * 2 * N * B, 2 * N * B)), y.narrow(0, s * 2 * N * B, 2 * N * B))
+        .backward();
     ref_opt.step();
   }
   int real_steps = 0;
@@ -72,20 +73,23 @@ void accelerator(const Args&) {
   double worst = 0;
   auto a = net->parameters(), r = reference->parameters();
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - r[i]).abs().max().item<double>());
-  check(worst < 1e-5, "prepare + accumulate + backward equal one process on the concatenated batches (max diff " + std::to_string(worst) + ")");
+  check(worst < 1e-5, "prepare + accumulate + backward equal one process on the concatenated batches (max diff " +
+                          std::to_string(worst) + ")");
   acc.print("Accelerator on ", N, " processes, 2-step accumulation: max parameter difference to one process ", worst);
 
   // The GradScaler's overflow finding is shared: one rank's inf skips the step on every rank.
   at::Tensor w = at::zeros({2}).set_requires_grad(true);
   auto plain = std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(1.0));
-  auto scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU), acc.comm(), accel::GradScalerOptions{.init_scale = 8.0});
+  auto scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU), acc.comm(),
+                                                    accel::GradScalerOptions{.init_scale = 8.0});
   accel::AcceleratedOptimizer<torch::optim::SGD> scaled(plain, scaler);
   for (int round = 0; round < 2; ++round) {
     const float g = round == 0 && tally.rank == N - 1 ? std::numeric_limits<float>::infinity() : 1.0f;
     scaler->scale(at::dot(w, at::full({2}, g))).backward();
     scaled.step();
     scaled.zero_grad();
-    check(scaled.step_was_skipped() == (round == 0), "round " + std::to_string(round) + ": skipped on every rank iff a rank overflowed");
+    check(scaled.step_was_skipped() == (round == 0),
+          "round " + std::to_string(round) + ": skipped on every rank iff a rank overflowed");
   }
   check(scaler->get_scale() == 4.0, "the scale backed off once, identically on every rank");
   check(w[0].item<float>() == -1.0f, "the finite round stepped with the unscaled gradient");
@@ -94,22 +98,27 @@ void accelerator(const Args&) {
   const auto mine = F({float(tally.rank + 1)});
   const float sum = float(N * (N + 1) / 2);
   check(acc.reduce(mine).item<float>() == sum, "Accelerator::reduce sums by default (Accelerate's Accelerator.reduce)");
-  check(accel::reduce(acc.comm(), mine).item<float>() == sum / float(N), "accel::reduce averages by default (Accelerate's reduce)");
-  check(acc.reduce(mine, accel::Reduction::sum, 0.5).item<float>() == sum * 0.5f, "reduce(x, sum, scale) scales the sum");
-  check(acc.reduce(mine, accel::Reduction::mean, 2.0).item<float>() == sum / float(N) * 2.0f, "reduce(x, mean, scale) scales the mean");
-  check(acc.reduce(mine, accel::Reduction::max, 3.0).item<float>() == float(N) * 3.0f, "reduce(x, max, scale) scales the max");
+  check(accel::reduce(acc.comm(), mine).item<float>() == sum / float(N),
+        "accel::reduce averages by default (Accelerate's reduce)");
+  check(acc.reduce(mine, accel::Reduction::sum, 0.5).item<float>() == sum * 0.5f,
+        "reduce(x, sum, scale) scales the sum");
+  check(acc.reduce(mine, accel::Reduction::mean, 2.0).item<float>() == sum / float(N) * 2.0f,
+        "reduce(x, mean, scale) scales the mean");
+  check(acc.reduce(mine, accel::Reduction::max, 3.0).item<float>() == float(N) * 3.0f,
+        "reduce(x, max, scale) scales the max");
 }
 
 namespace {
 
-struct DispatchedSplit : accel::Accelerator<accel::dist::from_env, accel::loading::dispatched, accel::batches::split> {};
+struct DispatchedSplit : accel::Accelerator<accel::dist::from_env, accel::loading::dispatched, accel::batches::split> {
+};
 
 // gather_for_metrics of objects over one epoch of a prepared loader of `n` samples: the same samples, in the same
 // order, as the tensor form; every sample exactly once over the epoch, on every rank.
 template <class Acc>
 void gather_objects(Acc& acc, int64_t n, int64_t B, const std::string& what) {
-  auto loader = acc.prepare(accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)),
-                                                    {.batch_size = B}));
+  auto loader = acc.prepare(accel::data::DataLoader(
+      accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)), {.batch_size = B}));
   std::vector<std::string> seen;
   bool as_tensors = true, padded = false;
   for (const auto& b : loader) {
@@ -125,8 +134,8 @@ void gather_objects(Acc& acc, int64_t n, int64_t B, const std::string& what) {
   std::sort(all.begin(), all.end());
   check(as_tensors, what + "gather_for_metrics of objects keeps the samples the tensor form keeps, in its order");
   check(padded, what + "the last batch had padding to drop");
-  check(seen == all, what + "gather_for_metrics of objects: every sample exactly once (" + std::to_string(seen.size()) + " of " +
-                         std::to_string(n) + ")");
+  check(seen == all, what + "gather_for_metrics of objects: every sample exactly once (" + std::to_string(seen.size()) +
+                         " of " + std::to_string(n) + ")");
   // Outside a loader: every rank's elements, concatenated in rank order (Accelerate's gather_object).
   std::vector<int64_t> mine(std::size_t(acc.process_index() + 1), acc.process_index());
   std::vector<int64_t> want;
@@ -147,9 +156,10 @@ void helpers(const Args&) {
   // set_trigger on rank 1 only, at step 3: every rank's check_trigger says so at that step, then the flag is reset.
   at::manual_seed(3);
   auto net = torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1)),
-                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({40 * N, 5}), at::randn({40 * N, 2})),
-                                                                  {.batch_size = 4}));
+  auto [model, opt, loader] =
+      acc.prepare(net, torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1)),
+                  accel::data::DataLoader(accel::data::TensorDataset(at::randn({40 * N, 5}), at::randn({40 * N, 2})),
+                                          {.batch_size = 4}));
   int64_t step = 0, stopped_at = -1;
   for (const auto& b : loader) {
     auto s = acc.accumulate(model);
@@ -205,15 +215,19 @@ void helpers(const Args&) {
     ++ran;
     return 10 * me;
   });
-  check(last.has_value() == (me == N - 1) && (!last || *last == 10 * me), "on_last_process returns its result on the last rank only");
+  check(last.has_value() == (me == N - 1) && (!last || *last == 10 * me),
+        "on_last_process returns its result on the last rank only");
   const auto one = acc.on_process(1, [&] {
     ++ran;
     return std::string("one");
   });
   check(one.has_value() == (me == 1) && (!one || *one == "one"), "on_process(1) runs on rank 1 only");
-  check(acc.on_local_main_process([&] { ++ran; }) == acc.is_local_main_process(), "on_local_main_process runs on the local main process");
-  check(acc.on_local_process(N - 1, [&] { ++ran; }) == (acc.local_process_index() == N - 1), "on_local_process runs on its local index");
-  const int want = (me == 0) + (me == N - 1) + (me == 1) + acc.is_local_main_process() + (acc.local_process_index() == N - 1);
+  check(acc.on_local_main_process([&] { ++ran; }) == acc.is_local_main_process(),
+        "on_local_main_process runs on the local main process");
+  check(acc.on_local_process(N - 1, [&] { ++ran; }) == (acc.local_process_index() == N - 1),
+        "on_local_process runs on its local index");
+  const int want =
+      (me == 0) + (me == N - 1) + (me == 1) + acc.is_local_main_process() + (acc.local_process_index() == N - 1);
   check(ran == want, "each helper ran its callable exactly where it said (" + std::to_string(ran) + " calls)");
   std::string error;
   try {

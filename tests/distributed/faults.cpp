@@ -32,9 +32,10 @@ void train_until_signal(const accel::comm::CommOptions& comm, int sig, const cha
   const int N = acc.num_processes();
   auto net = torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
   at::manual_seed(1);
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
-                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({400, 5}), at::randn({400, 2})),
-                                                                  {.batch_size = 4, .shuffle = true}));
+  auto [model, opt, loader] =
+      acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
+                  accel::data::DataLoader(accel::data::TensorDataset(at::randn({400, 5}), at::randn({400, 2})),
+                                          {.batch_size = 4, .shuffle = true}));
   int step = 0;
   for (const auto& b : loader) {
     if (++step == 5 && tally.rank == (victim < 0 ? N - 1 : victim)) ::raise(sig);
@@ -47,9 +48,7 @@ void train_until_signal(const accel::comm::CommOptions& comm, int sig, const cha
 }
 
 // The last rank SIGKILLs itself inside a training loop (inside forward/backward's bucketed all-reduce).
-void kill_mid_training(const Args&) {
-  train_until_signal(options(20000).comm, SIGKILL, "dead");
-}
+void kill_mid_training(const Args&) { train_until_signal(options(20000).comm, SIGKILL, "dead"); }
 
 // The last rank SIGKILLs itself in the middle of a series of all_reduces.
 void kill_mid_collective(const Args&) {
@@ -92,7 +91,8 @@ void dead_peer(const Args& args) {
   try {
     state.comm()->all_reduce(t);
   } catch (const accel::CommunicationError&) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
     std::cout << "dead-peer: rank " << tally.rank << " left the all_reduce at " << ms.count() << " ms" << std::endl;
     throw;
   }
@@ -102,7 +102,8 @@ void dead_peer(const Args& args) {
 // The last rank freezes itself (SIGSTOP) inside a training loop: the survivors must end within the peer timeout
 // (ARG ms) plus a few seconds, naming it, instead of waiting for the collective timeout (120 s here).
 void freeze_mid_training(const Args& args) {
-  train_until_signal({.timeout = std::chrono::seconds(120), .rendezvous_timeout = std::chrono::seconds(20),
+  train_until_signal({.timeout = std::chrono::seconds(120),
+                      .rendezvous_timeout = std::chrono::seconds(20),
                       .peer_timeout = std::chrono::milliseconds(std::stoi(arg(args, 0, "5000")))},
                      SIGSTOP, "frozen", std::stoi(arg(args, 1, "-1")));
 }
@@ -125,8 +126,8 @@ void busy_peer(const Args& args) {
   check(same(t, F({float(N), float(2 * N)})), "the all_reduce after a busy peer");
 }
 
-// Ranks issue different collectives at the same point (ARG: op, kind, reduce-scatter, size or tiny); every rank must stop with an
-// error naming both operations (an unchecked one-element all_reduce: at the next checked collective).
+// Ranks issue different collectives at the same point (ARG: op, kind, reduce-scatter, size or tiny); every rank must
+// stop with an error naming both operations (an unchecked one-element all_reduce: at the next checked collective).
 void mismatch(const Args& args) {
   const std::string what = arg(args, 0, "op");
   auto o = options(60000);
@@ -142,8 +143,10 @@ void mismatch(const Args& args) {
     comm->all_reduce(t, odd ? accel::comm::ReduceOp::max : accel::comm::ReduceOp::sum);
   } else if (what == "kind") {  // an all_reduce against an all_gather of the same size: Gloo waits for ever
     auto t = at::ones({12});
-    if (odd) (void)comm->all_gather(t);
-    else comm->all_reduce(t);
+    if (odd)
+      (void)comm->all_gather(t);
+    else
+      comm->all_reduce(t);
   } else if (what == "tiny") {  // one element carries no check (Gloo's fast path): the next checked collective finds it
     auto t = F({1});
     comm->all_reduce(t, odd ? accel::comm::ReduceOp::max : accel::comm::ReduceOp::sum);
@@ -163,7 +166,6 @@ void mismatch(const Args& args) {
   }
   check(false, "returned from mismatched collectives");
 }
-
 
 // Just connect: a job started one process short must fail within the rendezvous timeout, naming the missing rank.
 void rendezvous(const Args& args) {

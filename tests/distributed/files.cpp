@@ -1,8 +1,8 @@
 // Files written by one process for the job (tracking/trackers.hpp, checkpoint/safetensors.hpp): the trackers and
 // save_model act on the main process alone. Every rank logs and saves; afterwards every rank finds exactly rank 0's
 // files, complete: no line, row, record or file of another rank.
-#include "harness.hpp"
 #include "../support/files.hpp"
+#include "harness.hpp"
 
 #include <accel/accelerator.hpp>
 #include <accel/tracking/tensorboard.hpp>
@@ -70,7 +70,9 @@ void files(const Args& a) {
 
   // ---- save_model: rank 0 writes the unwrapped model; every rank reads it back equal to its own -------------
   at::manual_seed(11 + tally.rank);  // different weights per rank: prepare broadcasts rank 0's
-  auto make = [] { return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::BatchNorm1d(10), torch::nn::Linear(10, 3)); };
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::BatchNorm1d(10), torch::nn::Linear(10, 3));
+  };
   auto net = make();
   auto model = acc.prepare(net);
   acc.save_model(model, root / "model", {.max_shard_size = 128});
@@ -92,7 +94,8 @@ void files(const Args& a) {
   } catch (const accel::Error& e) {
     error = e.what();
   }
-  check(error.find("a_file: is a file") != std::string::npos, "every rank raises the main process's save_model error: " + error);
+  check(error.find("a_file: is a file") != std::string::npos,
+        "every rank raises the main process's save_model error: " + error);
   acc.wait_for_everyone();
 }
 

@@ -22,7 +22,8 @@ struct Tally {
 inline Tally tally;
 
 inline void check(bool ok, const std::string& what) {
-  if (ok) ++tally.passed;
+  if (ok)
+    ++tally.passed;
   else {
     ++tally.failed;
     std::cerr << "FAILED on rank " << tally.rank << ": " << what << std::endl;
@@ -63,39 +64,39 @@ using Args = std::vector<std::string>;
 inline std::string arg(const Args& a, std::size_t i, std::string otherwise) { return i < a.size() ? a[i] : otherwise; }
 
 // The modes, one per file.
-void collectives(const Args&);             // comm/collectives.cpp
-void sharding_collectives(const Args&);    // comm/sharding.cpp
-void zero(const Args&);                    // optim/zero.cpp
-void gather_for_metrics(const Args&);      // comm/gather_for_metrics.cpp
-void golden_e2e(const Args&);              // data/golden_e2e.cpp
-void golden_e2e_stream(const Args&);       // data/golden_e2e.cpp
-void dispatch(const Args&);                // data/dispatch.cpp
-void streams(const Args&);                 // data/streams.cpp
-void distributed_module(const Args&);      // model/distributed_module.cpp
-void ddp_buffers(const Args&);             // model/ddp_buffers.cpp
-void comm_hooks(const Args&);              // model/comm_hooks.cpp
-void sync_batch_norm(const Args&);         // model/sync_batch_norm.cpp
-void replicas(const Args&);                // model/replicas.cpp
-void accelerator(const Args&);             // accelerator.cpp
-void helpers(const Args&);                 // accelerator.cpp
-void kill_mid_collective(const Args&);     // faults.cpp
-void kill_mid_training(const Args&);       // faults.cpp
-void dead_peer(const Args&);               // faults.cpp
-void rendezvous(const Args&);              // faults.cpp
-void freeze_mid_training(const Args&);     // faults.cpp
-void busy_peer(const Args&);               // faults.cpp
-void mismatch(const Args&);                // faults.cpp
-void uneven(const Args&);                  // uneven.cpp
-void elastic(const Args&);                 // launch.cpp
-void preemptible(const Args&);             // launch.cpp
-void listening_surface(const Args&);       // security.cpp
-void foreign_writer(const Args&);          // security.cpp
-void attacked_job(const Args&);            // security.cpp
-void job_sum(const Args&);                 // security.cpp
-void store_host(const Args&);              // security.cpp
-void files(const Args&);                   // files.cpp
-void resize_loaders(const Args&);          // data/resize.cpp
-void resize_training(const Args&);         // data/resize.cpp
-void nccl(const Args&);                    // cuda/nccl.cpp
+void collectives(const Args&);           // comm/collectives.cpp
+void sharding_collectives(const Args&);  // comm/sharding.cpp
+void zero(const Args&);                  // optim/zero.cpp
+void gather_for_metrics(const Args&);    // comm/gather_for_metrics.cpp
+void golden_e2e(const Args&);            // data/golden_e2e.cpp
+void golden_e2e_stream(const Args&);     // data/golden_e2e.cpp
+void dispatch(const Args&);              // data/dispatch.cpp
+void streams(const Args&);               // data/streams.cpp
+void distributed_module(const Args&);    // model/distributed_module.cpp
+void ddp_buffers(const Args&);           // model/ddp_buffers.cpp
+void comm_hooks(const Args&);            // model/comm_hooks.cpp
+void sync_batch_norm(const Args&);       // model/sync_batch_norm.cpp
+void replicas(const Args&);              // model/replicas.cpp
+void accelerator(const Args&);           // accelerator.cpp
+void helpers(const Args&);               // accelerator.cpp
+void kill_mid_collective(const Args&);   // faults.cpp
+void kill_mid_training(const Args&);     // faults.cpp
+void dead_peer(const Args&);             // faults.cpp
+void rendezvous(const Args&);            // faults.cpp
+void freeze_mid_training(const Args&);   // faults.cpp
+void busy_peer(const Args&);             // faults.cpp
+void mismatch(const Args&);              // faults.cpp
+void uneven(const Args&);                // uneven.cpp
+void elastic(const Args&);               // launch.cpp
+void preemptible(const Args&);           // launch.cpp
+void listening_surface(const Args&);     // security.cpp
+void foreign_writer(const Args&);        // security.cpp
+void attacked_job(const Args&);          // security.cpp
+void job_sum(const Args&);               // security.cpp
+void store_host(const Args&);            // security.cpp
+void files(const Args&);                 // files.cpp
+void resize_loaders(const Args&);        // data/resize.cpp
+void resize_training(const Args&);       // data/resize.cpp
+void nccl(const Args&);                  // cuda/nccl.cpp
 
 }  // namespace mp

@@ -18,11 +18,11 @@
 
 #include <chrono>
 #include <csignal>
-#include <thread>
 #include <cstdint>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 namespace mp {
@@ -32,7 +32,8 @@ struct Elastic : accel::Accelerator<accel::dist::from_env, accel::batches::per_p
                                     accel::loading::sharded, accel::rng::sync<accel::rng::generator>> {};
 
 std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // FNV-1a over every parameter's bytes: equal checksums are bit-identical parameters.
@@ -53,11 +54,12 @@ std::string checksum(const torch::nn::Module& net) {
 auto prepare_job(Elastic& acc) {
   at::manual_seed(7);
   const at::Tensor x = at::randn({96, 5}), y = at::randn({96, 2});
-  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1), torch::nn::Linear(16, 2));
+  auto net = torch::nn::Sequential(torch::nn::Linear(5, 16), torch::nn::Tanh(), torch::nn::Dropout(0.1),
+                                   torch::nn::Linear(16, 2));
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto [model, opt, loader, sched] =
-      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
-                  std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
+  auto [model, opt, loader, sched] = acc.prepare(
+      net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = 4, .shuffle = true}),
+      std::make_shared<torch::optim::StepLR>(*sgd, 5, 0.5));
   return std::tuple(net, model, opt, loader, sched);
 }
 template <class Model, class Opt, class Sched, class Batch>
@@ -91,8 +93,7 @@ void elastic(const Args& args) {
   const int epochs = std::stoi(arg(args, 1, "3")), every = std::stoi(arg(args, 2, "4"));
   const Kill kill = parse_kill(arg(args, 3, ""));
   accel::detail::require(!dir.empty(), "elastic: give a checkpoint directory");
-  Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
-                             .comm = options(30000).comm}};
+  Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2, .comm = options(30000).comm}};
   tally.rank = acc.process_index();
   const int generation = acc.state().restart_count();
   std::cout << "elastic: rank " << tally.rank << " generation " << generation << " rendezvous at " << now_ms() << " ms"
@@ -135,10 +136,12 @@ void preemptible(const Args& args) {
   const int epochs = std::stoi(arg(args, 1, "3")), pace_ms = std::stoi(arg(args, 2, "0"));
   const Kill self = parse_kill(arg(args, 3, ""));  // R:S:SIGNAL (the third field is the signal here)
   accel::detail::require(!project.empty(), "preemptible: give a project directory");
-  Elastic acc{accel::Options{.seed = 42, .gradient_accumulation_steps = 2,
-                             .comm = options(30000).comm,
-                             .project_config = {.project_dir = project, .automatic_checkpoint_naming = true, .total_limit = 2},
-                             .preemption = {.enabled = true}}};
+  Elastic acc{
+      accel::Options{.seed = 42,
+                     .gradient_accumulation_steps = 2,
+                     .comm = options(30000).comm,
+                     .project_config = {.project_dir = project, .automatic_checkpoint_naming = true, .total_limit = 2},
+                     .preemption = {.enabled = true}}};
   tally.rank = acc.process_index();
   auto [net, model, opt, loader, sched] = prepare_job(acc);
   std::int64_t done = 0;  // batches of the whole run: custom state, restored by load_state
@@ -154,7 +157,8 @@ void preemptible(const Args& args) {
       train_step(acc, model, opt, sched, b);
       ++done;
       if (tally.rank == self.rank && done == self.batch) {
-        std::cout << "preemptible: rank " << tally.rank << " raises signal " << self.below_generation << " after batch " << done << std::endl;
+        std::cout << "preemptible: rank " << tally.rank << " raises signal " << self.below_generation << " after batch "
+                  << done << std::endl;
         std::raise(self.below_generation);
       }
       if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));

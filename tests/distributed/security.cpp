@@ -1,5 +1,5 @@
-// Security (accel/state/rendezvous/store.hpp): what a job listens on, which keys are its own, and what it does with values it
-// did not write. Driven by security.sh, which starts the processes, a foreign client and the checks.
+// Security (accel/state/rendezvous/store.hpp): what a job listens on, which keys are its own, and what it does with
+// values it did not write. Driven by security.sh, which starts the processes, a foreign client and the checks.
 #include "harness.hpp"
 
 #include <accel/state/rendezvous/store.hpp>
@@ -53,14 +53,16 @@ Listener decode(const std::string& local, const std::string& inode) {
   l.inode = inode;
   std::vector<unsigned> bytes;
   for (std::size_t w = 0; w + 8 <= hex.size(); w += 8)
-    for (int b = 3; b >= 0; --b) bytes.push_back(unsigned(std::stoul(hex.substr(w + std::size_t(b) * 2, 2), nullptr, 16)));
+    for (int b = 3; b >= 0; --b)
+      bytes.push_back(unsigned(std::stoul(hex.substr(w + std::size_t(b) * 2, 2), nullptr, 16)));
   std::ostringstream s;
   if (bytes.size() == 4) {
     s << bytes[0] << "." << bytes[1] << "." << bytes[2] << "." << bytes[3];
     l.loopback = bytes[0] == 127;
   } else {
     for (std::size_t i = 0; i < bytes.size(); i += 2) s << (i ? ":" : "") << std::hex << (bytes[i] << 8 | bytes[i + 1]);
-    const bool v6_loopback = std::all_of(bytes.begin(), bytes.end() - 1, [](unsigned b) { return b == 0; }) && bytes.back() == 1;
+    const bool v6_loopback =
+        std::all_of(bytes.begin(), bytes.end() - 1, [](unsigned b) { return b == 0; }) && bytes.back() == 1;
     const bool mapped_loopback = std::all_of(bytes.begin(), bytes.begin() + 10, [](unsigned b) { return b == 0; }) &&
                                  bytes[10] == 0xff && bytes[11] == 0xff && bytes[12] == 127;
     l.loopback = v6_loopback || mapped_loopback;
@@ -110,7 +112,8 @@ void listening_surface(const Args&) {
     store_seen = store_seen || l.port == master_port;
     check(l.loopback, "a process of the job listens on " + l.addr + ":" + std::to_string(l.port) + ", not on loopback");
   }
-  check(store_seen, "the rendezvous store (port " + std::to_string(master_port) + ") is among the job's listening sockets");
+  check(store_seen,
+        "the rendezvous store (port " + std::to_string(master_port) + ") is among the job's listening sockets");
   if (tally.rank == 0) std::cout << "listening sockets of the job: " << ours << ", all on loopback" << std::endl;
   auto t = F({1.0f});
   state.comm()->all_reduce(t);
@@ -121,7 +124,8 @@ void listening_surface(const Args&) {
 // every job it finds (arrival, heartbeat, engine addresses) with values of its own, and writes failures for them.
 void foreign_writer(const Args& args) {
   const int port = std::stoi(arg(args, 0, "0"));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(int(std::stod(arg(args, 1, "5")) * 1000));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int(std::stod(arg(args, 1, "5")) * 1000));
   c10::intrusive_ptr<c10d::TCPStore> store;
   while (!store && std::chrono::steady_clock::now() < until) {
     try {
@@ -163,7 +167,8 @@ void attacked_job(const Args& args) {
   accel::ProcessState state(options(60000));
   tally.rank = state.process_index();
   const int N = state.num_processes();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(int(std::stod(arg(args, 0, "3")) * 1000));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int(std::stod(arg(args, 0, "3")) * 1000));
   // Every round's last element says whether this rank's time is up: all ranks stop after the same round.
   int rounds = 0;
   for (bool stop = false; !stop && rounds < 100000; ++rounds) {
@@ -179,7 +184,8 @@ void attacked_job(const Args& args) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   check(rounds > 10, "the job ran collectives under attack (" + std::to_string(rounds) + " rounds)");
-  if (tally.rank == 0) std::cout << "attacked job: " << rounds << " rounds of all_reduce, every result right" << std::endl;
+  if (tally.rank == 0)
+    std::cout << "attacked job: " << rounds << " rounds of all_reduce, every result right" << std::endl;
 }
 
 // One job of two sharing a store: an all_reduce of VALUE must give VALUE * N (another job's ranks never join).
@@ -192,7 +198,8 @@ void job_sum(const Args& args) {
     auto t = at::full({4}, value + i, at::kDouble);
     state.comm()->all_reduce(t);
     check(t[0].item<double>() == (value + i) * N, "job " + std::string(std::getenv("ACCEL_JOB_ID")) + ": all_reduce " +
-                                                     std::to_string(i) + " gave " + std::to_string(t[0].item<double>()));
+                                                      std::to_string(i) + " gave " +
+                                                      std::to_string(t[0].item<double>()));
   }
 }
 

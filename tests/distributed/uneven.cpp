@@ -31,7 +31,8 @@ namespace {
 
 struct Uneven : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::uneven> {};
 // ZeRO stage 2 under uneven tails: the rank out of batches sends zeros to each bucket's owner and steps its partition.
-struct UnevenZero2 : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::uneven, accel::shard::gradients> {};
+struct UnevenZero2 : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::tail::uneven,
+                                        accel::shard::gradients> {};
 
 auto make_net() { return torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)); }
 
@@ -54,12 +55,11 @@ bool equal_on_every_rank(accel::comm::Communicator* comm, const at::Tensor& t) {
 // momentum SGD, a StepLR and clipping on synchronising steps, and compares with the reference.
 template <class Acc = Uneven>
 void train(int k, std::int64_t n, std::int64_t B) {
-  Acc acc{accel::Options{.gradient_accumulation_steps = k, .bucket_bytes = 200,
-                         .comm = options(60000).comm}};
+  Acc acc{accel::Options{.gradient_accumulation_steps = k, .bucket_bytes = 200, .comm = options(60000).comm}};
   const int N = acc.num_processes(), me = acc.process_index();
   constexpr bool sharded = Acc::config::zero_stage > 0;
-  const std::string what = std::string(sharded ? "ZeRO stage 2, " : "") + "N=" + std::to_string(N) + " k=" + std::to_string(k) +
-                           " n=" + std::to_string(n) + ": ";
+  const std::string what = std::string(sharded ? "ZeRO stage 2, " : "") + "N=" + std::to_string(N) +
+                           " k=" + std::to_string(k) + " n=" + std::to_string(n) + ": ";
   at::manual_seed(11);
   const at::Tensor x = at::randn({n, 5}), y = at::randn({n, 2});
   auto net = make_net();
@@ -67,8 +67,9 @@ void train(int k, std::int64_t n, std::int64_t B) {
   copy_params(*reference, *net);
   const double lr = 0.05, momentum = 0.9, max_norm = 0.5;
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
-  auto [model, opt, loader, sched] = acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}),
-                                                 std::make_shared<torch::optim::StepLR>(*sgd, 3, 0.5));
+  auto [model, opt, loader, sched] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}),
+                  std::make_shared<torch::optim::StepLR>(*sgd, 3, 0.5));
   const std::int64_t batches = (n + B - 1) / B;
   const std::int64_t mine = batches / N + (me < batches % N ? 1 : 0);
   const std::int64_t steps = (batches + N - 1) / N;
@@ -161,8 +162,9 @@ void triggers(std::int64_t n, std::int64_t B) {
     at::manual_seed(21);
     auto net = make_net();
     auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    auto [model, opt, loader] = acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 5}), at::randn({n, 2})),
-                                                                              {.batch_size = B}));
+    auto [model, opt, loader] = acc.prepare(
+        net, sgd,
+        accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 5}), at::randn({n, 2})), {.batch_size = B}));
     const std::int64_t mine = std::int64_t(loader.size());
     const std::int64_t longest = acc.reduce(at::tensor({mine}, at::kLong), accel::Reduction::max).item<std::int64_t>();
     check(round == 0 || (me == 0 ? mine == longest : mine == longest - 1), what + "rank 0 alone runs the last step");
@@ -184,10 +186,12 @@ void triggers(std::int64_t n, std::int64_t B) {
     if (round == 0) {
       const auto stops = accel::gather_object(acc.comm(), stopped_at);
       check(std::all_of(stops.begin(), stops.end(), [](std::int64_t s) { return s == 5; }),
-            what + "a trigger set on rank 1 at step 5 stops every rank at step 5 (this rank: " + std::to_string(stopped_at) + ")");
+            what + "a trigger set on rank 1 at step 5 stops every rank at step 5 (this rank: " +
+                std::to_string(stopped_at) + ")");
     } else {
       check(me == 0 ? stopped_at == longest - 1 : stopped_at == -1 && step == mine,
-            what + "rank 0 stops at its last step, the others end their batches (stopped at " + std::to_string(stopped_at) + ")");
+            what + "rank 0 stops at its last step, the others end their batches (stopped at " +
+                std::to_string(stopped_at) + ")");
     }
     bool equal = true;
     for (const auto& p : net->parameters()) {
@@ -206,7 +210,8 @@ void triggers(std::int64_t n, std::int64_t B) {
 void evaluate_objects(std::int64_t n, std::int64_t B) {
   Uneven acc{accel::Options{.comm = options(60000).comm}};
   const std::string what = "objects, N=" + std::to_string(acc.num_processes()) + " n=" + std::to_string(n) + ": ";
-  auto eval = acc.prepare(accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)), {.batch_size = B}));
+  auto eval = acc.prepare(accel::data::DataLoader(
+      accel::data::TensorDataset(at::randn({n, 2}), at::arange(n, at::kLong)), {.batch_size = B}));
   auto all = sample_names(at::arange(n, at::kLong));
   std::sort(all.begin(), all.end());
   std::vector<std::string> seen;
@@ -215,7 +220,8 @@ void evaluate_objects(std::int64_t n, std::int64_t B) {
     seen.insert(seen.end(), g.begin(), g.end());
   }
   std::sort(seen.begin(), seen.end());
-  check(seen == all, what + "alone: every sample exactly once (" + std::to_string(seen.size()) + " of " + std::to_string(n) + ")");
+  check(seen == all,
+        what + "alone: every sample exactly once (" + std::to_string(seen.size()) + " of " + std::to_string(n) + ")");
   seen.clear();
   bool as_tensors = true;
   for (const auto& b : eval) {
@@ -237,8 +243,9 @@ void starved() {
   const int N = acc.num_processes(), me = acc.process_index();
   const std::int64_t B = 4, n = B * (N - 1);  // N - 1 batches
   auto net = make_net();
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
-                                          accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 5}), at::randn({n, 2})), {.batch_size = B}));
+  auto [model, opt, loader] = acc.prepare(
+      net, torch::optim::SGD(net->parameters(), 0.1),
+      accel::data::DataLoader(accel::data::TensorDataset(at::randn({n, 5}), at::randn({n, 2})), {.batch_size = B}));
   std::string error;
   try {
     for (const auto& b : loader) {
@@ -250,10 +257,12 @@ void starved() {
   } catch (const accel::InvalidArgument& e) {
     error = e.what();
   }
-  if (me == N - 1) check(error.empty(), "the starved rank has no batch and no error");
-  else check(error.find("gives rank " + std::to_string(N - 1) + " no batch at all") != std::string::npos &&
-                 error.find("tail::even") != std::string::npos,
-             "the other ranks name the starved rank and the fix: " + error);
+  if (me == N - 1)
+    check(error.empty(), "the starved rank has no batch and no error");
+  else
+    check(error.find("gives rank " + std::to_string(N - 1) + " no batch at all") != std::string::npos &&
+              error.find("tail::even") != std::string::npos,
+          "the other ranks name the starved rank and the fix: " + error);
   acc.wait_for_everyone();
   mark("every rank met again after the starved epoch");
 }

@@ -6,7 +6,8 @@
 #include <vector>
 using Stream = std::vector<int>;  // an input range with no get(): an iterable dataset
 using Sharded = accel::Config<accel::dist::gloo>;
-using Loader = accel::data::PreparedLoader<
-    accel::pipeline::StreamDispatchSource<Stream, accel::data::DefaultCollate, Sharded, accel::pipeline::LocalTransport>,
-    accel::pipeline::LocalTransport>;
+using Loader =
+    accel::data::PreparedLoader<accel::pipeline::StreamDispatchSource<Stream, accel::data::DefaultCollate, Sharded,
+                                                                      accel::pipeline::LocalTransport>,
+                                accel::pipeline::LocalTransport>;
 Loader loader;

@@ -1,9 +1,9 @@
 // Hostile files: every file accel reads survives a bounded, seeded mutation campaign (tests/support/mutate.hpp).
-// For each format, ACCEL_FUZZ_CASES (default 10000; 3000 under AddressSanitizer) mutants of a valid file go straight to the format's reader,
-// bypassing the manifest (which would reject nearly all of them before any parser ran): the manifest's text, the
-// checkpoint description (accel_checkpoint.pt), a process's record bytes (step, RNG and loader states), a whole
-// process_<r>.pt, a model's and an optimizer's archive, and accel-plan's golden JSON. Then a smaller set goes
-// through Checkpointer::load (what Accelerator::load_state runs) with the manifest on.
+// For each format, ACCEL_FUZZ_CASES (default 10000; 3000 under AddressSanitizer) mutants of a valid file go straight to
+// the format's reader, bypassing the manifest (which would reject nearly all of them before any parser ran): the
+// manifest's text, the checkpoint description (accel_checkpoint.pt), a process's record bytes (step, RNG and loader
+// states), a whole process_<r>.pt, a model's and an optimizer's archive, and accel-plan's golden JSON. Then a smaller
+// set goes through Checkpointer::load (what Accelerator::load_state runs) with the manifest on.
 //
 // Each mutant must be read or rejected with one accel::FileError that names the file, carries no C++ backtrace,
 // and must not allocate by an unchecked size: this process caps any single allocation at 1 GiB (operator new and
@@ -23,14 +23,14 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
+#include <sys/resource.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/schedulers/step_lr.h>
-#include <catch2/catch.hpp>
-#include <sys/resource.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <atomic>
 #include <cstdlib>
@@ -147,7 +147,8 @@ std::string judge(const std::string& path) {
 
 void report(const mutate::Stats& s, const std::string& name) {
   std::cout << name << ": " << s.cases << " cases (" << s.accepted << " read, " << s.rejected << " rejected; ";
-  for (int k = 0; k < mutate::kinds; ++k) std::cout << s.by_kind[k] << " " << mutate::kind_name(k) << (k + 1 < mutate::kinds ? ", " : "");
+  for (int k = 0; k < mutate::kinds; ++k)
+    std::cout << s.by_kind[k] << " " << mutate::kind_name(k) << (k + 1 < mutate::kinds ? ", " : "");
   std::cout << "; " << s.confined << " inside a record with its CRC fixed) in " << s.seconds << " s, slowest case "
             << s.slowest * 1000 << " ms\n";
   for (const auto& f : s.failures) UNSCOPED_INFO(f);
@@ -178,8 +179,8 @@ Bytes bytes_of(torch::serialize::OutputArchive& a) {
 }
 
 mutate::Format archive_format(std::string name, Bytes seed, Bytes donor = {}) {
-  mutate::Format f{std::move(name), std::move(seed), std::move(donor), mutate::zip::regions, mutate::zip::size_fields,
-                   mutate::zip::fix_crcs, mutate::zip::numbers};
+  mutate::Format f{std::move(name),          std::move(seed),       std::move(donor),    mutate::zip::regions,
+                   mutate::zip::size_fields, mutate::zip::fix_crcs, mutate::zip::numbers};
   return f;
 }
 
@@ -201,8 +202,14 @@ std::size_t cpu_state_bytes() { return accel::generator_bytes(at::detail::getDef
 accel::checkpoint::ProcessRecord sample_record() {
   accel::checkpoint::ProcessRecord r{7, accel::generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}};
   // A shuffled loader 5 batches into its third epoch (2 processes, 8 samples a step), and a sequential one unstarted.
-  r.loaders.push_back({.epoch = 2, .batches = 5, .generator_state = r.rng_cpu, .position = 40, .processes = 2,
-                       .drawn_by = 2, .samples = 100, .batch_size = 4});
+  r.loaders.push_back({.epoch = 2,
+                       .batches = 5,
+                       .generator_state = r.rng_cpu,
+                       .position = 40,
+                       .processes = 2,
+                       .drawn_by = 2,
+                       .samples = 100,
+                       .batch_size = 4});
   r.loaders.push_back({.position = 0, .processes = 2, .drawn_by = 2, .samples = 10, .batch_size = 1});
   return r;
 }
@@ -220,8 +227,10 @@ Bytes process_archive(const accel::checkpoint::ProcessRecord& r) {
 
 TEST_CASE("hostile files: the checkpoint manifest", "[fuzz][manifest]") {
   accel::checkpoint::Manifest m;
-  for (const char* name : {"accel_checkpoint.pt", "model.pt", "model_1.pt", "optimizer.pt", "process_0.pt", "scheduler.pt"})
-    m.files.push_back({name, std::uint64_t(std::strlen(name)) * 1000 + 17, accel::checkpoint::crc32c(std::string_view(name))});
+  for (const char* name :
+       {"accel_checkpoint.pt", "model.pt", "model_1.pt", "optimizer.pt", "process_0.pt", "scheduler.pt"})
+    m.files.push_back(
+        {name, std::uint64_t(std::strlen(name)) * 1000 + 17, accel::checkpoint::crc32c(std::string_view(name))});
   const std::string text = m.text();
   const std::string path = "ckpt/manifest.txt";
   mutate::Format f{"manifest", Bytes(text.begin(), text.end()), {}, {}, {}, {}};
@@ -247,7 +256,8 @@ TEST_CASE("hostile files: a process record (step, generator and loader states)",
 
 TEST_CASE("hostile files: the checkpoint description (accel_checkpoint.pt)", "[fuzz][meta]") {
   torch::serialize::OutputArchive meta;
-  accel::checkpoint::write_meta(meta, {accel::checkpoint::format_version, 1, 1, 1, 1, 1, 1, 0, accel::tracking::Position{7, 42}});
+  accel::checkpoint::write_meta(
+      meta, {accel::checkpoint::format_version, 1, 1, 1, 1, 1, 1, 0, accel::tracking::Position{7, 42}});
   const std::string path = "ckpt/accel_checkpoint.pt";
   campaign(archive_format("accel_checkpoint.pt", bytes_of(meta)), path,
            [&](std::span<const std::uint8_t> b) { (void)accel::checkpoint::read_meta(b, path); });
@@ -298,8 +308,8 @@ TEST_CASE("hostile files: accel-plan's golden JSON", "[fuzz][golden]") {
   // The seed: the first two cases of each golden file of the six kinds.
   std::string seed = "{\"meta\": {\"description\": \"fuzz seed\"}, \"cases\": [\n";
   bool first = true;
-  for (const char* file : {"batch_sampler_shard", "iterable_dataset_shard", "skip_first_batches", "skip_first_batches_prepared",
-                           "dataloader_shard_e2e", "dataloader_dispatch_e2e"}) {
+  for (const char* file : {"batch_sampler_shard", "iterable_dataset_shard", "skip_first_batches",
+                           "skip_first_batches_prepared", "dataloader_shard_e2e", "dataloader_dispatch_e2e"}) {
     std::ifstream in(std::string(ACCEL_TEST_DATA_DIR) + "/" + file + ".json");
     const auto ref = accel_plan::json::parse(in);
     for (std::size_t i = 0; i < 2; ++i) {
@@ -322,8 +332,14 @@ TEST_CASE("hostile files: damaged checkpoints through Checkpointer::load, the ma
   const auto root = fs::temp_directory_path() / ("accel_fuzz_" + std::to_string(::getpid()));
   const auto dir = root / "ckpt";
   auto [model, opt] = trained();
-  accel::data::LoaderState loader{.epoch = 1, .batches = 3, .generator_state = accel::generator_bytes(at::detail::getDefaultCPUGenerator()),
-                                  .position = 12, .processes = 1, .drawn_by = 1, .samples = 50, .batch_size = 4};
+  accel::data::LoaderState loader{.epoch = 1,
+                                  .batches = 3,
+                                  .generator_state = accel::generator_bytes(at::detail::getDefaultCPUGenerator()),
+                                  .position = 12,
+                                  .processes = 1,
+                                  .drawn_by = 1,
+                                  .samples = 50,
+                                  .batch_size = 4};
   accel::checkpoint::Checkpointer ck;
   ck.add_model(model.ptr());
   ck.add_optimizer({[o = opt](auto& a) { o->save(a); }, [o = opt](auto& a) { o->load(a); }});
@@ -351,7 +367,8 @@ TEST_CASE("hostile files: damaged checkpoints through Checkpointer::load, the ma
     int kind = 0;
     bool confined = false;
     const auto b = mutate::mutant(f, seed(), i, kind, confined);
-    std::ofstream(work / name, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    std::ofstream(work / name, std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     ++s.by_kind[kind];
     ++s.cases;
     try {
@@ -360,13 +377,16 @@ TEST_CASE("hostile files: damaged checkpoints through Checkpointer::load, the ma
       if (b != f.seed) s.failures.push_back("case " + std::to_string(i) + ": a changed " + name + " was loaded");
     } catch (...) {
       const auto wrong = judge((work / name).string());
-      if (wrong.empty()) ++s.rejected;
-      else s.failures.push_back("case " + std::to_string(i) + " (" + mutate::kind_name(kind) + " of " + name + "): " + wrong);
+      if (wrong.empty())
+        ++s.rejected;
+      else
+        s.failures.push_back("case " + std::to_string(i) + " (" + mutate::kind_name(kind) + " of " + name +
+                             "): " + wrong);
     }
   }
   s.failure_count = s.failures.size();
-  std::cout << "load_state: " << s.cases << " damaged checkpoints, " << s.rejected << " rejected naming the damaged file, "
-            << s.accepted << " unchanged and loaded\n";
+  std::cout << "load_state: " << s.cases << " damaged checkpoints, " << s.rejected
+            << " rejected naming the damaged file, " << s.accepted << " unchanged and loaded\n";
   for (const auto& f : s.failures) UNSCOPED_INFO(f);
   CHECK(s.failure_count == 0);
   CHECK(s.rejected > n * 9 / 10);
@@ -397,10 +417,12 @@ auto shuffled_loader() {
 // object; `train` runs a step of all of it and an epoch of the loader.
 struct Job {
   torch::nn::Sequential model = small_model();
-  std::shared_ptr<torch::optim::Adam> adam = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  std::shared_ptr<torch::optim::Adam> adam =
+      std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   accel::AcceleratedOptimizer<torch::optim::Adam> opt{adam};
   accel::AcceleratedScheduler<accel::StepLR> exact{std::make_shared<accel::StepLR>(*adam, 3, 0.5), {}, {}};
-  accel::AcceleratedScheduler<torch::optim::StepLR> libtorch{std::make_shared<torch::optim::StepLR>(*adam, 2, 0.9), {}, {}};
+  accel::AcceleratedScheduler<torch::optim::StepLR> libtorch{
+      std::make_shared<torch::optim::StepLR>(*adam, 2, 0.9), {}, {}};
   decltype(shuffled_loader()) loader = shuffled_loader();
   std::shared_ptr<accel::GradScaler> scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU));
   std::vector<double> custom{1.0, 2.0, 3.0};
@@ -408,15 +430,20 @@ struct Job {
 
   Job() {
     ck.add_model(model.ptr());
-    ck.add_optimizer({[o = opt](auto& a) { o.save(a); }, [o = opt](auto& a) mutable { o.load(a); }, [o = opt](auto& a) { o.check(a); }});
-    ck.add_scheduler({[s = exact](auto& a) { s.save(a); }, [s = exact](auto& a) mutable { s.load(a); }, [s = exact](auto& a) { s.check(a); }});
+    ck.add_optimizer({[o = opt](auto& a) { o.save(a); }, [o = opt](auto& a) mutable { o.load(a); },
+                      [o = opt](auto& a) { o.check(a); }});
+    ck.add_scheduler({[s = exact](auto& a) { s.save(a); }, [s = exact](auto& a) mutable { s.load(a); },
+                      [s = exact](auto& a) { s.check(a); }});
     ck.add_scheduler({[s = libtorch](auto& a) { s.save(a); }, [s = libtorch](auto& a) mutable { s.load(a); },
                       [s = libtorch](auto& a) { s.check(a); }});
     ck.add_loader({[l = loader] { return l.state_dict(); },
-                   [l = loader](const accel::data::LoaderState& s) mutable { l.load_state_dict(s, accel::data::GlobalGenerator::restored_by_caller); },
+                   [l = loader](const accel::data::LoaderState& s) mutable {
+                     l.load_state_dict(s, accel::data::GlobalGenerator::restored_by_caller);
+                   },
                    [l = loader](const accel::data::LoaderState& s) { return l.state_mismatch(s); },
                    [l = loader](const accel::data::LoaderState& s) { return l.state_unreachable(s); }});
-    ck.set_scaler({[s = scaler](auto& a) { s->save(a); }, [s = scaler](auto& a) { s->load(a); }, [s = scaler](auto& a) { s->check(a); }});
+    ck.set_scaler({[s = scaler](auto& a) { s->save(a); }, [s = scaler](auto& a) { s->load(a); },
+                   [s = scaler](auto& a) { s->check(a); }});
     ck.add_custom(accel::checkpoint::Custom::of(custom));
   }
   // One training step and one epoch of the loader (its first batches, then the rest after a save).
@@ -440,14 +467,18 @@ struct Job {
   }
   // What a loaded state holds that a job could not have: "" if nothing.
   std::string structural_problem() {
-    for (const auto& t : model->parameters()) if (!inside_storage(t)) return "a parameter outside its storage";
-    for (const auto& t : model->buffers()) if (!inside_storage(t)) return "a buffer outside its storage";
+    for (const auto& t : model->parameters())
+      if (!inside_storage(t)) return "a parameter outside its storage";
+    for (const auto& t : model->buffers())
+      if (!inside_storage(t)) return "a buffer outside its storage";
     if (auto what = accel::optimizer_state_problem(*adam); !what.empty()) return what;
     for (const auto& [key, state] : adam->state()) {
       const auto& s = static_cast<const torch::optim::AdamParamState&>(*state);
-      if (!inside_storage(s.exp_avg()) || !inside_storage(s.exp_avg_sq())) return "an optimizer state outside its storage";
+      if (!inside_storage(s.exp_avg()) || !inside_storage(s.exp_avg_sq()))
+        return "an optimizer state outside its storage";
     }
-    for (const double lr : exact->get_last_lr()) if (!std::isfinite(lr)) return "a scheduler rate that is not finite";
+    for (const double lr : exact->get_last_lr())
+      if (!std::isfinite(lr)) return "a scheduler rate that is not finite";
     return "";
   }
 };
@@ -455,14 +486,16 @@ struct Job {
 // A model whose Adam is sharded (ZeRO stage 1, one process): the checkpoint holds its partition, zero_0_rank0.pt.
 struct ZeroJob {
   torch::nn::Sequential model = small_model();
-  std::shared_ptr<torch::optim::Adam> adam = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  std::shared_ptr<torch::optim::Adam> adam =
+      std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   std::shared_ptr<accel::ShardedOptimizer> sharded = std::make_shared<accel::ShardedOptimizer>(adam, nullptr, 1);
   accel::checkpoint::Checkpointer ck;
 
   ZeroJob() {
     sharded->build();
     ck.add_model(model.ptr());
-    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); }, [s = sharded](auto& a) { s->check(a); }},
+    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); },
+                       [s = sharded](auto& a) { s->check(a); }},
                       [s = sharded](auto& parts) { s->check_resharded(parts); },
                       [s = sharded](auto& parts) { s->load_resharded(parts); }});
   }
@@ -476,7 +509,8 @@ struct ZeroJob {
   }
   void epoch(std::int64_t) {}
   std::string structural_problem() {
-    for (const auto& t : model->parameters()) if (!inside_storage(t)) return "a parameter outside its storage";
+    for (const auto& t : model->parameters())
+      if (!inside_storage(t)) return "a parameter outside its storage";
     return accel::optimizer_state_problem(sharded->inner());
   }
 };
@@ -525,7 +559,8 @@ void forge(const char* label, std::size_t files) {
     int kind = 0;
     bool confined = false;
     const auto b = mutate::mutant(f, seed(), i, kind, confined);
-    std::ofstream(work / f.name, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    std::ofstream(work / f.name, std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     accel::checkpoint::Manifest::of_directory(work).write(work);  // forged: the manifest lists the changed file
     const std::string where = "case " + std::to_string(i) + " (" + mutate::kind_name(kind) + " of " + f.name + "): ";
     J job;
@@ -540,8 +575,10 @@ void forge(const char* label, std::size_t files) {
         } catch (const std::exception& e) {
           named = std::string(e.what()).find(f.name) != std::string::npos;  // an InvalidArgument naming the file
         }
-      if (named) ++rejected;
-      else failures.push_back(where + wrong);
+      if (named)
+        ++rejected;
+      else
+        failures.push_back(where + wrong);
       continue;
     }
     ++loaded;
@@ -560,8 +597,9 @@ void forge(const char* label, std::size_t files) {
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "forged checkpoints (" << label << "): " << n << " cases over " << formats.size() << " files (seed " << seed() << "): " << rejected
-            << " refused naming the file, " << loaded << " loaded (" << trained << " trained and saved again), in " << seconds << " s\n";
+  std::cout << "forged checkpoints (" << label << "): " << n << " cases over " << formats.size() << " files (seed "
+            << seed() << "): " << rejected << " refused naming the file, " << loaded << " loaded (" << trained
+            << " trained and saved again), in " << seconds << " s\n";
   for (std::size_t k = 0; k < std::min<std::size_t>(failures.size(), 10); ++k) UNSCOPED_INFO(failures[k]);
   CHECK(failures.empty());
   CHECK(rejected + loaded == n);
@@ -569,9 +607,10 @@ void forge(const char* label, std::size_t files) {
   fs::remove_all(root);
 }
 
-TEST_CASE("forged checkpoints: a file changed and the manifest rewritten to match is refused naming the file, or is a "
-          "structurally valid state that trains and saves",
-          "[fuzz][forged]") {
+TEST_CASE(
+    "forged checkpoints: a file changed and the manifest rewritten to match is refused naming the file, or is a "
+    "structurally valid state that trains and saves",
+    "[fuzz][forged]") {
   forge<Job>("job", 8);  // accel_checkpoint, custom_0, model, optimizer, process_0, scaler, scheduler, scheduler_1
 }
 
@@ -592,16 +631,25 @@ TEST_CASE("hostile files: a model's safetensors file (save_model's, through load
   std::ifstream in(file, std::ios::binary);
   const Bytes seed_bytes(std::istreambuf_iterator<char>(in), {});
   // The header's length (8 bytes) is the size field; its JSON and the data follow.
-  mutate::Format f{"model.safetensors", seed_bytes, {}, {}, [](std::span<const std::uint8_t>) { return std::vector<mutate::Field>{{0, 8}}; }, {}};
+  mutate::Format f{"model.safetensors",
+                   seed_bytes,
+                   {},
+                   {},
+                   [](std::span<const std::uint8_t>) {
+                     return std::vector<mutate::Field>{{0, 8}};
+                   },
+                   {}};
   const auto path = (dir / "mutant.safetensors").string();
   campaign(f, path, [&](std::span<const std::uint8_t> b) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     auto target = small_model();
     try {
       accel::checkpoint::load_model(*target, path);
     } catch (const accel::checkpoint::SafetensorsError& e) {
       const std::string what = e.what();
-      if (what.find(path) == std::string::npos) throw std::runtime_error("a SafetensorsError not naming the file: " + what);
+      if (what.find(path) == std::string::npos)
+        throw std::runtime_error("a SafetensorsError not naming the file: " + what);
       throw accel::FileError(path, what);  // the campaign's judge: one error, naming the file
     }
     for (const auto& t : target->parameters())

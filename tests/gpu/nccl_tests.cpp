@@ -40,7 +40,8 @@ at::Tensor state_of(at::Generator g) {
 int main() {
   if (c10::cuda::device_count() == 0) {
     std::cout << "SKIPPED: no CUDA device visible; the NCCL communicator and the CUDA RNG path were compiled and "
-                 "linked, not run" << std::endl;
+                 "linked, not run"
+              << std::endl;
     return 77;
   }
   accel::rendezvous::RendezvousSpec spec;
@@ -113,9 +114,11 @@ int main() {
     check(same(state_of(cpu), cpu_state) && same(state_of(gpu), gpu_state),
           "synchronize_rng_states (cuda, torch) with one process leaves both states as they were");
     accel::detail::broadcast_generator_state(*c, cpu);
-    check(same(state_of(cpu), cpu_state), "the CPU generator's state bytes, broadcast over NCCL, are the source rank's");
+    check(same(state_of(cpu), cpu_state),
+          "the CPU generator's state bytes, broadcast over NCCL, are the source rank's");
     accel::detail::broadcast_generator_state(*c, gpu);
-    check(same(state_of(gpu), gpu_state), "the GPU generator's state bytes, broadcast over NCCL, are the source rank's");
+    check(same(state_of(gpu), gpu_state),
+          "the GPU generator's state bytes, broadcast over NCCL, are the source rank's");
     const at::Tensor drawn = at::rand({4}, at::TensorOptions().device(dev)).cpu(), drawn_cpu = at::rand({4});
     at::manual_seed(1234);
     (void)at::rand({3});
@@ -126,8 +129,9 @@ int main() {
   // place::async: batches staged in pinned memory and copied on a side stream by the loader's workers.
   {
     struct Async : accel::Accelerator<accel::dist::nccl, accel::place::async> {};
-    accel::data::DataLoader dl(accel::data::TensorDataset(at::arange(4096, at::kFloat).reshape({1024, 4}), at::arange(1024)),
-                               {.batch_size = 64, .workers = 2, .prefetch = 2});
+    accel::data::DataLoader dl(
+        accel::data::TensorDataset(at::arange(4096, at::kFloat).reshape({1024, 4}), at::arange(1024)),
+        {.batch_size = 64, .workers = 2, .prefetch = 2});
     auto loader = accel::data::prepare_data_loader<Async::config>(dl, accel::data::PrepareContext{1, 0, nullptr, dev});
     std::int64_t next = 0;
     bool ok = true;

@@ -1,7 +1,7 @@
 // The C++ side of the interchange tests: files that Python's packages (safetensors, Accelerate, TensorBoard) read
 // or wrote. The Python scripts beside this file run it and check what it produced:
-//   write FILE                    tensors of every dtype the tests cover, made here (check_safetensors.py makes the same)
-//   copy SRC DST                  read_safetensors(SRC), then write_safetensors(DST) with SRC's metadata
+//   write FILE                    tensors of every dtype the tests cover, made here (check_safetensors.py makes the
+//   same) copy SRC DST                  read_safetensors(SRC), then write_safetensors(DST) with SRC's metadata
 //   load-save SRC DST MAX_SHARD   load_model(net, SRC) then save_model(net, DST, MAX_SHARD) for the network of
 //                                 check_safetensors.py (its Accelerate save_model output is SRC)
 //   track DIR                     a run of every tracker: init_trackers, 10 log calls, end_training
@@ -52,7 +52,8 @@ struct Solo : accel::Accelerator<accel::dist::none> {};
 
 void track(const std::string& dir) {
   namespace tr = accel::tracking;
-  Solo acc{accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard}, .logging_dir = dir}};
+  Solo acc{
+      accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard}, .logging_dir = dir}};
   acc.init_trackers("run", {{"lr", 0.1}, {"batch_size", 32}, {"optimizer", "adamw"}});
   for (int s = 0; s < 10; ++s) {
     tr::Values v{{"loss", 1.0 / (s + 1)}, {"lr", 0.1 * std::pow(0.5, s)}};
@@ -117,7 +118,8 @@ int main(int argc, char** argv) {
     } else if (mode == "track-resume" && argc == 3) {
       track_resume(argv[2]);
     } else {
-      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR | track-resume DIR\n";
+      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR | "
+                   "track-resume DIR\n";
       return 2;
     }
   } catch (const std::exception& e) {

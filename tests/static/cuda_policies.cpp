@@ -6,7 +6,8 @@
 
 namespace {
 using namespace accel;
-static_assert(diagnose<dist::nccl, place::async, rng::sync<rng::cuda, rng::torch, rng::generator>>() == ConfigProblem::none);
+static_assert(diagnose<dist::nccl, place::async, rng::sync<rng::cuda, rng::torch, rng::generator>>() ==
+              ConfigProblem::none);
 static_assert(diagnose<dist::from_env, place::async>() == ConfigProblem::none);
 static_assert(diagnose<dist::none, place::async>() == ConfigProblem::none);  // one process on one GPU
 static_assert(diagnose<dist::none, rng::sync<rng::cuda>>() == ConfigProblem::rng_cuda_without_gpu_engine);

@@ -36,6 +36,15 @@ def code_of(line: str) -> str:
     return line.split("//", 1)[0]
 
 
+def exempt(lines: list, i: int) -> bool:
+    """Whether the statement holding line `i` (0-based) says why it is not a step's call: on one of its lines, or on
+    the line above it (a statement starts after a line that ends in `;`, `{` or `}`)."""
+    first = i
+    while first > 0 and not re.search(r"[;{}]\s*(//.*)?$", lines[first - 1]) and EXEMPT not in lines[first - 1]:
+        first -= 1
+    return any(EXEMPT in lines[k] for k in range(max(first - 1, 0), i + 1))
+
+
 def door_spans(text: str) -> list:
     """(start, end) offsets of the argument lists of every `joined(` call."""
     spans = []
@@ -64,7 +73,7 @@ def problems_of(rel: str, text: str) -> list:
         at = start + COLLECTIVE.search(code).start()
         if any(a <= at < b for a, b in spans):
             continue
-        if EXEMPT in line or (n >= 2 and EXEMPT in lines[n - 2]):
+        if exempt(lines, n - 1):
             continue
         out.append(f"{rel}:{n}: issues a collective outside GradientState::joined (Note [The joined-step door]): "
                    f"`{code.strip()}`; route it through the door, or say why it is not a step's call ({EXEMPT} ...)")

@@ -110,7 +110,7 @@ def linkage_problems(rel: str, text: str, texts: dict) -> list:
         # out-of-class `inline` virtual would otherwise become the key function and emit the class's vtable and
         # every virtual function in each translation unit (Note [Separate compilation]).
         header = texts.get(header_of(rel), "")
-        for cls, name in re.findall(r"^(?:\[\[\w+\]\] )*ACCEL_DECL .*?\b(\w+)::(~?\w+)\(", text, flags=re.M):
+        for cls, name in re.findall(r"^(?:\[\[\w+\]\] )*ACCEL_DECL [^(]*?\b(\w+)::(~?\w+)\(", text, flags=re.M):
             body = re.search(r"^(?:class|struct) " + cls + r"\b[^;]*?\{\n(.*?)^\};", header, flags=re.M | re.S)
             if not body or not re.search(r"^ +(?:\[\[\w+\]\] )*ACCEL_DECL .*\b" + re.escape(name) + r"\(", body.group(1), flags=re.M):
                 out.append(f"{rel}: {cls}::{name} is defined ACCEL_DECL here but not declared ACCEL_DECL in its class ({header_of(rel)})")

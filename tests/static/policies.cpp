@@ -41,12 +41,10 @@ using A = Config<dist::gloo, batches::split, tail::uneven, loading::sharded, rng
 using B = Config<place::none, rng::sync<rng::torch>, loading::sharded, tail::uneven, batches::split, dist::gloo>;
 using C = Config<tail::uneven, place::none, dist::gloo, rng::sync<rng::torch>, batches::split, loading::sharded>;
 template <class X, class Y>
-constexpr bool same_config = std::same_as<typename X::dist, typename Y::dist> &&
-                             std::same_as<typename X::batching, typename Y::batching> &&
-                             std::same_as<typename X::tail, typename Y::tail> &&
-                             std::same_as<typename X::loading, typename Y::loading> &&
-                             std::same_as<typename X::rng, typename Y::rng> &&
-                             std::same_as<typename X::place, typename Y::place>;
+constexpr bool same_config =
+    std::same_as<typename X::dist, typename Y::dist>&& std::same_as<typename X::batching, typename Y::batching>&&
+        std::same_as<typename X::tail, typename Y::tail>&& std::same_as<typename X::loading, typename Y::loading>&&
+            std::same_as<typename X::rng, typename Y::rng>&& std::same_as<typename X::place, typename Y::place>;
 static_assert(same_config<A, B> && same_config<B, C>);
 static_assert(same_config<Config<batches::split>, Config<batches::split, dist::from_env, tail::even>>);
 
@@ -67,15 +65,18 @@ static_assert(diagnose<rng::none, rng::sync<rng::torch>>() == ConfigProblem::dup
 static_assert(diagnose<place::none, place::device>() == ConfigProblem::duplicate_placement);
 static_assert(diagnose<rng::sync<int>>() == ConfigProblem::rng_sync_not_a_kind);
 static_assert(diagnose<rng::sync<rng::torch, rng::torch>>() == ConfigProblem::rng_sync_repeated_kind);
-static_assert(diagnose<rng::sync<rng::cuda>, dist::gloo>() ==
-              (ACCEL_WITH_CUDA ? ConfigProblem::rng_cuda_without_gpu_engine : ConfigProblem::rng_cuda_without_cuda_build));
+static_assert(diagnose<rng::sync<rng::cuda>, dist::gloo>() == (ACCEL_WITH_CUDA
+                                                                   ? ConfigProblem::rng_cuda_without_gpu_engine
+                                                                   : ConfigProblem::rng_cuda_without_cuda_build));
 static_assert(diagnose<place::async, dist::gloo>() ==
               (ACCEL_WITH_CUDA ? ConfigProblem::async_with_gloo : ConfigProblem::async_without_cuda_build));
-static_assert(diagnose<dist::nccl>() == (ACCEL_WITH_CUDA ? ConfigProblem::none : ConfigProblem::nccl_without_cuda_build));
+static_assert(diagnose<dist::nccl>() ==
+              (ACCEL_WITH_CUDA ? ConfigProblem::none : ConfigProblem::nccl_without_cuda_build));
 static_assert(diagnose<loading::dispatched, dist::none>() == ConfigProblem::dispatched_without_processes);
 static_assert(diagnose<loading::dispatched, tail::uneven>() == ConfigProblem::dispatched_with_uneven_tail);
 static_assert(diagnose<loading::dispatched, tail::even>() == ConfigProblem::none);
-static_assert(diagnose<loading::dispatched, rng::sync<rng::generator>>() == ConfigProblem::dispatched_with_generator_sync);
+static_assert(diagnose<loading::dispatched, rng::sync<rng::generator>>() ==
+              ConfigProblem::dispatched_with_generator_sync);
 static_assert(diagnose<loading::dispatched, place::none>() == ConfigProblem::dispatched_without_placement);
 static_assert(diagnose<tail::uneven, batches::split, place::none>() == ConfigProblem::none);
 // The first problem wins, so one configuration never produces two errors.

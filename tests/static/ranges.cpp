@@ -35,9 +35,11 @@ static_assert(input_view<Iter>);
 using Piped = decltype(std::declval<Shard&>() | ranges::views::take(2) |
                        ranges::views::transform([](const ShardBatch& b) { return b.real; }) | ranges::views::enumerate);
 static_assert(ranges::input_range<Piped>);
-using StdPiped = decltype(std::declval<Shard>() | std::views::take(2) | std::views::transform([](const ShardBatch& b) { return b.real; }));
+using StdPiped = decltype(std::declval<Shard>() | std::views::take(2) |
+                          std::views::transform([](const ShardBatch& b) { return b.real; }));
 static_assert(std::ranges::input_range<StdPiped>);
-using PlanPiped = decltype(std::declval<PlannedBatches&>() | ranges::views::take(2) |
-                           ranges::views::transform([](const PlannedBatch& b) { return b.size(); }) | ranges::views::enumerate);
+using PlanPiped =
+    decltype(std::declval<PlannedBatches&>() | ranges::views::take(2) |
+             ranges::views::transform([](const PlannedBatch& b) { return b.size(); }) | ranges::views::enumerate);
 static_assert(ranges::random_access_range<PlanPiped>);
 }  // namespace

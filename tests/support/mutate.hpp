@@ -70,7 +70,7 @@ inline const char* kind_name(int k) {
 struct Stats {
   std::size_t cases = 0, accepted = 0, rejected = 0;  //!< accepted: the reader returned; rejected: it threw as it must
   std::size_t by_kind[kinds] = {};
-  std::size_t confined = 0;  //!< mutations confined to a region and fixed up
+  std::size_t confined = 0;           //!< mutations confined to a region and fixed up
   std::vector<std::string> failures;  //!< "case i (kind): what", the first few
   std::size_t failure_count = 0;
   double seconds = 0, slowest = 0;
@@ -94,8 +94,9 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
     }
   }
   auto pos = [&] { return where.offset + rng.below(where.size); };
-  static const std::uint64_t huge[] = {~0ull, 1ull << 62, 1ull << 63, (1ull << 32) - 1, 1ull << 31, 0x7FFFFFFFull,
-                                       (1ull << 62) + 1, 0x8000000000000001ull, 1ull << 40};
+  static const std::uint64_t huge[] = {~0ull,      1ull << 62,    1ull << 63,       (1ull << 32) - 1,
+                                       1ull << 31, 0x7FFFFFFFull, (1ull << 62) + 1, 0x8000000000000001ull,
+                                       1ull << 40};
   if (kind == plausible_number && !(f.numbers && !f.numbers(b).empty())) kind = overwrite;
   switch (kind) {
     case plausible_number: {  // one integer becomes another that a writer could have written: 0, 1, 17, -1, its
@@ -129,7 +130,8 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
       break;
     }
     case overwrite: {
-      static const std::uint8_t interesting[] = {0x00, 0xFF, 0x7F, 0x80, 0x01, '(', ')', '[', ']', '\n', 'X', 0x8d, 0x95};
+      static const std::uint8_t interesting[] = {0x00, 0xFF, 0x7F, 0x80, 0x01, '(', ')',
+                                                 '[',  ']',  '\n', 'X',  0x8d, 0x95};
       const std::size_t n = 1 + rng.below(rng.below(4) == 0 ? 16 : 4);
       const std::size_t at = pos();
       for (std::size_t k = 0; k < n && at + k < b.size(); ++k)
@@ -144,7 +146,8 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
       }
       std::uint64_t v = huge[rng.below(std::size(huge))];
       if (rng.below(4) == 0) v = b.size() + rng.below(64);  // just past the end
-      for (std::size_t k = 0; k < fl.width && fl.offset + k < b.size(); ++k) b[fl.offset + k] = std::uint8_t(v >> (8 * k));
+      for (std::size_t k = 0; k < fl.width && fl.offset + k < b.size(); ++k)
+        b[fl.offset + k] = std::uint8_t(v >> (8 * k));
       break;
     }
     case splice: {
@@ -157,7 +160,8 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
           break;
         case 1: {  // a piece of this file copied over another place of it
           const std::size_t src = pos();
-          for (std::size_t k = 0; k < len && at + k < where.offset + where.size && src + k < where.offset + where.size; ++k)
+          for (std::size_t k = 0; k < len && at + k < where.offset + where.size && src + k < where.offset + where.size;
+               ++k)
             b[at + k] = b[src + k];
           break;
         }
@@ -166,7 +170,8 @@ inline Bytes mutant(const Format& f, std::uint64_t seed, std::size_t index, int&
             b.resize(at);
             b.insert(b.end(), donor.begin() + std::ptrdiff_t(from), donor.end());
           } else {
-            b.insert(b.begin() + std::ptrdiff_t(at), donor.begin() + std::ptrdiff_t(from), donor.begin() + std::ptrdiff_t(from + len));
+            b.insert(b.begin() + std::ptrdiff_t(at), donor.begin() + std::ptrdiff_t(from),
+                     donor.begin() + std::ptrdiff_t(from + len));
           }
         }
       }
@@ -201,7 +206,8 @@ Stats run(const Format& f, std::size_t cases, std::uint64_t seed, Read&& read, J
     }
     s.slowest = std::max(s.slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
     if (!wrong.empty() && s.failure_count++ < 10)
-      s.failures.push_back(f.name + " case " + std::to_string(i) + " (" + kind_name(kind) + (confined ? ", confined" : "") + "): " + wrong);
+      s.failures.push_back(f.name + " case " + std::to_string(i) + " (" + kind_name(kind) +
+                           (confined ? ", confined" : "") + "): " + wrong);
     ++s.cases;
   }
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -277,18 +283,53 @@ inline std::vector<Field> numbers(std::span<const std::uint8_t> b) {
       const std::uint8_t op = b[i++];
       std::size_t skip = 0;
       switch (op) {
-        case 'K': out.push_back({i, 1}), skip = 1; break;
-        case 'M': out.push_back({i, 2}), skip = 2; break;
-        case 'J': out.push_back({i, 4}), skip = 4; break;
-        case 0x8a: skip = 1 + le(b, i, 1); if (le(b, i, 1) == 8) out.push_back({i + 1, 8}); break;
-        case 0x8c: case 'C': case 'U': skip = 1 + le(b, i, 1); break;
-        case 'X': case 'B': case 'T': case 0x8b: skip = 4 + le(b, i, 4); break;
-        case 0x8d: case 0x8e: case 0x96: skip = 8 + std::size_t(le(b, i, 8)); break;
-        case 'q': case 'h': case 0x80: skip = 1; break;
-        case 'r': case 'j': skip = 4; break;
-        case 'G': case 0x95: skip = 8; break;
-        case 'c': for (int lines = 0; lines < 2 && i < end; ++i) lines += b[i] == '\n'; break;
-        default: break;
+        case 'K':
+          out.push_back({i, 1}), skip = 1;
+          break;
+        case 'M':
+          out.push_back({i, 2}), skip = 2;
+          break;
+        case 'J':
+          out.push_back({i, 4}), skip = 4;
+          break;
+        case 0x8a:
+          skip = 1 + le(b, i, 1);
+          if (le(b, i, 1) == 8) out.push_back({i + 1, 8});
+          break;
+        case 0x8c:
+        case 'C':
+        case 'U':
+          skip = 1 + le(b, i, 1);
+          break;
+        case 'X':
+        case 'B':
+        case 'T':
+        case 0x8b:
+          skip = 4 + le(b, i, 4);
+          break;
+        case 0x8d:
+        case 0x8e:
+        case 0x96:
+          skip = 8 + std::size_t(le(b, i, 8));
+          break;
+        case 'q':
+        case 'h':
+        case 0x80:
+          skip = 1;
+          break;
+        case 'r':
+        case 'j':
+          skip = 4;
+          break;
+        case 'G':
+        case 0x95:
+          skip = 8;
+          break;
+        case 'c':
+          for (int lines = 0; lines < 2 && i < end; ++i) lines += b[i] == '\n';
+          break;
+        default:
+          break;
       }
       i += skip;
     }
@@ -315,14 +356,44 @@ inline std::vector<Field> size_fields(std::span<const std::uint8_t> b) {
       const std::uint8_t op = b[i++];
       std::size_t w = 0, skip = 0;
       switch (op) {
-        case 0x8c: case 'C': case 'U': case 0x8a: w = 1; break;
-        case 'X': case 'B': case 'T': case 0x8b: w = 4; break;
-        case 0x8d: case 0x8e: case 0x96: w = 8; break;
-        case 'q': case 'h': case 'K': case 0x80: skip = 1; break;
-        case 'r': case 'j': case 'J': skip = 4; out.push_back({i, 4}); break;
-        case 'M': skip = 2; break;
-        case 'G': case 0x95: skip = 8; break;
-        default: break;
+        case 0x8c:
+        case 'C':
+        case 'U':
+        case 0x8a:
+          w = 1;
+          break;
+        case 'X':
+        case 'B':
+        case 'T':
+        case 0x8b:
+          w = 4;
+          break;
+        case 0x8d:
+        case 0x8e:
+        case 0x96:
+          w = 8;
+          break;
+        case 'q':
+        case 'h':
+        case 'K':
+        case 0x80:
+          skip = 1;
+          break;
+        case 'r':
+        case 'j':
+        case 'J':
+          skip = 4;
+          out.push_back({i, 4});
+          break;
+        case 'M':
+          skip = 2;
+          break;
+        case 'G':
+        case 0x95:
+          skip = 8;
+          break;
+        default:
+          break;
       }
       if (w) {
         out.push_back({i, w});

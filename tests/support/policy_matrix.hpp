@@ -27,22 +27,26 @@ constexpr auto cell(hana::basic_type<Ps>...) {
 }
 constexpr auto matrix(auto... axes) {
   const auto cells = hana::cartesian_product(hana::make_tuple(axes...));
-  return hana::unpack(cells, [](auto... c) { return hana::flatten(hana::make_tuple(hana::unpack(c, [](auto... t) { return cell(t...); })...)); });
+  return hana::unpack(cells, [](auto... c) {
+    return hana::flatten(hana::make_tuple(hana::unpack(c, [](auto... t) { return cell(t...); })...));
+  });
 }
 template <class T>
-using as_std_tuple = typename decltype(hana::unpack(T{}, [](auto... c) { return hana::type_c<std::tuple<typename decltype(c)::type...>>; }))::type;
+using as_std_tuple = typename decltype(hana::unpack(
+    T{}, [](auto... c) { return hana::type_c<std::tuple<typename decltype(c)::type...>>; }))::type;
 }  // namespace detail
 
 //! Every accepted configuration of the loading layer: {per_process, split} × {even, uneven} × {sharded, dispatched}
 //! (dispatched with an uneven tail is refused, so 6 cells), each an `accel::CheckedConfig` on dist::gloo.
-using LoaderMatrix = detail::as_std_tuple<decltype(detail::matrix(hana::tuple_t<accel::batches::per_process, accel::batches::split>,
-                                                                  hana::tuple_t<accel::tail::even, accel::tail::uneven>,
-                                                                  hana::tuple_t<accel::loading::sharded, accel::loading::dispatched>))>;
+using LoaderMatrix =
+    detail::as_std_tuple<decltype(detail::matrix(hana::tuple_t<accel::batches::per_process, accel::batches::split>,
+                                                 hana::tuple_t<accel::tail::even, accel::tail::uneven>,
+                                                 hana::tuple_t<accel::loading::sharded, accel::loading::dispatched>))>;
 
 //! The sharded cells only (what one process can run by simulating its rank; dispatch needs real peers).
-using ShardedMatrix = detail::as_std_tuple<decltype(detail::matrix(hana::tuple_t<accel::batches::per_process, accel::batches::split>,
-                                                                   hana::tuple_t<accel::tail::even, accel::tail::uneven>,
-                                                                   hana::tuple_t<accel::loading::sharded>))>;
+using ShardedMatrix = detail::as_std_tuple<decltype(detail::matrix(
+    hana::tuple_t<accel::batches::per_process, accel::batches::split>,
+    hana::tuple_t<accel::tail::even, accel::tail::uneven>, hana::tuple_t<accel::loading::sharded>))>;
 
 //! Calls `f.template operator()<Config>()` for the cell of `Matrix` whose flags are (split, even, dispatch);
 //! returns false when no cell matches (a combination the library refuses).
@@ -51,7 +55,8 @@ bool with_config(bool split, bool even, bool dispatch, F&& f) {
   return [&]<class... Cs>(std::tuple<Cs...>*) {
     return ((Cs::split_batches == split && Cs::even_batches == even && Cs::dispatch == dispatch
                  ? (f.template operator()<Cs>(), true)
-                 : false) || ...);
+                 : false) ||
+            ...);
   }(static_cast<Matrix*>(nullptr));
 }
 

@@ -4,7 +4,6 @@
 
 #include "training_support.hpp"
 
-#include <accel/accelerator.hpp>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/equal.h>
@@ -12,6 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
+#include <accel/accelerator.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <optional>
@@ -33,7 +33,9 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
   static_assert(std::is_same_v<decltype(model), Net>);  // compiled away: the user's own holder
   static_assert(std::is_same_v<decltype(opt), accel::AcceleratedOptimizer<torch::optim::SGD>>);
   static_assert(std::is_same_v<decltype(s), accel::AcceleratedScheduler<torch::optim::StepLR>>);
-  static_assert(std::is_same_v<decltype(loader), accel::data::ShardedLoader<accel::data::TensorDataset, accel::data::DefaultCollate, Solo::config>>);
+  static_assert(
+      std::is_same_v<decltype(loader), accel::data::ShardedLoader<accel::data::TensorDataset,
+                                                                  accel::data::DefaultCollate, Solo::config>>);
   CHECK(model.get() == net.get());
   CHECK(&opt.inner() == sgd.get());
   CHECK(loader.size() == 3);
@@ -44,8 +46,10 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
 
   // An optimizer over parameters of no prepared model is refused, naming the parameter.
   auto stray = at::zeros({5, 2}).set_requires_grad(true);
-  CHECK_THROWS_WITH(acc.prepare(std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{stray}, torch::optim::SGDOptions(0.1))),
-                    Catch::Contains("optimizer #2 holds a parameter (group 0, index 0, shape [5, 2]) that belongs to no prepared model"));
+  CHECK_THROWS_WITH(
+      acc.prepare(std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{stray}, torch::optim::SGDOptions(0.1))),
+      Catch::Contains(
+          "optimizer #2 holds a parameter (group 0, index 0, shape [5, 2]) that belongs to no prepared model"));
 }
 
 TEST_CASE("clip_grad_norm_ returns the norm before clipping and clips", "[accelerator]") {
@@ -106,7 +110,8 @@ TEST_CASE("one process: check_trigger answers the trigger set since the last che
   CHECK(steps == 4);
 }
 
-TEST_CASE("one process: gather_for_metrics of objects returns the batch's objects; outside a loop, the input", "[accelerator][gather_for_metrics]") {
+TEST_CASE("one process: gather_for_metrics of objects returns the batch's objects; outside a loop, the input",
+          "[accelerator][gather_for_metrics]") {
   accel::ProcessState::reset();
   Solo acc;
   auto loader = acc.prepare(data::DataLoader(toy_data(7), {.batch_size = 3}));
@@ -120,14 +125,16 @@ TEST_CASE("one process: gather_for_metrics of objects returns the batch's object
     seen.insert(seen.end(), g.begin(), g.end());
     // One object per sample of the batch: another count is refused, naming both.
     const auto rows = b.target.size(0);
-    CHECK_THROWS_WITH(acc.gather_for_metrics(std::vector<int>(std::size_t(rows + 1))),
-                      Catch::Contains("passes " + std::to_string(rows + 1) + " objects but its batch has " + std::to_string(rows)));
+    CHECK_THROWS_WITH(
+        acc.gather_for_metrics(std::vector<int>(std::size_t(rows + 1))),
+        Catch::Contains("passes " + std::to_string(rows + 1) + " objects but its batch has " + std::to_string(rows)));
   }
   CHECK(seen.size() == 7);
   CHECK((acc.gather_for_metrics(std::vector<int>{4, 5}) == std::vector<int>{4, 5}));
 }
 
-TEST_CASE("one process: the on_* helpers run the callable and return its result; a bad index is refused", "[accelerator]") {
+TEST_CASE("one process: the on_* helpers run the callable and return its result; a bad index is refused",
+          "[accelerator]") {
   accel::ProcessState::reset();
   Solo acc;
   CHECK(acc.is_last_process());

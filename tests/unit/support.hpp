@@ -1,16 +1,16 @@
 #pragma once
 // Helpers shared by the unit tests (one header, so that the unity TUs that merge several test files see one
 // definition of each).
-#include "../support/samples.hpp"
 #include "../support/policy_matrix.hpp"
+#include "../support/samples.hpp"
 
 #include <accel/data/loader.hpp>
 #include <accel/state/gradient_state.hpp>
 
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json.hpp>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <fstream>
@@ -97,7 +97,9 @@ inline Batches batches_of(const accel::plan::BatchPlan& p, const accel::data::In
   }
   return out;
 }
-inline Batches batches_of(const accel::plan::BatchPlan& p) { return batches_of(p, accel::data::IndexOrder::sequential(p.samples())); }
+inline Batches batches_of(const accel::plan::BatchPlan& p) {
+  return batches_of(p, accel::data::IndexOrder::sequential(p.samples()));
+}
 
 //! Every index of one process's epoch, with the number of real (not padding) samples of each batch.
 struct Yield {
@@ -122,8 +124,12 @@ inline accel::plan::ShardSpec random_spec(std::mt19937_64& rng, bool small) {
   std::int64_t B = small ? std::int64_t(rng() % 7) + 1 : std::int64_t(rng() % 100) + 1;
   const bool split = rng() % 3 == 0;
   if (split) B = N * (std::int64_t(rng() % (small ? 3 : 8)) + 1);
-  return {.batch_size = B, .drop_last = rng() % 3 == 0, .num_processes = N, .process_index = 0,
-          .split_batches = split, .even_batches = rng() % 2 == 0};
+  return {.batch_size = B,
+          .drop_last = rng() % 3 == 0,
+          .num_processes = N,
+          .process_index = 0,
+          .split_batches = split,
+          .even_batches = rng() % 2 == 0};
 }
 
 }  // namespace accel_test

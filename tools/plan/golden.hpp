@@ -27,7 +27,8 @@ inline Kind kind_of(const json& c) {
   if (c.contains("base_len")) return Kind::batch_sampler_shard;
   if (c.contains("skip_batch_sampler")) return Kind::skip_plain;
   if (c.contains("num_batches")) return Kind::skip_prepared;
-  if (c.contains("dispatch_batches")) return c.at("dispatch_batches").get<bool>() ? Kind::e2e_dispatch : Kind::e2e_shard;
+  if (c.contains("dispatch_batches"))
+    return c.at("dispatch_batches").get<bool>() ? Kind::e2e_dispatch : Kind::e2e_shard;
   if (c.contains("num_processes") && !c.contains("even_batches")) return Kind::iterable_dataset_shard;
   throw std::runtime_error("accel-plan: a case matches none of the six golden kinds: " + c.dump().substr(0, 200));
 }
@@ -45,7 +46,8 @@ inline json batches_of(const plan::BatchPlan& p) {
 
 inline json samples_of(const plan::BatchPlan& p) {
   json out = json::array();
-  for (auto& b : batches_of(p)) for (auto& x : b) out.push_back(x);
+  for (auto& b : batches_of(p))
+    for (auto& x : b) out.push_back(x);
   return out;
 }
 
@@ -84,8 +86,9 @@ inline void per_process(json& out, const json& c, const std::string& error_field
 
 //! The case recomputed by the library: the input's parameters, plus results in the input's schema.
 inline json emit_case(const json& in) {
-  static const char* params[] = {"n", "batch_size", "drop_last", "num_processes", "split_batches",
-                                 "even_batches", "dispatch_batches", "num_batches"};
+  static const char* params[] = {
+      "n",          "batch_size", "drop_last", "num_processes", "split_batches", "even_batches", "dispatch_batches",
+      "num_batches"};
   json out = json::object();
   for (const char* k : params)
     if (in.contains(k)) out[k] = in.at(k);
@@ -146,18 +149,23 @@ inline json emit_case(const json& in) {
 //! is the number of batches it really yielded; where Accelerate's `len` is wrong (split mode Q4/Q5, or a
 //! skip past the end, where it raises), ours must be the yielded count instead (README: differences).
 inline bool check_case(const json& ref, const json& ours, std::string& why) {
-  auto fail = [&](std::string m) { why = std::move(m); return false; };
+  auto fail = [&](std::string m) {
+    why = std::move(m);
+    return false;
+  };
   for (const char* err : {"constructor_error", "prepare_error"}) {
     if (ref.contains(err) != ours.contains(err))
-      return fail(std::string(err) + ": reference " + (ref.contains(err) ? ref[err].dump() : "none") +
-                  ", accel " + (ours.contains(err) ? ours[err].dump() : "none"));
+      return fail(std::string(err) + ": reference " + (ref.contains(err) ? ref[err].dump() : "none") + ", accel " +
+                  (ours.contains(err) ? ours[err].dump() : "none"));
     if (ref.contains(err)) return true;
   }
   auto same_len = [&](const json& r, const json& o, const char* items, const std::string& where) {
     const auto yielded = o.at(items).size();
     if (o.at("len").get<std::size_t>() != yielded) return fail(where + ": accel's len differs from what it yields");
-    if (r.contains("len_error") || r.at(items).size() != r.value("len", std::size_t{0})) return true;  // Accelerate's len is off
-    if (r.at("len") != o.at("len")) return fail(where + ": len " + o.at("len").dump() + ", reference " + r.at("len").dump());
+    if (r.contains("len_error") || r.at(items).size() != r.value("len", std::size_t{0}))
+      return true;  // Accelerate's len is off
+    if (r.at("len") != o.at("len"))
+      return fail(where + ": len " + o.at("len").dump() + ", reference " + r.at("len").dump());
     return true;
   };
   if (ref.contains("skip_batch_sampler")) {
@@ -201,7 +209,8 @@ inline json read_golden(std::string_view text, const std::string& path) {
     throw accel::FileError(path, std::string("not valid JSON: ") + e.what());
   }
   const std::function<void(const json&)> integers_only = [&](const json& v) {
-    if (v.is_number_float()) throw accel::FileError(path, "a non-integer number " + v.dump() + " (golden files hold integers)");
+    if (v.is_number_float())
+      throw accel::FileError(path, "a non-integer number " + v.dump() + " (golden files hold integers)");
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > (std::uint64_t(1) << 53))
       throw accel::FileError(path, "the number " + v.dump() + " is out of range");
     if (v.is_structured())
@@ -213,7 +222,9 @@ inline json read_golden(std::string_view text, const std::string& path) {
   const auto& cases = ref.at("cases");
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const json& c = cases[i];
-    auto bad = [&](const std::string& what) { throw accel::FileError(path, "case " + std::to_string(i) + ": " + what); };
+    auto bad = [&](const std::string& what) {
+      throw accel::FileError(path, "case " + std::to_string(i) + ": " + what);
+    };
     if (!c.is_object()) bad("not an object");
     auto bounded = [&](const char* key, std::int64_t lo, std::int64_t hi, bool required) {
       if (!c.contains(key)) {
@@ -222,8 +233,8 @@ inline json read_golden(std::string_view text, const std::string& path) {
       }
       const auto& v = c.at(key);
       if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
-        bad(std::string("\"") + key + "\" is " + v.dump().substr(0, 40) + ", not an integer in [" + std::to_string(lo) + ", " +
-            std::to_string(hi) + "]");
+        bad(std::string("\"") + key + "\" is " + v.dump().substr(0, 40) + ", not an integer in [" + std::to_string(lo) +
+            ", " + std::to_string(hi) + "]");
     };
     bounded("n", 0, 10000, true);
     bounded("batch_size", -10000, 10000, true);
@@ -267,7 +278,8 @@ inline GoldenResult check_golden(const json& ref, const std::string& path, std::
       ++out.passed;
     } else if (++out.failed <= report) {
       json params = c;
-      for (const char* k : {"processes", "skip_first_batches", "skip_batch_sampler", "skip_data_loader"}) params.erase(k);
+      for (const char* k : {"processes", "skip_first_batches", "skip_batch_sampler", "skip_data_loader"})
+        params.erase(k);
       out.failures.push_back(params.dump() + ": " + why);
     }
   }

@@ -31,7 +31,9 @@ void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
 
 template <class... Policies>
 checkpoint::Settings Accelerator<Policies...>::settings() const {
-  return {.mixed_precision = opt_.mixed_precision == Precision::fp16 ? "fp16" : opt_.mixed_precision == Precision::bf16 ? "bf16" : "no",
+  return {.mixed_precision = opt_.mixed_precision == Precision::fp16   ? "fp16"
+                             : opt_.mixed_precision == Precision::bf16 ? "bf16"
+                                                                       : "no",
           .gradient_accumulation_steps = opt_.gradient_accumulation_steps};
 }
 
@@ -84,7 +86,7 @@ void Accelerator<Policies...>::register_save_state_pre_hook(std::function<void(c
 
 template <class... Policies>
 template <class M>
-  requires ModuleHandle<M> || is_prepared_model<M>
+requires ModuleHandle<M> || is_prepared_model<M>
 void Accelerator<Policies...>::save_model(const M& model, const std::filesystem::path& dir,
                                           const checkpoint::SaveModelOptions& options) {
   std::exception_ptr failure;
@@ -109,8 +111,8 @@ void Accelerator<Policies...>::init_trackers(const std::string& project_name, co
   // Every process makes the run (with writers on the main process alone), so that each checks the names, counts
   // the log calls and continues from the same position: the checkpoint's, if load_state restored one.
   const tracking::Start start{.continuing = resumed_, .from = resumed_ ? trackers_.position() : std::nullopt};
-  trackers_ = tracking::Trackers(is_main_process() ? opt_.log_with : std::vector<tracking::Tracker>{}, logging_dir() / project_name,
-                                 config, start);
+  trackers_ = tracking::Trackers(is_main_process() ? opt_.log_with : std::vector<tracking::Tracker>{},
+                                 logging_dir() / project_name, config, start);
   trackers_started_ = true;
 }
 
@@ -142,7 +144,8 @@ template <class... Policies>
 void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest,
                                        const LoadOptions& options) {
   std::optional<tracking::Position> trackers;
-  accumulation_.set_step(checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
+  accumulation_.set_step(
+      checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
   resumed_ = true;
   if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
   for (const auto& d : ddps_) d->forget_window();  // the checkpoint's weights: not a step outside accel
@@ -190,21 +193,25 @@ void Accelerator<Policies...>::register_one(T&& object) {
     checkpointer_.add_custom(std::move(c));
   } else if constexpr (!std::is_void_v<detail::shared_t<U>>) {
     using V = detail::shared_t<U>;
-    static_assert(checkpoint::Checkpointable<V>, "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
-                                                 "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
-                                                 "nor is it serialisable itself (give a struct an accel_fields overload)");
+    static_assert(checkpoint::Checkpointable<V>,
+                  "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
+                  "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
+                  "nor is it serialisable itself (give a struct an accel_fields overload)");
     if constexpr (checkpoint::Checkpointable<V>) {
       detail::require(object != nullptr, "accel::Accelerator::register_for_checkpointing: a null std::shared_ptr");
       checkpointer_.add_custom(checkpoint::Custom::of(*object, object));
     }
   } else {
-    static_assert(std::is_lvalue_reference_v<T> && !std::is_const_v<std::remove_reference_t<T>>,
-                  "accel::Accelerator::register_for_checkpointing: pass a non-const lvalue (it is restored in place and "
-                  "must outlive the job's save_state / load_state) or a std::shared_ptr");
-    static_assert(checkpoint::Checkpointable<U>, "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
-                                                 "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
-                                                 "nor is it serialisable itself (give a struct an accel_fields overload)");
-    if constexpr (checkpoint::Checkpointable<U> && std::is_lvalue_reference_v<T>) checkpointer_.add_custom(checkpoint::Custom::of(object));
+    static_assert(
+        std::is_lvalue_reference_v<T> && !std::is_const_v<std::remove_reference_t<T>>,
+        "accel::Accelerator::register_for_checkpointing: pass a non-const lvalue (it is restored in place and "
+        "must outlive the job's save_state / load_state) or a std::shared_ptr");
+    static_assert(checkpoint::Checkpointable<U>,
+                  "accel::Accelerator::register_for_checkpointing: the object has neither save(OutputArchive&) "
+                  "const / load(InputArchive&), nor state_dict() / load_state_dict() of a serialisable state, "
+                  "nor is it serialisable itself (give a struct an accel_fields overload)");
+    if constexpr (checkpoint::Checkpointable<U> && std::is_lvalue_reference_v<T>)
+      checkpointer_.add_custom(checkpoint::Custom::of(object));
   }
 }
 

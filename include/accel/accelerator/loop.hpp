@@ -2,7 +2,8 @@
 //! \file
 //! The training loop's members of `Accelerator` (accelerator.hpp): accumulate, no_sync, backward, clip_grad_norm_,
 //! clip_grad_value_, unscale_gradients, autocast, gather_for_metrics, gather, reduce, check_trigger: each through
-//! the joined-step door, for a rank that runs out of batches (Note [The joined-step door] in state/gradient_state.hpp). Included by accelerator.hpp.
+//! the joined-step door, for a rank that runs out of batches (Note [The joined-step door] in state/gradient_state.hpp).
+//! Included by accelerator.hpp.
 
 #include <accel/accelerator.hpp>
 
@@ -52,7 +53,8 @@ template <class... Policies>
 void Accelerator<Policies...>::backward(const at::Tensor& loss) {
   check_before_backward();
   auto& gs = GradientState::instance();
-  if (std::any_of(ddps_.begin(), ddps_.end(), [](const auto& d) { return d->sync(); })) refuse_starved("backward (the gradient all-reduce)");
+  if (std::any_of(ddps_.begin(), ddps_.end(), [](const auto& d) { return d->sync(); }))
+    refuse_starved("backward (the gradient all-reduce)");
   const bool recording = gs.recording();
   std::vector<std::uint64_t> before;
   if (recording)
@@ -60,9 +62,12 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
   GradientState::joined(
       GradientState::CallKind::collective,
       [&] {
-        const at::Tensor l = opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
-        if (scaler_) scaler_->scale(l).backward();
-        else l.backward();
+        const at::Tensor l =
+            opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
+        if (scaler_)
+          scaler_->scale(l).backward();
+        else
+          l.backward();
         for (const auto& d : ddps_)
           if (!d->sync()) d->open_window();  // inside an accumulation window: check_before_backward compares
       },
@@ -83,29 +88,34 @@ void Accelerator<Policies...>::check_before_backward() {
   if (opt_.gradient_accumulation_steps > 1 && !accumulated)
     warn_once(Warning::backward_outside_accumulate,
               "gradient_accumulation_steps is " + std::to_string(opt_.gradient_accumulation_steps) +
-                     " but backward() ran outside an accumulate() scope: nothing decides the accumulation window, so "
-                     "every step synchronises and the optimizer steps on every batch (with the loss divided by " +
-                     std::to_string(opt_.gradient_accumulation_steps) + "). Open `auto step = acc.accumulate(model);` "
-                     "before each batch's forward, or set gradient_accumulation_steps = 1");
+                  " but backward() ran outside an accumulate() scope: nothing decides the accumulation window, so "
+                  "every step synchronises and the optimizer steps on every batch (with the loss divided by " +
+                  std::to_string(opt_.gradient_accumulation_steps) +
+                  "). Open `auto step = acc.accumulate(model);` "
+                  "before each batch's forward, or set gradient_accumulation_steps = 1");
   const std::uint64_t steps = optimizer_steps();
   const bool stepped = steps != steps_at_backward_;  // a prepared optimizer stepped since the last backward
   steps_at_backward_ = steps;
   for (std::size_t m = 0; m < ddps_.size(); ++m) {
     const auto window = ddps_[m]->close_window();
     if (const auto& name = window.changed_parameter; !name.empty() && !stepped)
-      warn_once(Warning::stepped_outside_accel,
-                "parameter '" + name + "' of prepared model " + std::to_string(m) + " changed inside an accumulation "
-                     "window, where its gradients are this process's alone, but no optimizer that prepare() returned has "
-                     "stepped: an optimizer accel did not prepare (or the raw one behind a prepared optimizer) stepped it, "
-                     "and the processes' weights drift apart. Step the optimizer prepare() returned "
-                     "(opt.step(), which steps only when gradients are synchronised). If the loop changes the weights on "
-                     "purpose, identically on every process, ignore this; Options::check_replicas_every verifies it");
+      warn_once(
+          Warning::stepped_outside_accel,
+          "parameter '" + name + "' of prepared model " + std::to_string(m) +
+              " changed inside an accumulation "
+              "window, where its gradients are this process's alone, but no optimizer that prepare() returned has "
+              "stepped: an optimizer accel did not prepare (or the raw one behind a prepared optimizer) stepped it, "
+              "and the processes' weights drift apart. Step the optimizer prepare() returned "
+              "(opt.step(), which steps only when gradients are synchronised). If the loop changes the weights on "
+              "purpose, identically on every process, ignore this; Options::check_replicas_every verifies it");
     if (const auto& name = window.cleared_gradient; !name.empty())
-      warn_once(Warning::cleared_in_window,
-                "the gradient of parameter '" + name + "' of prepared model " + std::to_string(m) + " was cleared inside an "
-                   "accumulation window (an optimizer's zero_grad that prepare() did not return): the window's earlier "
-                   "batches are lost from the step. Call zero_grad() on the optimizer prepare() returned, which clears only "
-                   "after a synchronising step");
+      warn_once(
+          Warning::cleared_in_window,
+          "the gradient of parameter '" + name + "' of prepared model " + std::to_string(m) +
+              " was cleared inside an "
+              "accumulation window (an optimizer's zero_grad that prepare() did not return): the window's earlier "
+              "batches are lost from the step. Call zero_grad() on the optimizer prepare() returned, which clears only "
+              "after a synchronising step");
   }
 }
 
@@ -155,7 +165,7 @@ double Accelerator<Policies...>::clip_grad_norm_(const std::vector<at::Tensor>& 
 
 template <class... Policies>
 template <class M>
-  requires ModuleHandle<M> || is_prepared_model<M>
+requires ModuleHandle<M> || is_prepared_model<M>
 double Accelerator<Policies...>::clip_grad_norm_(const M& model, double max_norm, double norm_type) {
   return clip_grad_norm_(module_of(unwrap_model(model))->parameters(), max_norm, norm_type);
 }
@@ -183,7 +193,7 @@ void Accelerator<Policies...>::clip_grad_value_(const std::vector<at::Tensor>& p
 
 template <class... Policies>
 template <class M>
-  requires ModuleHandle<M> || is_prepared_model<M>
+requires ModuleHandle<M> || is_prepared_model<M>
 void Accelerator<Policies...>::clip_grad_value_(const M& model, double clip_value) {
   clip_grad_value_(module_of(unwrap_model(model))->parameters(), clip_value);
 }
@@ -208,8 +218,10 @@ T Accelerator<Policies...>::gather_for_metrics(const T& x) const {
   return gather_batch(x, [&x] {
     return map_tensors(x, [](const at::Tensor& t) {  // this rank's rows at a step it lacks
       auto shape = t.sizes().vec();
-      if (shape.empty()) shape.push_back(0);
-      else shape[0] = 0;
+      if (shape.empty())
+        shape.push_back(0);
+      else
+        shape[0] = 0;
       return at::empty(shape, t.options());
     });
   });
@@ -217,8 +229,9 @@ T Accelerator<Policies...>::gather_for_metrics(const T& x) const {
 
 template <class... Policies>
 template <class T>
-  requires(!TensorStructure<std::vector<T>>)
-std::vector<T> Accelerator<Policies...>::gather_for_metrics(const std::vector<T>& x) const {
+requires(!TensorStructure<std::vector<T>>) std::vector<T> Accelerator<Policies...>::gather_for_metrics(
+    const std::vector<T>& x)
+const {
   // not a step call: outside a loader's loop, where no rank records
   if (!GradientState::instance().in_dataloader()) return concat_rows(accel::gather_object(state_.comm(), x));
   return gather_batch(x, [] { return std::vector<T>{}; });
@@ -244,9 +257,10 @@ T Accelerator<Policies...>::reduce(const T& x, Reduction op, double scale) const
   return GradientState::joined(
       GradientState::CallKind::collective, [&] { return accel::reduce(state_.comm(), x, op, scale); },
       [&] {
-        return [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
-          (void)reduce(identity, op, scale);
-        };
+        return
+            [this, op, scale, identity = map_tensors(x, [op](const at::Tensor& t) { return identity_like(t, op); })] {
+              (void)reduce(identity, op, scale);
+            };
       });
 }
 
@@ -297,11 +311,12 @@ SyncScope Accelerator<Policies...>::no_sync_of(const Ddps& ddps) {
         for (const auto& d : ddps) held.hold(d.get());
         return held;
       },
-      [&] {
-        return [this, ddps, slot] { *slot = std::make_shared<SyncScope>(no_sync_of(ddps)); };
-      });
+      [&] { return [this, ddps, slot] { *slot = std::make_shared<SyncScope>(no_sync_of(ddps)); }; });
   if (GradientState::instance().recording())
-    scope.on_release([slot] { GradientState::joined(GradientState::CallKind::local, [] {}, [&] { return [slot] { slot->reset(); }; }); });
+    scope.on_release([slot] {
+      GradientState::joined(
+          GradientState::CallKind::local, [] {}, [&] { return [slot] { slot->reset(); }; });
+    });
   return scope;
 }
 
@@ -321,9 +336,7 @@ T Accelerator<Policies...>::gather_batch(const T& x, None none) const {
         for (const auto& layout : ahead) parts.push_back(accel::gather_for_metrics(state_.comm(), empty, layout));
         return concat_rows(std::move(parts));
       },
-      [&] {
-        return [this, empty = none()] { (void)gather_for_metrics(empty); };
-      });
+      [&] { return [this, empty = none()] { (void)gather_for_metrics(empty); }; });
 }
 
 template <class... Policies>
@@ -343,8 +356,8 @@ T Accelerator<Policies...>::concat_rows(const std::vector<T>& parts) {
 
 template <class... Policies>
 template <class U>
-  requires(!TensorStructure<std::vector<U>>)
-std::vector<U> Accelerator<Policies...>::concat_rows(std::vector<std::vector<U>> parts) {
+requires(!TensorStructure<std::vector<U>>) std::vector<U> Accelerator<Policies...>::concat_rows(
+    std::vector<std::vector<U>> parts) {
   std::vector<U> out;
   for (auto& p : parts) std::move(p.begin(), p.end(), std::back_inserter(out));
   return out;
@@ -354,8 +367,11 @@ template <class... Policies>
 void Accelerator<Policies...>::refuse_starved(const char* what) const {
   const int r = GradientState::instance().starved_rank();
   if (r < 0) return;
-  throw InvalidArgument("accel: rank " + std::to_string(process_index()) + ": " + what + " in an epoch in which the "
-                        "uneven loader (tail::uneven) gives rank " + std::to_string(r) + " no batch at all: a rank "
+  throw InvalidArgument("accel: rank " + std::to_string(process_index()) + ": " + what +
+                        " in an epoch in which the "
+                        "uneven loader (tail::uneven) gives rank " +
+                        std::to_string(r) +
+                        " no batch at all: a rank "
                         "without a batch has no step to follow, so it cannot take part in the others' collectives. "
                         "Use tail::even, fewer processes or a smaller batch size");
 }
@@ -382,8 +398,10 @@ std::int64_t Accelerator<Policies...>::reduce_flag(std::int64_t v, Reduction op)
 template <class... Policies>
 template <class M>
 std::shared_ptr<DistributedModule> Accelerator<Policies...>::distributed_of(const M& m) {
-  if constexpr (is_prepared_model<M>) return m.distributed_ptr();
-  else return nullptr;  // dist::none: nothing to keep local
+  if constexpr (is_prepared_model<M>)
+    return m.distributed_ptr();
+  else
+    return nullptr;  // dist::none: nothing to keep local
 }
 
 }  // namespace accel

@@ -18,24 +18,36 @@
 namespace accel {
 
 namespace detail {
-template <class T> inline constexpr bool is_data_loader = false;
-template <class D, class C> inline constexpr bool is_data_loader<data::DataLoader<D, C>> = true;
+template <class T>
+inline constexpr bool is_data_loader = false;
+template <class D, class C>
+inline constexpr bool is_data_loader<data::DataLoader<D, C>> = true;
 
 //! What `prepare` makes of an argument.
 enum class Prepares { model, optimizer, scheduler, loader, optimizer_lvalue, unknown };
 template <class A>
 consteval Prepares classify() {
   using T = std::remove_cvref_t<A>;
-  if constexpr (ModuleHandle<T>) return Prepares::model;
-  else if constexpr (TorchOptimizer<shared_t<T>>) return Prepares::optimizer;
-  else if constexpr (TorchOptimizer<T>) return std::is_rvalue_reference_v<A&&> && !std::is_const_v<std::remove_reference_t<A>> ? Prepares::optimizer : Prepares::optimizer_lvalue;
-  else if constexpr (TorchScheduler<shared_t<T>>) return Prepares::scheduler;
-  else if constexpr (is_data_loader<T>) return Prepares::loader;
-  else return Prepares::unknown;
+  if constexpr (ModuleHandle<T>)
+    return Prepares::model;
+  else if constexpr (TorchOptimizer<shared_t<T>>)
+    return Prepares::optimizer;
+  else if constexpr (TorchOptimizer<T>)
+    return std::is_rvalue_reference_v<A&&> && !std::is_const_v<std::remove_reference_t<A>> ? Prepares::optimizer
+                                                                                           : Prepares::optimizer_lvalue;
+  else if constexpr (TorchScheduler<shared_t<T>>)
+    return Prepares::scheduler;
+  else if constexpr (is_data_loader<T>)
+    return Prepares::loader;
+  else
+    return Prepares::unknown;
 }
 
 //! A scheduler between the two passes of `prepare` (it is linked to the optimizers once all are prepared).
-template <class S> struct PendingScheduler { std::shared_ptr<S> scheduler; };
+template <class S>
+struct PendingScheduler {
+  std::shared_ptr<S> scheduler;
+};
 struct NotPrepared {};
 
 }  // namespace detail
@@ -62,9 +74,12 @@ auto Accelerator<Policies...>::prepare(Ts&&... objects) {
     if (optimizers_[i].sharded) optimizers_[i].sharded->build();
   if constexpr (config::zero_stage == 2) shard_gradients();
   auto out = std::apply(
-      [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; }, first);
-  if constexpr (sizeof...(Ts) == 1) return std::get<0>(std::move(out));
-  else return out;
+      [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; },
+      first);
+  if constexpr (sizeof...(Ts) == 1)
+    return std::get<0>(std::move(out));
+  else
+    return out;
 }
 
 template <class... Policies>
@@ -82,45 +97,55 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
     auto module = module_of(x);
     if constexpr (config::device_placement) module->to(device());
     // not a step call: prepare hands the communicator to the model's collective modules
-    const std::size_t collective = set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
+    const std::size_t collective =
+        set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
     // A rank out of batches under uneven tails repeats the others' gradient collectives, not a forward's batch
     // statistics (PyTorch's join does not support SyncBatchNorm either): refused here rather than hung later.
     if constexpr (!config::even_batches && !one_process)
-      detail::require(collective == 0 || num_processes() == 1,
-                      "accel::Accelerator::prepare: the model holds " + std::to_string(collective) + " SyncBatchNorm (or other "
-                      "module that communicates in its forward); under accel::tail::uneven a rank out of batches cannot "
-                      "take part in the others' batch statistics: use accel::tail::even (the default), or BatchNorm");
+      detail::require(
+          collective == 0 || num_processes() == 1,
+          "accel::Accelerator::prepare: the model holds " + std::to_string(collective) +
+              " SyncBatchNorm (or other "
+              "module that communicates in its forward); under accel::tail::uneven a rank out of batches cannot "
+              "take part in the others' batch statistics: use accel::tail::even (the default), or BatchNorm");
     checkpointer_.add_model(module);
     if constexpr (one_process) {
       return U(std::forward<T>(x));
     } else {
       auto ddp = std::make_shared<DistributedModule>(
           // not a step call: prepare builds the model's synchroniser (its collectives go through the door)
-          module, state_.comm(), DistributedOptions{.bucket_bytes = opt_.bucket_bytes, .find_unused_parameters = opt_.find_unused_parameters,
-                                                .broadcast_buffers = opt_.broadcast_buffers, .comm_hook = opt_.comm_hook});
+          module, state_.comm(),
+          DistributedOptions{.bucket_bytes = opt_.bucket_bytes,
+                             .find_unused_parameters = opt_.find_unused_parameters,
+                             .broadcast_buffers = opt_.broadcast_buffers,
+                             .comm_hook = opt_.comm_hook});
       ddps_.push_back(ddp);
       return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
     }
   } else if constexpr (kind == detail::Prepares::optimizer) {
     using O = std::conditional_t<TorchOptimizer<U>, U, detail::shared_t<U>>;
     std::shared_ptr<O> p;
-    if constexpr (TorchOptimizer<U>) p = std::make_shared<O>(std::move(x));
-    else p = x;
+    if constexpr (TorchOptimizer<U>)
+      p = std::make_shared<O>(std::move(x));
+    else
+      p = x;
     AcceleratedOptimizer<O> wrapped(p, scaler_);
     std::shared_ptr<ShardedOptimizer> sharded;
     if constexpr (config::zero_stage > 0 && !one_process) {
-      static_assert(ShardableOptimizer<O>,
-                    "accel::shard::optimizer shards optimizers whose state is per parameter and whose update is "
-                    "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad), and so does accel::shard::gradients; "
-                    "this optimizer (LBFGS, or one of "
-                    "your own) is not known to be: use accel::shard::none, or specialise accel::ShardTraits for it");
+      static_assert(
+          ShardableOptimizer<O>,
+          "accel::shard::optimizer shards optimizers whose state is per parameter and whose update is "
+          "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad), and so does accel::shard::gradients; "
+          "this optimizer (LBFGS, or one of "
+          "your own) is not known to be: use accel::shard::none, or specialise accel::ShardTraits for it");
       if constexpr (ShardableOptimizer<O>) {
         // not a step call: prepare builds the sharded optimizer (its step goes through the door)
         sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       }
     }
-    checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); },
+    checkpointer_.add_optimizer({[wrapped](auto& a) { wrapped.save(a); },
+                                 [wrapped](auto& a) mutable { wrapped.load(a); },
                                  [wrapped](auto& a) { wrapped.check(a); }});
     if (sharded)
       checkpointer_.add_partition({{[sharded](auto& a) { sharded->save(a); }, [sharded](auto& a) { sharded->load(a); },
@@ -146,9 +171,12 @@ auto Accelerator<Policies...>::second_pass(T&& x) {
     std::vector<std::shared_ptr<const StepRecord>> records;
     for (const auto& o : optimizers_) records.push_back(o.record);
     AcceleratedScheduler<S> wrapped(std::move(x.scheduler), std::move(records),
-                                    {.num_processes = num_processes(), .split_batches = config::split_batches,
-                                     .step_with_optimizer = opt_.step_scheduler_with_optimizer, .always_once = opt_.scheduler_steps_once});
-    checkpointer_.add_scheduler({[wrapped](auto& a) { wrapped.save(a); }, [wrapped](auto& a) mutable { wrapped.load(a); },
+                                    {.num_processes = num_processes(),
+                                     .split_batches = config::split_batches,
+                                     .step_with_optimizer = opt_.step_scheduler_with_optimizer,
+                                     .always_once = opt_.scheduler_steps_once});
+    checkpointer_.add_scheduler({[wrapped](auto& a) { wrapped.save(a); },
+                                 [wrapped](auto& a) mutable { wrapped.load(a); },
                                  [wrapped](auto& a) { wrapped.check(a); }});
     return wrapped;
   } else {
@@ -159,10 +187,11 @@ auto Accelerator<Policies...>::second_pass(T&& x) {
 template <class... Policies>
 template <class Loader>
 Loader Accelerator<Policies...>::register_loader(Loader l) {
-  checkpointer_.add_loader({[l] { return l.state_dict(); },
-                            [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
-                            [l](const data::LoaderState& s) { return l.state_mismatch(s); },
-                            [l](const data::LoaderState& s) { return l.state_unreachable(s); }});
+  checkpointer_.add_loader(
+      {[l] { return l.state_dict(); },
+       [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
+       [l](const data::LoaderState& s) { return l.state_mismatch(s); },
+       [l](const data::LoaderState& s) { return l.state_unreachable(s); }});
   return l;
 }
 
@@ -172,7 +201,10 @@ void Accelerator<Policies...>::shard_gradients() {
     if (d->shards_gradients()) continue;
     const void* first = nullptr;
     for (const auto& p : d->module().parameters())
-      if (p.requires_grad()) { first = p.unsafeGetTensorImpl(); break; }
+      if (p.requires_grad()) {
+        first = p.unsafeGetTensorImpl();
+        break;
+      }
     if (!first) continue;
     for (const auto& o : optimizers_) {
       if (!o.sharded) continue;
@@ -212,8 +244,9 @@ void Accelerator<Policies...>::check_optimizer_parameters(std::size_t first) con
         if (known.count(p.unsafeGetTensorImpl())) continue;
         std::string shape;
         for (auto d : p.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-        throw InvalidArgument("accel::Accelerator::prepare: optimizer #" + std::to_string(i) + " holds a parameter (group " +
-                              std::to_string(g) + ", index " + std::to_string(k) + ", shape [" + shape +
+        throw InvalidArgument("accel::Accelerator::prepare: optimizer #" + std::to_string(i) +
+                              " holds a parameter (group " + std::to_string(g) + ", index " + std::to_string(k) +
+                              ", shape [" + shape +
                               "]) that belongs to no prepared model; build the optimizer from the prepared model's "
                               "parameters(), and prepare that model too");
       }

@@ -79,14 +79,14 @@ decltype(auto) reading(const std::string& path, F&& f) {
 }
 
 //! Opens the archive `bytes` (the file `path`) into `a`: the one way accel reads a LibTorch archive.
-inline void load_archive(torch::serialize::InputArchive& a, std::span<const std::uint8_t> bytes, const std::string& path,
-                         std::optional<c10::Device> device = std::nullopt) {
+inline void load_archive(torch::serialize::InputArchive& a, std::span<const std::uint8_t> bytes,
+                         const std::string& path, std::optional<c10::Device> device = std::nullopt) {
   check_zip(bytes, path);
   reading(path, [&] { a.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(), device); });
 }
 
-//! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's"), and be dense:
-//! its elements neither overlap nor leave gaps (a forged stride of 0 would make a step write one element twice).
+//! A tensor read from `path` must have the shape and dtype of the one it restores (`whose`: "the model's"), and be
+//! dense: its elements neither overlap nor leave gaps (a forged stride of 0 would make a step write one element twice).
 ACCEL_DECL void check_layout(const std::string& path, const std::string& what, const at::Tensor& got, const char* whose,
                              const at::Tensor& want);
 

@@ -4,11 +4,11 @@
 //! (the directory layout is format.hpp). `Accelerator::save_state` and `load_state` are this class.
 //!
 //! Saving: every process calls `save`; the main process writes the shared files (models, optimizers, schedulers,
-//! scaler, custom objects), every process its own record, all into `<dir>.partial`, which the main process swaps in whole once
-//! every process has written its part and the main process has listed every file in the manifest (manifest.hpp).
-//! Loading verifies the manifest, reads every file this process needs through it (size and checksum), checks
-//! what the checkpoint holds against what this job prepared (format, processes, counts, mixed precision) and opens
-//! every archive before anything is restored; a damaged file is one `FileError` naming it.
+//! scaler, custom objects), every process its own record, all into `<dir>.partial`, which the main process swaps in
+//! whole once every process has written its part and the main process has listed every file in the manifest
+//! (manifest.hpp). Loading verifies the manifest, reads every file this process needs through it (size and checksum),
+//! checks what the checkpoint holds against what this job prepared (format, processes, counts, mixed precision) and
+//! opens every archive before anything is restored; a damaged file is one `FileError` naming it.
 //!
 //! Another number of processes (README, "Resuming at another world size"): the replicated files load as they are;
 //! every process takes the loaders' states (global positions) and the accumulation counter from rank 0's record;
@@ -52,7 +52,8 @@ class Checkpointer {
   struct Saveable {
     std::function<void(torch::serialize::OutputArchive&)> save;
     std::function<void(torch::serialize::InputArchive&)> load;
-    std::function<void(torch::serialize::InputArchive&)> check{};  //!< optional: refuses an archive before anything is restored
+    std::function<void(torch::serialize::InputArchive&)>
+        check{};  //!< optional: refuses an archive before anything is restored
   };
   //! A ZeRO partition (optim/sharded.hpp): this process's own archive, or at another number of processes every
   //! saved process's archives, re-cut (`check_all` refuses them before anything is restored, `load_all` restores).
@@ -125,7 +126,9 @@ class Checkpointer {
   static std::string partition_file(std::size_t i, int rank) {
     return "zero_" + std::to_string(i) + "_rank" + std::to_string(rank) + ".pt";
   }
-  static std::string grad_key(std::size_t model, const std::string& name) { return "grad_" + std::to_string(model) + "_" + name; }
+  static std::string grad_key(std::size_t model, const std::string& name) {
+    return "grad_" + std::to_string(model) + "_" + name;
+  }
   template <class F>
   static void save_one(F&& save, const std::filesystem::path& path) {
     torch::serialize::OutputArchive a;
@@ -134,8 +137,9 @@ class Checkpointer {
   }
   static void expect_count(std::int64_t saved, const std::filesystem::path& dir, const char* what, std::size_t have,
                            const char* done = "prepared", const char* fix = "prepare the same objects") {
-    accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + (dir / meta_file).string() + " holds " + std::to_string(saved) + " " +
-                                                            what + ", this job " + done + " " + std::to_string(have) + "; " + fix +
+    accel::detail::require(saved == std::int64_t(have), "accel::load_state: " + (dir / meta_file).string() + " holds " +
+                                                            std::to_string(saved) + " " + what + ", this job " + done +
+                                                            " " + std::to_string(have) + "; " + fix +
                                                             ", in the same order, as the job that saved it");
   }
 

@@ -7,9 +7,10 @@
 //!
 //! | the object has                                                            | its file holds                     |
 //! |---------------------------------------------------------------------------|------------------------------------|
-//! | `save(torch::serialize::OutputArchive&) const`, `load(InputArchive&)` (modules, optimizers, schedulers) | what `save` writes |
-//! | `state_dict()` and `load_state_dict(s)`, the state `Serialisable` (core/serialize.hpp) | the state, serialised |
-//! | nothing: the object itself is `Serialisable` (a counter, a struct with `accel_fields`, a vector, a tensor) | the object, serialised |
+//! | `save(torch::serialize::OutputArchive&) const`, `load(InputArchive&)` (modules, optimizers, schedulers) | what
+//! `save` writes | | `state_dict()` and `load_state_dict(s)`, the state `Serialisable` (core/serialize.hpp) | the
+//! state, serialised | | nothing: the object itself is `Serialisable` (a counter, a struct with `accel_fields`, a
+//! vector, a tensor) | the object, serialised |
 //!
 //! Each file also records the object's type, so that a job registering other objects, or the same in another
 //! order, fails to load with a message naming both. Loading is two-phase: `read` parses (and may throw) without
@@ -37,7 +38,8 @@ namespace accel::checkpoint {
 
 //! An object with LibTorch's archive protocol (a module, an optimizer, accel's schedulers).
 template <class T>
-concept ArchiveSaveable = requires(const T& c, T& m, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+concept ArchiveSaveable = requires(const T& c, T& m, torch::serialize::OutputArchive& out,
+                                   torch::serialize::InputArchive& in) {
   c.save(out);
   m.load(in);
 };
@@ -49,8 +51,8 @@ concept StateDictSaveable = requires(const T& c, T& m) {
 };
 //! What `register_for_checkpointing` accepts.
 template <class T>
-concept Checkpointable = ArchiveSaveable<T> || StateDictSaveable<T> || (Serialisable<T> && std::is_copy_assignable_v<T> &&
-                                                                        std::is_default_constructible_v<T>);
+concept Checkpointable = ArchiveSaveable<T> || StateDictSaveable<T> ||
+    (Serialisable<T>&& std::is_copy_assignable_v<T>&& std::is_default_constructible_v<T>);
 
 //! What a custom object's file holds: its `state_dict()`, or the object itself.
 template <class T>
@@ -93,8 +95,10 @@ struct Custom {
     } else {
       c.save = [p, owner](torch::serialize::OutputArchive& a) {
         std::vector<std::uint8_t> bytes;
-        if constexpr (StateDictSaveable<T>) accel::serialize(p->state_dict(), bytes);
-        else accel::serialize(*p, bytes);
+        if constexpr (StateDictSaveable<T>)
+          accel::serialize(p->state_dict(), bytes);
+        else
+          accel::serialize(*p, bytes);
         a.write("state", accel::detail::bytes_tensor(bytes, c10::Device(c10::kCPU)));
       };
       c.read = [p, owner](torch::serialize::InputArchive& a, const std::string& path) -> std::function<void()> {
@@ -106,10 +110,13 @@ struct Custom {
         using State = typename saved_state<T>::type;
         auto state = std::make_shared<State>();
         reading(path, [&] { accel::deserialize(*state, in); });
-        if (!in.empty()) throw FileError(path, "damaged custom state: " + std::to_string(in.size()) + " bytes after its end");
+        if (!in.empty())
+          throw FileError(path, "damaged custom state: " + std::to_string(in.size()) + " bytes after its end");
         return [p, state, path] {
-          if constexpr (StateDictSaveable<T>) reading(path, [&] { p->load_state_dict(*state); });
-          else *p = std::move(*state);
+          if constexpr (StateDictSaveable<T>)
+            reading(path, [&] { p->load_state_dict(*state); });
+          else
+            *p = std::move(*state);
         };
       };
     }
@@ -130,9 +137,10 @@ inline std::function<void()> read_custom(const Custom& c, std::size_t i, torch::
   reading(path, [&] { a.read("type", type); });
   if (!type.isString()) throw FileError(path, "damaged custom state: 'type' is not a string");
   if (type.toStringRef() != c.type)
-    throw InvalidArgument("accel::load_state: custom object #" + std::to_string(i) + " of the checkpoint (" + path + ") is a " +
-                          type.toStringRef() + ", this job registered a " + c.type +
-                          " there; register_for_checkpointing the same objects, in the same order, as the job that saved it");
+    throw InvalidArgument(
+        "accel::load_state: custom object #" + std::to_string(i) + " of the checkpoint (" + path + ") is a " +
+        type.toStringRef() + ", this job registered a " + c.type +
+        " there; register_for_checkpointing the same objects, in the same order, as the job that saved it");
   return c.read(a, path);
 }
 

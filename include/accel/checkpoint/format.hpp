@@ -73,13 +73,17 @@ inline constexpr const char* scaler_file = "scaler.pt";
 //! What `process_<r>.pt` holds besides local gradients (serialised with accel's own `accel::serialize`, one
 //! byte tensor under the key "record").
 struct ProcessRecord {
-  std::int64_t step = 0;                        //!< the accumulation step counter (Accelerate's `step`)
+  std::int64_t step = 0;                          //!< the accumulation step counter (Accelerate's `step`)
   std::vector<std::uint8_t> rng_cpu, rng_device;  //!< generator states (rng_device empty on the CPU)
-  std::vector<data::LoaderState> loaders;       //!< every prepared loader, in prepare order
-  bool local_gradients = false;                 //!< saved inside an accumulation window (the archive holds gradients)
+  std::vector<data::LoaderState> loaders;         //!< every prepared loader, in prepare order
+  bool local_gradients = false;                   //!< saved inside an accumulation window (the archive holds gradients)
 };
-inline auto accel_fields(ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients); }
-inline auto accel_fields(const ProcessRecord& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients); }
+inline auto accel_fields(ProcessRecord& r) {
+  return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients);
+}
+inline auto accel_fields(const ProcessRecord& r) {
+  return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients);
+}
 
 namespace detail {
 // Format 2's record: loader states of three fields, no accumulation flag.
@@ -100,7 +104,9 @@ inline std::filesystem::path partial_dir(const std::filesystem::path& dir) {
   return std::filesystem::path(dir.string() + ".partial");
 }
 
-inline void write(torch::serialize::OutputArchive& a, const std::string& key, std::int64_t v) { a.write(key, c10::IValue(v)); }
+inline void write(torch::serialize::OutputArchive& a, const std::string& key, std::int64_t v) {
+  a.write(key, c10::IValue(v));
+}
 inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
   c10::IValue v;
   a.read(key, v);
@@ -110,12 +116,12 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 //! What `accel_checkpoint.pt` holds.
 //! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
 struct Settings {
-  std::string mixed_precision = "no";           //!< "no", "fp16" or "bf16" (Options::mixed_precision)
+  std::string mixed_precision = "no";  //!< "no", "fp16" or "bf16" (Options::mixed_precision)
   std::int64_t gradient_accumulation_steps = 1;
 };
 struct Meta {
-  std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0, scaler = 0,
-               custom = 0;
+  std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0,
+               scaler = 0, custom = 0;
   //! The trackers' position (tracking/trackers.hpp), under the keys "tracker_calls" and "tracker_last_step" (the
   //! latter only after a first `log` call); none: not recorded (an earlier accel's checkpoint, optional keys in the
   //! same format, or a job that continued such a checkpoint's files).
@@ -130,9 +136,14 @@ inline constexpr std::array<const char*, 3> precision_names{"no", "fp16", "bf16"
 template <class M>  // Meta or const Meta
 auto meta_fields(M& m) {
   using Field = std::pair<const char*, decltype(&m.format_version)>;
-  return std::array<Field, 8>{Field{"format_version", &m.format_version}, {"num_processes", &m.num_processes},
-                              {"models", &m.models}, {"optimizers", &m.optimizers}, {"schedulers", &m.schedulers},
-                              {"loaders", &m.loaders}, {"scaler", &m.scaler}, {"custom", &m.custom}};
+  return std::array<Field, 8>{Field{"format_version", &m.format_version},
+                              {"num_processes", &m.num_processes},
+                              {"models", &m.models},
+                              {"optimizers", &m.optimizers},
+                              {"schedulers", &m.schedulers},
+                              {"loaders", &m.loaders},
+                              {"scaler", &m.scaler},
+                              {"custom", &m.custom}};
 }
 
 //! Writes `accel_checkpoint.pt`'s archive.
@@ -144,7 +155,8 @@ inline void write_meta(torch::serialize::OutputArchive& a, const Meta& m) {
   }
   if (m.settings) {
     std::int64_t code = 0;
-    while (code < std::int64_t(precision_names.size()) && m.settings->mixed_precision != precision_names[std::size_t(code)])
+    while (code < std::int64_t(precision_names.size()) &&
+           m.settings->mixed_precision != precision_names[std::size_t(code)])
       ++code;
     write(a, "mixed_precision", code);
     write(a, "gradient_accumulation_steps", m.settings->gradient_accumulation_steps);
@@ -159,13 +171,15 @@ inline std::optional<Settings> read_settings(torch::serialize::InputArchive& a, 
   const bool has_steps = a.try_read("gradient_accumulation_steps", steps);
   if (!has_precision && !has_steps) return std::nullopt;
   if (!has_precision || !has_steps || !precision.isInt() || !steps.isInt())
-    throw FileError(path, "damaged training settings: 'mixed_precision' and 'gradient_accumulation_steps' must both be integers");
+    throw FileError(
+        path, "damaged training settings: 'mixed_precision' and 'gradient_accumulation_steps' must both be integers");
   const std::int64_t code = precision.toInt(), n = steps.toInt();
   if (code < 0 || code >= std::int64_t(precision_names.size()))
-    throw FileError(path, "damaged training settings: 'mixed_precision' is " + std::to_string(code) + " (0 no, 1 fp16, 2 bf16)");
+    throw FileError(
+        path, "damaged training settings: 'mixed_precision' is " + std::to_string(code) + " (0 no, 1 fp16, 2 bf16)");
   if (n < 1 || n > std::numeric_limits<int>::max())
-    throw FileError(path, "damaged training settings: 'gradient_accumulation_steps' is " + std::to_string(n) + " (1 to " +
-                              std::to_string(std::numeric_limits<int>::max()) + ")");
+    throw FileError(path, "damaged training settings: 'gradient_accumulation_steps' is " + std::to_string(n) +
+                              " (1 to " + std::to_string(std::numeric_limits<int>::max()) + ")");
   return Settings{precision_names[std::size_t(code)], n};
 }
 
@@ -177,13 +191,11 @@ ACCEL_DECL Meta read_meta(std::span<const std::uint8_t> bytes, const std::string
 //! (`generator_state_bytes`). A format-2 record's loader states have no position (-1: they resume after their
 //! batches, with the same number of processes).
 ACCEL_DECL ProcessRecord parse_process_record(std::span<const std::uint8_t> in, const std::string& path,
-                                              std::size_t generator_state_bytes,
-                                              std::int64_t version = format_version);
+                                              std::size_t generator_state_bytes, std::int64_t version = format_version);
 
 //! Reads the record of `process_<r>.pt` (opened into `a`).
 ACCEL_DECL ProcessRecord read_process_record(torch::serialize::InputArchive& a, const std::string& path,
-                                             std::size_t generator_state_bytes,
-                                             std::int64_t version = format_version);
+                                             std::size_t generator_state_bytes, std::int64_t version = format_version);
 
 }  // namespace accel::checkpoint
 

@@ -16,8 +16,9 @@
 //! their bytes only through the manifest (`Manifest::read`), so such a file is never read.
 //!
 //! Why CRC-32C: it catches truncation, torn writes and flipped bits (not tampering: a checkpoint is trusted as
-//! much as the directory it lives in), and it runs at about 3 GB/s on one core (core/crc32c.hpp): for 40 MiB of parameters the manifest adds about 35 ms to a save (every file read back and summed)
-//! and 13 ms to a load (each file is read once, summed, and handed to LibTorch from memory).
+//! much as the directory it lives in), and it runs at about 3 GB/s on one core (core/crc32c.hpp): for 40 MiB of
+//! parameters the manifest adds about 35 ms to a save (every file read back and summed) and 13 ms to a load (each file
+//! is read once, summed, and handed to LibTorch from memory).
 
 #include <accel/core/crc32c.hpp>
 #include <accel/core/files.hpp>
@@ -56,7 +57,8 @@ struct Manifest {
   [[nodiscard]] static bool valid_name(std::string_view name) {
     if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
     for (const char ch : name)
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+            ch == '_' || ch == '-'))
         return false;
     return true;
   }
@@ -85,7 +87,8 @@ struct Manifest {
     std::size_t pos = 0, line_no = 0;
     auto next_line = [&]() -> std::string_view {
       const auto end = text.find('\n', pos);
-      if (end == std::string_view::npos) fail("line " + std::to_string(line_no + 1) + " is not terminated (truncated?)");
+      if (end == std::string_view::npos)
+        fail("line " + std::to_string(line_no + 1) + " is not terminated (truncated?)");
       const auto line = text.substr(pos, end - pos);
       pos = end + 1;
       ++line_no;
@@ -119,8 +122,10 @@ struct Manifest {
         const auto rest = line.substr(4);
         const auto sp = rest.find(' ');
         if (sp == std::string_view::npos) fail("bad last line");
-        if (number(rest.substr(0, sp), 9, "file count") != m.files.size()) fail("the file count differs from the lines listed");
-        if (hex32(rest.substr(sp + 1)) != crc32c(text.substr(0, start))) fail("its own checksum does not match its lines");
+        if (number(rest.substr(0, sp), 9, "file count") != m.files.size())
+          fail("the file count differs from the lines listed");
+        if (hex32(rest.substr(sp + 1)) != crc32c(text.substr(0, start)))
+          fail("its own checksum does not match its lines");
         if (pos != text.size()) fail("text after the last line");
         return m;
       }
@@ -132,7 +137,8 @@ struct Manifest {
       e.size = number(line.substr(s1 + 1, s2 - s1 - 1), 19, "size");
       e.name = std::string(line.substr(s2 + 1));
       if (!valid_name(e.name)) fail("line " + std::to_string(line_no) + ": not a file name of a checkpoint");
-      if (!m.files.empty() && !(m.files.back().name < e.name)) fail("line " + std::to_string(line_no) + ": names out of order or repeated");
+      if (!m.files.empty() && !(m.files.back().name < e.name))
+        fail("line " + std::to_string(line_no) + ": names out of order or repeated");
       m.files.push_back(std::move(e));
     }
   }
@@ -143,7 +149,8 @@ struct Manifest {
     for (const auto& f : std::filesystem::directory_iterator(dir)) {
       const auto name = f.path().filename().string();
       if (name == manifest_file || !f.is_regular_file()) continue;
-      accel::detail::require(valid_name(name), "accel::save_state: " + f.path().string() + ": a checkpoint file name must be of [A-Za-z0-9._-]");
+      accel::detail::require(valid_name(name), "accel::save_state: " + f.path().string() +
+                                                   ": a checkpoint file name must be of [A-Za-z0-9._-]");
       m.files.push_back(summed(f.path()));
     }
     std::sort(m.files.begin(), m.files.end(), [](const Entry& a, const Entry& b) { return a.name < b.name; });
@@ -160,9 +167,11 @@ struct Manifest {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
     if (ec)
-      throw FileError(path.string(), "missing: the checkpoint is incomplete (its save did not finish) or was written by "
-                                     "an accel older than checkpoint format 2; it cannot be loaded as complete");
-    if (size > max_bytes) throw FileError(path.string(), "damaged checkpoint manifest: " + std::to_string(size) + " bytes");
+      throw FileError(path.string(),
+                      "missing: the checkpoint is incomplete (its save did not finish) or was written by "
+                      "an accel older than checkpoint format 2; it cannot be loaded as complete");
+    if (size > max_bytes)
+      throw FileError(path.string(), "damaged checkpoint manifest: " + std::to_string(size) + " bytes");
     const auto bytes = read_file(path, size);
     return parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string());
   }
@@ -173,14 +182,16 @@ struct Manifest {
     const auto path = dir / name;
     const Entry* e = find(name);
     if (!e)
-      throw FileError(path.string(), "not listed in the checkpoint's manifest; the checkpoint was written by a job that "
-                                     "prepared other objects or processes, or its manifest is damaged");
+      throw FileError(path.string(),
+                      "not listed in the checkpoint's manifest; the checkpoint was written by a job that "
+                      "prepared other objects or processes, or its manifest is damaged");
     check_size(dir, *e);
     auto bytes = read_file(path, e->size);
     const auto crc = crc32c(bytes);
     if (crc != e->crc) {
       char msg[96];
-      std::snprintf(msg, sizeof msg, "checksum mismatch: CRC-32C %08x, the manifest lists %08x (damaged)", unsigned(crc), unsigned(e->crc));
+      std::snprintf(msg, sizeof msg, "checksum mismatch: CRC-32C %08x, the manifest lists %08x (damaged)",
+                    unsigned(crc), unsigned(e->crc));
       throw FileError(path.string(), msg);
     }
     return bytes;
@@ -195,10 +206,13 @@ struct Manifest {
   static void check_size(const std::filesystem::path& dir, const Entry& e) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir / e.name, ec);
-    if (ec) throw FileError((dir / e.name).string(), "missing: the manifest lists it with " + std::to_string(e.size) + " bytes");
+    if (ec)
+      throw FileError((dir / e.name).string(),
+                      "missing: the manifest lists it with " + std::to_string(e.size) + " bytes");
     if (size != e.size)
-      throw FileError((dir / e.name).string(), "size mismatch: " + std::to_string(size) + " bytes, the manifest lists " +
-                                                   std::to_string(e.size) + " (truncated or overwritten)");
+      throw FileError((dir / e.name).string(), "size mismatch: " + std::to_string(size) +
+                                                   " bytes, the manifest lists " + std::to_string(e.size) +
+                                                   " (truncated or overwritten)");
   }
   // The entry of one file, summed in chunks: a save never holds a second copy of a large model in memory.
   static Entry summed(const std::filesystem::path& path) {
@@ -213,7 +227,6 @@ struct Manifest {
     }
     return e;
   }
-
 };
 
 }  // namespace accel::checkpoint

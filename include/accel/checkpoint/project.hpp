@@ -30,14 +30,14 @@
 namespace accel::checkpoint {
 
 // [accelerate:utils/dataclasses.py ProjectConfiguration]
-//! Where a job keeps its checkpoints and logs, and how `save_state()` names and prunes checkpoints (`accel::ProjectConfiguration`,
-//! `Options::project_config`).
+//! Where a job keeps its checkpoints and logs, and how `save_state()` names and prunes checkpoints
+//! (`accel::ProjectConfiguration`, `Options::project_config`).
 struct ProjectConfiguration {
-  std::filesystem::path project_dir = ".";  //!< the project's root
-  std::filesystem::path logging_dir{};      //!< trackers write here (empty: `project_dir`)
+  std::filesystem::path project_dir = ".";   //!< the project's root
+  std::filesystem::path logging_dir{};       //!< trackers write here (empty: `project_dir`)
   bool automatic_checkpoint_naming = false;  //!< `save_state()` / `load_state()` without a directory
-  std::optional<int> total_limit{};         //!< keep at most this many complete checkpoints (unset: all)
-  std::int64_t iteration = 0;               //!< the number the next `save_state()` uses
+  std::optional<int> total_limit{};          //!< keep at most this many complete checkpoints (unset: all)
+  std::int64_t iteration = 0;                //!< the number the next `save_state()` uses
 };
 
 //! One `checkpoint_<n>` folder of a project.
@@ -74,7 +74,8 @@ inline std::vector<Numbered> complete_checkpoints(const ProjectConfiguration& p)
   if (!std::filesystem::is_directory(root, ec)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
     const auto n = checkpoint_number(entry.path().filename().string());
-    if (n && entry.is_directory(ec) && std::filesystem::is_regular_file(entry.path() / manifest_file, ec)) out.push_back({*n, entry.path()});
+    if (n && entry.is_directory(ec) && std::filesystem::is_regular_file(entry.path() / manifest_file, ec))
+      out.push_back({*n, entry.path()});
   }
   std::sort(out.begin(), out.end(), [](const Numbered& a, const Numbered& b) { return a.number < b.number; });
   return out;
@@ -89,40 +90,47 @@ inline std::optional<Numbered> latest_checkpoint(const ProjectConfiguration& p) 
 
 //! Checks a project configuration (every process, at construction).
 inline void check_project(const ProjectConfiguration& p) {
-  accel::detail::require(!p.project_dir.empty(), "accel: ProjectConfiguration::project_dir is empty; leave it at \".\" or name a folder");
+  accel::detail::require(!p.project_dir.empty(),
+                         "accel: ProjectConfiguration::project_dir is empty; leave it at \".\" or name a folder");
   accel::detail::require(!p.total_limit || *p.total_limit >= 1,
-                  "accel: ProjectConfiguration::total_limit is " + (p.total_limit ? std::to_string(*p.total_limit) : std::string()) +
-                      "; keep at least 1 checkpoint, or leave it unset to keep all");
-  accel::detail::require(p.iteration >= 0, "accel: ProjectConfiguration::iteration is " + std::to_string(p.iteration) + "; it numbers checkpoints from 0");
+                         "accel: ProjectConfiguration::total_limit is " +
+                             (p.total_limit ? std::to_string(*p.total_limit) : std::string()) +
+                             "; keep at least 1 checkpoint, or leave it unset to keep all");
+  accel::detail::require(p.iteration >= 0, "accel: ProjectConfiguration::iteration is " + std::to_string(p.iteration) +
+                                               "; it numbers checkpoints from 0");
 }
 
 //! The folder the next `save_state()` writes, or why there is none: automatic naming off, or the folder exists
 //! already (a fresh job in a project with checkpoints: it would overwrite one).
 inline std::filesystem::path next_checkpoint_dir(const ProjectConfiguration& p) {
-  accel::detail::require(p.automatic_checkpoint_naming,
-                  "accel::Accelerator::save_state: no directory given and ProjectConfiguration::automatic_checkpoint_naming is "
-                  "off; pass a directory, or set Options::project_config.automatic_checkpoint_naming = true");
+  accel::detail::require(
+      p.automatic_checkpoint_naming,
+      "accel::Accelerator::save_state: no directory given and ProjectConfiguration::automatic_checkpoint_naming is "
+      "off; pass a directory, or set Options::project_config.automatic_checkpoint_naming = true");
   const auto dir = numbered_dir(p, p.iteration);
   const auto latest = latest_checkpoint(p);
   const bool behind = latest && latest->number >= p.iteration;  // a fresh job in a project with checkpoints
-  accel::detail::require(!behind && !std::filesystem::exists(dir),
-                         "accel::Accelerator::save_state: " + (behind ? "the project holds checkpoints up to " + latest->path.string()
-                                                                      : dir.string() + " exists already") +
-                             " and ProjectConfiguration::iteration is " + std::to_string(p.iteration) +
-                             ": saving would overwrite or outnumber them; resume with load_state() first (it continues the "
-                             "numbering), set ProjectConfiguration::iteration past the last checkpoint, or use another project_dir");
+  accel::detail::require(
+      !behind && !std::filesystem::exists(dir),
+      "accel::Accelerator::save_state: " +
+          (behind ? "the project holds checkpoints up to " + latest->path.string() : dir.string() + " exists already") +
+          " and ProjectConfiguration::iteration is " + std::to_string(p.iteration) +
+          ": saving would overwrite or outnumber them; resume with load_state() first (it continues the "
+          "numbering), set ProjectConfiguration::iteration past the last checkpoint, or use another project_dir");
   return dir;
 }
 
 //! The checkpoint `load_state()` reads: the latest complete one.
 inline Numbered checkpoint_to_resume(const ProjectConfiguration& p) {
-  accel::detail::require(p.automatic_checkpoint_naming,
-                  "accel::Accelerator::load_state: no directory given and ProjectConfiguration::automatic_checkpoint_naming is "
-                  "off; pass the checkpoint's directory, or set Options::project_config.automatic_checkpoint_naming = true");
+  accel::detail::require(
+      p.automatic_checkpoint_naming,
+      "accel::Accelerator::load_state: no directory given and ProjectConfiguration::automatic_checkpoint_naming is "
+      "off; pass the checkpoint's directory, or set Options::project_config.automatic_checkpoint_naming = true");
   auto latest = latest_checkpoint(p);
-  accel::detail::require(latest.has_value(), "accel::Accelerator::load_state: no complete checkpoint under " + checkpoints_dir(p).string() +
-                                          " (a checkpoint_<n> folder with a manifest); check project_dir, or start without "
-                                          "load_state() (Accelerator::latest_checkpoint() says whether there is one)");
+  accel::detail::require(latest.has_value(),
+                         "accel::Accelerator::load_state: no complete checkpoint under " + checkpoints_dir(p).string() +
+                             " (a checkpoint_<n> folder with a manifest); check project_dir, or start without "
+                             "load_state() (Accelerator::latest_checkpoint() says whether there is one)");
   return *latest;
 }
 

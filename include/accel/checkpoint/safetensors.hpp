@@ -83,8 +83,8 @@ struct ShardPlan {
 // [huggingface_hub:serialization/_base.py split_state_dict_into_shards_factory]
 //! The files of `state` under `max_shard_size` bytes per file, named `<stem><suffix><extension>`.
 ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                                 std::int64_t max_shard_size,
-                                 const std::string& stem = "model", const std::string& extension = ".safetensors");
+                                 std::int64_t max_shard_size, const std::string& stem = "model",
+                                 const std::string& extension = ".safetensors");
 
 //! `save_model`'s settings (Accelerate's `max_shard_size`; `safe_serialization` is always true here).
 struct SaveModelOptions {

@@ -53,13 +53,22 @@ struct Dtype {
   std::size_t size;
 };
 // The dtypes ATen and safetensors share, in safetensors' (Rust) enum order.
-inline constexpr Dtype dtypes[] = {
-    {"BOOL", c10::kBool, 0, 1},           {"U8", c10::kByte, 1, 1},          {"I8", c10::kChar, 2, 1},
-    {"F8_E5M2", c10::kFloat8_e5m2, 3, 1}, {"F8_E4M3", c10::kFloat8_e4m3fn, 4, 1}, {"I16", c10::kShort, 5, 2},
-    {"U16", c10::kUInt16, 6, 2},          {"F16", c10::kHalf, 7, 2},         {"BF16", c10::kBFloat16, 8, 2},
-    {"I32", c10::kInt, 9, 4},             {"U32", c10::kUInt32, 10, 4},      {"F32", c10::kFloat, 11, 4},
-    {"C64", c10::kComplexFloat, 12, 8},   {"F64", c10::kDouble, 13, 8},      {"I64", c10::kLong, 14, 8},
-    {"U64", c10::kUInt64, 15, 8}};
+inline constexpr Dtype dtypes[] = {{"BOOL", c10::kBool, 0, 1},
+                                   {"U8", c10::kByte, 1, 1},
+                                   {"I8", c10::kChar, 2, 1},
+                                   {"F8_E5M2", c10::kFloat8_e5m2, 3, 1},
+                                   {"F8_E4M3", c10::kFloat8_e4m3fn, 4, 1},
+                                   {"I16", c10::kShort, 5, 2},
+                                   {"U16", c10::kUInt16, 6, 2},
+                                   {"F16", c10::kHalf, 7, 2},
+                                   {"BF16", c10::kBFloat16, 8, 2},
+                                   {"I32", c10::kInt, 9, 4},
+                                   {"U32", c10::kUInt32, 10, 4},
+                                   {"F32", c10::kFloat, 11, 4},
+                                   {"C64", c10::kComplexFloat, 12, 8},
+                                   {"F64", c10::kDouble, 13, 8},
+                                   {"I64", c10::kLong, 14, 8},
+                                   {"U64", c10::kUInt64, 15, 8}};
 
 inline const Dtype* dtype_named(const std::string& name) {
   for (const auto& d : dtypes)

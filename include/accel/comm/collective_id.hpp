@@ -30,8 +30,9 @@ struct CommOptions {
   //! Check that every rank issues the same collective (Note [Mismatched collectives]).
   bool check_collectives = true;
 
-  //! How often a collective that waits looks for a rank that ended (Note [Ended ranks] in state/rendezvous/job_identity.hpp),
-  //! and how long it waits before it starts to: a tenth of the heartbeat, at least 5 ms.
+  //! How often a collective that waits looks for a rank that ended (Note [Ended ranks] in
+  //! state/rendezvous/job_identity.hpp), and how long it waits before it starts to: a tenth of the heartbeat, at least
+  //! 5 ms.
   [[nodiscard]] std::chrono::milliseconds quick_look() const {
     return std::max(heartbeat_interval / 10, std::chrono::milliseconds(5));
   }
@@ -57,16 +58,19 @@ struct CollectiveId {
 
   //! The same operation (what every rank must agree on).
   friend bool operator==(const CollectiveId& a, const CollectiveId& b) {
-    return a.seq == b.seq && a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.numel == b.numel && a.root == b.root;
+    return a.seq == b.seq && a.kind == b.kind && a.reduce == b.reduce && a.dtype == b.dtype && a.numel == b.numel &&
+           a.root == b.root;
   }
 
   //! "all_reduce(sum) of 4 x Float", "broadcast from rank 0 of 12 x Long", "barrier".
   [[nodiscard]] std::string describe() const {
-    static constexpr const char* kinds[] = {"all_reduce", "broadcast", "all_gather", "scatter", "barrier", "reduce_scatter", "reduce"};
+    static constexpr const char* kinds[] = {"all_reduce", "broadcast",      "all_gather", "scatter",
+                                            "barrier",    "reduce_scatter", "reduce"};
     static constexpr const char* ops[] = {"sum", "max", "min"};
     std::string out = kinds[int(kind)];
     if (kind == OpKind::barrier) return out;
-    if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::reduce) out += std::string("(") + ops[int(reduce)] + ")";
+    if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::reduce)
+      out += std::string("(") + ops[int(reduce)] + ")";
     if (kind == OpKind::broadcast || kind == OpKind::scatter) out += " from rank " + std::to_string(root);
     if (kind == OpKind::reduce) out += " to rank " + std::to_string(root);
     return out + " of " + std::to_string(numel) + " x " + c10::toString(dtype);
@@ -77,8 +81,8 @@ struct CollectiveId {
     auto mix = [&](std::uint64_t v) {
       for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
     };
-    mix(seq), mix(std::uint64_t(kind)), mix(std::uint64_t(reduce)), mix(std::uint64_t(dtype)), mix(std::uint64_t(numel)),
-        mix(std::uint64_t(root)), mix(unchecked);
+    mix(seq), mix(std::uint64_t(kind)), mix(std::uint64_t(reduce)), mix(std::uint64_t(dtype)),
+        mix(std::uint64_t(numel)), mix(std::uint64_t(root)), mix(unchecked);
     return std::uint32_t(h ^ (h >> 32));
   }
   //! "seq kind reduce dtype numel root": what the heartbeat publishes.
@@ -91,7 +95,9 @@ struct CollectiveId {
     CollectiveId id;
     int kind = 0, reduce = 0, dtype = 0;
     if (!(in >> id.seq >> kind >> reduce >> dtype >> id.numel >> id.root)) return std::nullopt;
-    if (kind < 0 || kind > int(OpKind::reduce) || reduce < 0 || reduce > 2 || dtype < 0 || dtype >= int(c10::ScalarType::NumOptions)) return std::nullopt;
+    if (kind < 0 || kind > int(OpKind::reduce) || reduce < 0 || reduce > 2 || dtype < 0 ||
+        dtype >= int(c10::ScalarType::NumOptions))
+      return std::nullopt;
     id.kind = OpKind(kind), id.reduce = ReduceOp(reduce), id.dtype = c10::ScalarType(dtype);
     return id;
   }

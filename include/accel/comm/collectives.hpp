@@ -2,8 +2,8 @@
 //! \file
 //! Collectives on nested structures of tensors (structure.hpp), Accelerate's `utils/operations.py`:
 //! `gather`, `broadcast`, `reduce`, `pad_across_processes`, `gather_for_metrics` (of tensors, and of vectors of
-//! objects), and the typed `broadcast_object` / `gather_object`. With one process every function returns its input's value, without
-//! communicating. Every rank must call the same collectives in the same order.
+//! objects), and the typed `broadcast_object` / `gather_object`. With one process every function returns its input's
+//! value, without communicating. Every rank must call the same collectives in the same order.
 
 #include <accel/comm/communicator.hpp>
 #include <accel/core/serialize.hpp>
@@ -17,8 +17,8 @@
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <span>
 #include <string>
@@ -58,10 +58,13 @@ T reduce(comm::Communicator* comm, const T& x, Reduction op = Reduction::mean, d
   return map_tensors(x, [&](const at::Tensor& t) {
     at::Tensor out = t.clone();
     if (op == Reduction::mean && !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type()))
-      throw InvalidArgument(std::string("accel::reduce: the mean of an integer tensor (") + c10::toString(t.scalar_type()) +
+      throw InvalidArgument(std::string("accel::reduce: the mean of an integer tensor (") +
+                            c10::toString(t.scalar_type()) +
                             ") would truncate; convert it to a floating type first, or reduce with Reduction::sum");
     if (comm && comm->size() > 1) {
-      const auto c10op = op == Reduction::max ? comm::ReduceOp::max : op == Reduction::min ? comm::ReduceOp::min : comm::ReduceOp::sum;
+      const auto c10op = op == Reduction::max   ? comm::ReduceOp::max
+                         : op == Reduction::min ? comm::ReduceOp::min
+                                                : comm::ReduceOp::sum;
       comm->all_reduce(out, c10op);
       if (op == Reduction::mean) out.div_(comm->size());
     }
@@ -74,7 +77,8 @@ T reduce(comm::Communicator* comm, const T& x, Reduction op = Reduction::mean, d
 //! Each tensor padded along `dim` with `pad_index` to the largest size any rank has there (at the end, or at
 //! the start with `pad_first`). A `dim` outside a tensor's dimensions leaves it unchanged.
 template <TensorStructure T>
-T pad_across_processes(comm::Communicator* comm, const T& x, int64_t dim = 0, double pad_index = 0, bool pad_first = false) {
+T pad_across_processes(comm::Communicator* comm, const T& x, int64_t dim = 0, double pad_index = 0,
+                       bool pad_first = false) {
   return map_tensors(x, [&](const at::Tensor& t) {
     if (dim >= t.dim() || dim < -t.dim()) return t;
     const int64_t d = dim < 0 ? dim + t.dim() : dim;
@@ -108,9 +112,9 @@ T gather_for_metrics(comm::Communicator* comm, const T& x, const GatherLayout& l
   return map_tensors(x, [&](const at::Tensor& t) {
     const at::Tensor rows = t.dim() == 0 ? t.reshape({1}) : t;
     detail::require(rows.size(0) == layout.size[std::size_t(me)],
-                    "accel::gather_for_metrics: rank " + std::to_string(me) + " passes " + std::to_string(rows.size(0)) +
-                        " rows but its batch has " + std::to_string(layout.size[std::size_t(me)]) +
-                        "; pass one row per sample of the batch");
+                    "accel::gather_for_metrics: rank " + std::to_string(me) + " passes " +
+                        std::to_string(rows.size(0)) + " rows but its batch has " +
+                        std::to_string(layout.size[std::size_t(me)]) + "; pass one row per sample of the batch");
     if (world == 1) return rows.narrow(0, 0, layout.real[0]);
     at::Tensor send = rows;
     if (rows.size(0) != longest) {
@@ -120,7 +124,8 @@ T gather_for_metrics(comm::Communicator* comm, const T& x, const GatherLayout& l
       send.narrow(0, 0, rows.size(0)).copy_(rows);
     }
     auto parts = comm->all_gather(send);
-    for (int r = 0; r < world; ++r) parts[std::size_t(r)] = parts[std::size_t(r)].narrow(0, 0, layout.real[std::size_t(r)]);
+    for (int r = 0; r < world; ++r)
+      parts[std::size_t(r)] = parts[std::size_t(r)].narrow(0, 0, layout.real[std::size_t(r)]);
     return at::cat(parts, 0);
   });
 }
@@ -168,9 +173,11 @@ T scatter_object(comm::Communicator* comm, const std::vector<T>& values, int roo
   std::vector<std::vector<std::uint8_t>> bytes(static_cast<std::size_t>(N));
   std::vector<std::int64_t> sizes(std::size_t(N), 0);
   if (comm->rank() == root) {
-    detail::require(int(values.size()) == N, "accel::scatter_object: " + std::to_string(values.size()) + " values for " +
-                                                 std::to_string(N) + " ranks");
-    for (int r = 0; r < N; ++r) accel::serialize(values[std::size_t(r)], bytes[std::size_t(r)]), sizes[std::size_t(r)] = std::int64_t(bytes[std::size_t(r)].size());
+    detail::require(int(values.size()) == N, "accel::scatter_object: " + std::to_string(values.size()) +
+                                                 " values for " + std::to_string(N) + " ranks");
+    for (int r = 0; r < N; ++r)
+      accel::serialize(values[std::size_t(r)], bytes[std::size_t(r)]),
+          sizes[std::size_t(r)] = std::int64_t(bytes[std::size_t(r)].size());
   }
   sizes = broadcast_object(comm, sizes, root);
   const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
@@ -194,7 +201,8 @@ std::vector<T> gather_object(comm::Communicator* comm, const T& value) {
   bytes.resize(std::size_t(longest));
   const auto parts = comm->all_gather(detail::bytes_tensor(bytes, comm->device()));
   std::vector<T> out;
-  for (int r = 0; r < comm->size(); ++r) out.push_back(detail::from_bytes<T>(parts[std::size_t(r)], sizes[std::size_t(r)].item<int64_t>()));
+  for (int r = 0; r < comm->size(); ++r)
+    out.push_back(detail::from_bytes<T>(parts[std::size_t(r)], sizes[std::size_t(r)].item<int64_t>()));
   return out;
 }
 
@@ -204,8 +212,9 @@ std::vector<T> gather_object(comm::Communicator* comm, const T& value) {
 //! rank order, rank r's first `layout.real[r]` only: the same samples as the tensor form keeps for the same
 //! layout (padding is dropped before the transfer). One `gather_object`, two all-gathers.
 template <class T>
-  requires(!TensorStructure<std::vector<T>>)
-std::vector<T> gather_for_metrics(comm::Communicator* comm, const std::vector<T>& x, const GatherLayout& layout) {
+requires(!TensorStructure<std::vector<T>>) std::vector<T> gather_for_metrics(comm::Communicator* comm,
+                                                                             const std::vector<T>& x,
+                                                                             const GatherLayout& layout) {
   const int world = comm ? comm->size() : 1;
   detail::require(int(layout.size.size()) == world && int(layout.real.size()) == world,
                   "accel::gather_for_metrics: the layout describes " + std::to_string(layout.size.size()) +

@@ -9,28 +9,31 @@
 //! second on a connection of its own; `state/rendezvous/rendezvous.hpp`). When a collective fails, the survivor takes a
 //! census of the heartbeats and names the ranks that stopped (three heartbeats apart); if the store itself is
 //! gone, its host is the one that died. So a dead peer ends every survivor with an error such as
-//!   accel: rank 0: all_reduce(sum) of 4 x Float (collective #12) failed: Connection closed by peer. Not responding: rank 2.
+//!   accel: rank 0: all_reduce(sum) of 4 x Float (collective #12) failed: Connection closed by peer. Not responding:
+//!   rank 2.
 //! Under a launcher that reports the processes that end (accel-launch: Note [Ended ranks] in
 //! state/rendezvous/job_identity.hpp), a rank killed by a signal is named from that report at once, not after three
 //! heartbeats, and a collective that waits for it is abandoned within a quick look or two
 //! (`CommOptions::quick_look()`, 50 ms) even where the engine sees no connection close (a child process holds
 //! the dead rank's sockets; NCCL):
-//!   ... failed: Connection closed by peer. not responding: rank 2; its launcher reports that it was killed by signal 9 (Killed).
+//!   ... failed: Connection closed by peer. not responding: rank 2; its launcher reports that it was killed by signal 9
+//!   (Killed).
 //!
 //! Note [Frozen peers]: a peer that stops without dying (SIGSTOP, a deadlock, a stuck file system, a hung
 //! driver) keeps its connections open, so the engine would wait for the whole collective timeout. A collective
 //! that has not completed within a second is therefore *watched*: the heartbeat also reads the summary that rank 0
-//! gathers of every rank's counter (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), and a rank whose counter
-//! has not moved for `CommOptions::peer_timeout` (30 s by default) ends the wait with an error naming it. A process busy in a long computation keeps beating (the heartbeat is a thread
-//! of its own) and is never reported; its peers simply wait, up to `CommOptions::timeout`.
+//! gathers of every rank's counter (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), and a rank whose
+//! counter has not moved for `CommOptions::peer_timeout` (30 s by default) ends the wait with an error naming it. A
+//! process busy in a long computation keeps beating (the heartbeat is a thread of its own) and is never reported; its
+//! peers simply wait, up to `CommOptions::timeout`.
 //!
 //! Note [Mismatched collectives]: every rank must issue the same collectives in the same order. Each collective
 //! is identified by its number, kind, reduction, dtype, element count and root (`CollectiveId`), and the engine
 //! carries a 32-bit fingerprint of it *with the data*: a pair of slots (bit, 1 - bit) per bit after the payload
 //! (in an all-reduce they add up to (N, 0) or (0, N) when every rank agrees, and to something else when one
-//! does not; an all-gather, broadcast or scatter brings each sender's bits). Payloads over 1 MiB are preceded by a 64-slot check of
-//! their own instead, which costs one small collective where a copy would cost more. A mismatch never returns
-//! mixed data: every rank stops with a `CollectiveMismatch` naming this rank's operation and the others' (the
+//! does not; an all-gather, broadcast or scatter brings each sender's bits). Payloads over 1 MiB are preceded by a
+//! 64-slot check of their own instead, which costs one small collective where a copy would cost more. A mismatch never
+//! returns mixed data: every rank stops with a `CollectiveMismatch` naming this rank's operation and the others' (the
 //! heartbeat publishes each rank's last collectives), e.g.
 //!   accel: rank 1: collective mismatch at collective #40: this rank issued all_gather of 12 x Float; rank 0
 //!   issued all_reduce(sum) of 4354 x Float. ...
@@ -139,7 +142,8 @@ class Communicator {
     check_parts(part, out, "all_gather_into");
     const auto parts = all_gather(part.contiguous());
     for (int r = 0; r < size_; ++r)
-      if (r != rank_) out.narrow(0, std::int64_t(r) * part.numel(), part.numel()).copy_(parts[std::size_t(r)].reshape({-1}));
+      if (r != rank_)
+        out.narrow(0, std::int64_t(r) * part.numel(), part.numel()).copy_(parts[std::size_t(r)].reshape({-1}));
   }
   //! In place: every rank ends with `root`'s `tensors` (shapes and dtypes must already agree), in one collective:
   //! their bytes packed into one buffer (PyTorch's `_broadcast_coalesced`), so any mix of dtypes travels at once.
@@ -171,7 +175,8 @@ class Communicator {
     CollectiveId id{++seq_, kind, reduce, dtype, numel, root};
     if (broken_)
       throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
-                               std::to_string(id.seq) + ") after an earlier collective failed: the process group is "
+                               std::to_string(id.seq) +
+                               ") after an earlier collective failed: the process group is "
                                "unusable; end the process (accel-launch --max-restarts restarts the job)");
     if (monitor_) monitor_->issued(id);
     return id;
@@ -217,8 +222,8 @@ class Communicator {
       tail = f.text;
     }
     throw CommunicationError("accel: rank " + std::to_string(rank_) + ": " + id.describe() + " (collective #" +
-                             std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) + " ms) failed: " +
-                             msg + (tail.empty() ? "" : ". " + tail) + ".");
+                             std::to_string(id.seq) + ", timeout " + std::to_string(opt_.timeout.count()) +
+                             " ms) failed: " + msg + (tail.empty() ? "" : ". " + tail) + ".");
   }
   //! Throws the CollectiveMismatch for `id`; `others` names what the other ranks issued.
   [[noreturn]] void fail_mismatch(const CollectiveId& id, const std::string& others) {
@@ -256,8 +261,10 @@ class Communicator {
     if (others.empty()) {
       std::string who;
       for (int r : suspects) who += (who.empty() ? "" : ", ") + std::to_string(r);
-      others = who.empty() ? "another rank issued a different collective" : "rank(s) " + who + " issued a different collective";
-      if (first < id.seq) others += " (here or in one of collectives #" + std::to_string(first) + "-#" + std::to_string(id.seq - 1) + ")";
+      others = who.empty() ? "another rank issued a different collective"
+                           : "rank(s) " + who + " issued a different collective";
+      if (first < id.seq)
+        others += " (here or in one of collectives #" + std::to_string(first) + "-#" + std::to_string(id.seq - 1) + ")";
     }
     fail_mismatch(at, others);
   }
@@ -282,14 +289,31 @@ class Communicator {
     if (!opt_.check_collectives) return 0;
     std::int64_t exact = 0;  // the largest count the dtype holds exactly
     switch (dtype) {
-      case c10::ScalarType::Float: exact = std::int64_t(1) << 24; break;
-      case c10::ScalarType::Double: case c10::ScalarType::Long: case c10::ScalarType::Int: exact = std::int64_t(1) << 31; break;
-      case c10::ScalarType::Half: exact = 2048; break;
-      case c10::ScalarType::BFloat16: exact = 256; break;
-      case c10::ScalarType::Short: exact = 32767; break;
-      case c10::ScalarType::Char: exact = 127; break;
-      case c10::ScalarType::Byte: exact = 255; break;
-      default: return 0;
+      case c10::ScalarType::Float:
+        exact = std::int64_t(1) << 24;
+        break;
+      case c10::ScalarType::Double:
+      case c10::ScalarType::Long:
+      case c10::ScalarType::Int:
+        exact = std::int64_t(1) << 31;
+        break;
+      case c10::ScalarType::Half:
+        exact = 2048;
+        break;
+      case c10::ScalarType::BFloat16:
+        exact = 256;
+        break;
+      case c10::ScalarType::Short:
+        exact = 32767;
+        break;
+      case c10::ScalarType::Char:
+        exact = 127;
+        break;
+      case c10::ScalarType::Byte:
+        exact = 255;
+        break;
+      default:
+        return 0;
     }
     return size_ > exact ? 0 : 64;
   }
@@ -324,9 +348,10 @@ class Communicator {
     detail::require(part.dim() == 1 && whole.dim() == 1 && whole.numel() == part.numel() * size_ &&
                         part.scalar_type() == whole.scalar_type() && part.device() == whole.device(),
                     std::string("accel: ") + op + ": the whole must be 1-d with N = " + std::to_string(size_) +
-                        " times the part's elements, of the same dtype and device (got a part of " + std::to_string(part.numel()) +
-                        " x " + c10::toString(part.scalar_type()) + " and a whole of " + std::to_string(whole.numel()) + " x " +
-                        c10::toString(whole.scalar_type()) + "); pad the whole to a multiple of N");
+                        " times the part's elements, of the same dtype and device (got a part of " +
+                        std::to_string(part.numel()) + " x " + c10::toString(part.scalar_type()) + " and a whole of " +
+                        std::to_string(whole.numel()) + " x " + c10::toString(whole.scalar_type()) +
+                        "); pad the whole to a multiple of N");
   }
   //! The bytes of `tensors`, one after the other, into the byte tensor `packed`.
   static void pack(const std::vector<at::Tensor>& tensors, at::Tensor& packed) {
@@ -355,18 +380,8 @@ class Communicator {
   Monitor* monitor_ = nullptr;
   std::uint64_t seq_ = 0;
   bool broken_ = false;
-  std::uint32_t unchecked_ = 0;         // fingerprints of the collectives since the last checked one
+  std::uint32_t unchecked_ = 0;  // fingerprints of the collectives since the last checked one
   std::uint64_t unchecked_from_ = 0;
 };
-
-
-
-
-
-
-
-
-
-
 
 }  // namespace accel::comm

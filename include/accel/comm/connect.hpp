@@ -6,8 +6,8 @@
 //! this header, and c10d's headers stay in the one translation unit of <accel/src.hpp>.
 
 #include <accel/comm/collective_id.hpp>
-#include <accel/state/rendezvous/spec.hpp>
 #include <accel/detail/linkage.hpp>
+#include <accel/state/rendezvous/spec.hpp>
 
 #include <memory>
 #include <string>
@@ -17,6 +17,7 @@ namespace accel::comm {
 class Communicator;
 
 //! Rendezvous at the launcher's address and connect its processes with Gloo (comm/gloo.hpp; comm/impl/gloo.ipp).
-ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const rendezvous::RendezvousSpec& spec, const CommOptions& opt);
+ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const rendezvous::RendezvousSpec& spec,
+                                                                const CommOptions& opt);
 
 }  // namespace accel::comm

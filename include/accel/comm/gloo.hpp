@@ -26,8 +26,8 @@ class GlooCommunicator final : public Communicator {
   static constexpr std::int64_t kFramedBytes = std::int64_t(1) << 20;
 
  public:
-  GlooCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
-                   CommOptions opt)
+  GlooCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank,
+                   int size, CommOptions opt)
       : Communicator(rank, size, opt, rdzv.get()), rdzv_(std::move(rdzv)), backend_(std::move(backend)) {}
   ~GlooCommunicator() override {
     // After a failure a Gloo worker may still wait on a frozen peer, and destroying the group would join it:
@@ -75,14 +75,17 @@ class GlooCommunicator final : public Communicator {
     auto f = std::static_pointer_cast<InFlight>(std::move(p.native));
     wait(f->id, f->work);
     const bool result_here = f->id.kind != OpKind::reduce || f->id.root == rank();
-    if (f->room && result_here && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, size())) mismatch_found(f->id, {});
+    if (f->room && result_here && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, size()))
+      mismatch_found(f->id, {});
     if (f->copy_back.defined()) f->copy_back.copy_(f->buffer.narrow(0, 0, f->payload).view(f->copy_back.sizes()));
   }
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) override {
     auto id = begin(OpKind::all_reduce, t.scalar_type(), t.numel(), op);
     const std::int64_t room = check_room(t.scalar_type(), t.numel());
     c10d::AllreduceOptions o;
-    o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : op == ReduceOp::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN;
+    o.reduceOp = op == ReduceOp::sum   ? c10d::ReduceOp::SUM
+                 : op == ReduceOp::max ? c10d::ReduceOp::MAX
+                                       : c10d::ReduceOp::MIN;
     o.timeout = options().timeout;
     const bool frame = framing(id, t, room);
     std::vector<at::Tensor> v{frame ? framed_copy(t, id, room) : t};
@@ -162,7 +165,9 @@ class GlooCommunicator final : public Communicator {
       in[0].push_back(frame ? framed_copy(part, id, room) : part.clone());
     }
     const bool direct = !frame && out.is_contiguous();
-    std::vector<at::Tensor> outs{frame ? at::empty({n + room}, out.options()) : direct ? out : at::empty({n}, out.options())};
+    std::vector<at::Tensor> outs{frame    ? at::empty({n + room}, out.options())
+                                 : direct ? out
+                                          : at::empty({n}, out.options())};
     run(id, [&] { return backend_->reduce_scatter(outs, in, o); });
     if (frame && !read_check(outs[0].narrow(0, n, room), id, size())) mismatch_found(id, {});
     if (!direct) out.copy_(outs[0].narrow(0, 0, n));
@@ -181,14 +186,16 @@ class GlooCommunicator final : public Communicator {
     const bool direct = !frame && out.is_contiguous();
     std::vector<std::vector<at::Tensor>> gathered(1);
     for (int r = 0; r < size(); ++r)
-      gathered[0].push_back(direct ? out.narrow(0, std::int64_t(r) * n, n) : at::empty({n + (frame ? room : 0)}, part.options()));
+      gathered[0].push_back(direct ? out.narrow(0, std::int64_t(r) * n, n)
+                                   : at::empty({n + (frame ? room : 0)}, part.options()));
     run(id, [&] { return backend_->allgather(gathered, in, o); });
     if (direct) return;
     std::vector<int> differ;
     for (int r = 0; r < size(); ++r)
       if (frame && !read_check(gathered[0][std::size_t(r)].narrow(0, n, room), id, 1)) differ.push_back(r);
     if (!differ.empty()) mismatch_found(id, differ);
-    for (int r = 0; r < size(); ++r) out.narrow(0, std::int64_t(r) * n, n).copy_(gathered[0][std::size_t(r)].narrow(0, 0, n));
+    for (int r = 0; r < size(); ++r)
+      out.narrow(0, std::int64_t(r) * n, n).copy_(gathered[0][std::size_t(r)].narrow(0, 0, n));
   }
   // broadcast_coalesced: the base class's packing into one native broadcast (checked as every broadcast).
 
@@ -218,8 +225,10 @@ class GlooCommunicator final : public Communicator {
     detail::require(buffer.dim() == 1 && buffer.numel() == payload + room,
                     std::string("accel: ") + (kind == OpKind::reduce ? "reduce_start" : "all_reduce_start") +
                         ": the buffer must be 1-d with " + std::to_string(room) + " elements after the payload");
-    if (room) carry_unchecked(id), write_check(buffer.narrow(0, payload, room), id);
-    else leave_unchecked(id);
+    if (room)
+      carry_unchecked(id), write_check(buffer.narrow(0, payload, room), id);
+    else
+      leave_unchecked(id);
     auto f = std::make_shared<InFlight>();
     f->id = id, f->buffer = buffer, f->payload = payload, f->room = room;
     std::vector<at::Tensor> v{buffer};
@@ -242,8 +251,10 @@ class GlooCommunicator final : public Communicator {
       carry_unchecked(id);
       return true;
     }
-    if (room > 0) check(id);
-    else leave_unchecked(id);
+    if (room > 0)
+      check(id);
+    else
+      leave_unchecked(id);
     return false;
   }
   // `t` flattened, followed by this rank's slots for `id` (which takes the unchecked collectives before it).

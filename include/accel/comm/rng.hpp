@@ -21,8 +21,9 @@ namespace accel {
 //! Synchronises one kind of generator. The primary template is never instantiated for a valid kind.
 template <class Kind>
 struct sync_rng {
-  static_assert(sizeof(Kind) == 0, "accel: no RNG synchronisation for this kind; use accel::rng::torch, "
-                                   "accel::rng::generator, or accel::rng::cuda in a CUDA build (ACCEL_WITH_CUDA=1)");
+  static_assert(sizeof(Kind) == 0,
+                "accel: no RNG synchronisation for this kind; use accel::rng::torch, "
+                "accel::rng::generator, or accel::rng::cuda in a CUDA build (ACCEL_WITH_CUDA=1)");
 };
 
 namespace detail {
@@ -60,8 +61,9 @@ struct sync_rng<rng::generator> {
 template <class Rng>
 void synchronize_rng_states(comm::Communicator* comm, std::optional<at::Generator> generator = std::nullopt) {
   if (!comm || comm->size() == 1) return;
-  [&]<class... Kinds>(rng::sync<Kinds...>*) { (sync_rng<Kinds>::run(*comm, generator), ...); }(
-      static_cast<std::conditional_t<std::is_same_v<Rng, rng::none>, rng::sync<>, Rng>*>(nullptr));
+  [&]<class... Kinds>(rng::sync<Kinds...>*) {
+    (sync_rng<Kinds>::run(*comm, generator), ...);
+  }(static_cast<std::conditional_t<std::is_same_v<Rng, rng::none>, rng::sync<>, Rng>*>(nullptr));
 }
 
 //! Seeds torch's generators (CPU and every GPU). `device_specific` adds the process index, so ranks differ.

@@ -33,7 +33,8 @@ inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32c_tables = [
   const std::uint8_t* p = bytes.data();
   std::size_t n = bytes.size();
   for (; n >= 8; n -= 8, p += 8) {  // little-endian word order, as the tables assume
-    const std::uint32_t lo = c ^ (std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24);
+    const std::uint32_t lo =
+        c ^ (std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24);
     c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^ t[3][p[4]] ^ t[2][p[5]] ^
         t[1][p[6]] ^ t[0][p[7]];
   }

@@ -38,9 +38,11 @@ constexpr bool serialisable() {
   else if constexpr (is_tuple_like<U>::value)
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (serialisable<std::tuple_element_t<I, U>>() && ...);
-    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+    }
+  (std::make_index_sequence<std::tuple_size_v<U>>{});
   else if constexpr (is_vector_like<U>::value || is_optional<U>::value) return serialisable<typename U::value_type>();
-  else if constexpr (is_map_like<U>::value) return serialisable<typename U::key_type>() && serialisable<typename U::mapped_type>();
+  else if constexpr (is_map_like<U>::value) return serialisable<typename U::key_type>() &&
+      serialisable<typename U::mapped_type>();
   else if constexpr (Described<U>) return serialisable<decltype(accel_fields(std::declval<U&>()))>();
   else return false;
 }
@@ -66,15 +68,21 @@ inline std::size_t get_size(std::span<const std::uint8_t>& in) {
 // anything is allocated for it, so damaged bytes (a checkpoint's record) cannot ask for 2^62 elements.
 template <class T>
 constexpr std::size_t min_bytes() {
-  if constexpr (std::same_as<T, at::Tensor>) return 1;
-  else if constexpr (is_example<T>::value) return 2;
-  else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) return sizeof(T);
-  else if constexpr (std::same_as<T, std::string> || is_vector_like<T>::value || is_map_like<T>::value) return 8;
+  if constexpr (std::same_as<T, at::Tensor>)
+    return 1;
+  else if constexpr (is_example<T>::value)
+    return 2;
+  else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>)
+    return sizeof(T);
+  else if constexpr (std::same_as<T, std::string> || is_vector_like<T>::value || is_map_like<T>::value)
+    return 8;
   else if constexpr (is_tuple_like<T>::value)
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (std::size_t{0} + ... + min_bytes<std::tuple_element_t<I, T>>());
-    }(std::make_index_sequence<std::tuple_size_v<T>>{});
-  else return 1;  // optionals (their flag) and described structs: at least one byte (a field's own check catches the rest)
+    }
+  (std::make_index_sequence<std::tuple_size_v<T>>{});
+  // optionals (their flag) and described structs: at least one byte (a field's own check catches the rest)
+  else return 1;
 }
 inline std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t element_bytes) {
   const auto n = get_size(in);
@@ -86,8 +94,18 @@ inline std::size_t get_count(std::span<const std::uint8_t>& in, std::size_t elem
 // The element types a serialised tensor may declare: an unknown code is damage, not a dtype to guess at.
 inline bool serialisable_dtype(std::int8_t code) {
   switch (at::ScalarType(code)) {
-    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kHalf: case at::kFloat:
-    case at::kDouble: case at::kComplexHalf: case at::kComplexFloat: case at::kComplexDouble: case at::kBool:
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+    case at::kHalf:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kComplexHalf:
+    case at::kComplexFloat:
+    case at::kComplexDouble:
+    case at::kBool:
     case at::kBFloat16:
       return true;
     default:
@@ -125,8 +143,9 @@ void serialize(const T& x, std::vector<std::uint8_t>& out) {
   } else if constexpr (Described<T>) {
     std::apply([&](const auto&... e) { (serialize(e, out), ...); }, accel_fields(x));
   } else {
-    static_assert(sizeof(T) == 0, "accel::broadcast_object: this type cannot be serialised; use arithmetic types, "
-                                  "strings, containers, or give your struct an accel_fields overload");
+    static_assert(sizeof(T) == 0,
+                  "accel::broadcast_object: this type cannot be serialised; use arithmetic types, "
+                  "strings, containers, or give your struct an accel_fields overload");
   }
 }
 
@@ -139,7 +158,8 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
       x = at::Tensor();
       return;
     }
-    detail::require(detail::serialisable_dtype(dtype), "accel: broadcast_object: unknown tensor dtype code " + std::to_string(dtype));
+    detail::require(detail::serialisable_dtype(dtype),
+                    "accel: broadcast_object: unknown tensor dtype code " + std::to_string(dtype));
     std::vector<std::int64_t> shape;
     deserialize(shape, in);
     // The size is checked against the bytes left before the tensor is allocated.
@@ -174,7 +194,8 @@ void deserialize(T& x, std::span<const std::uint8_t>& in) {
     detail::require(detail::get_size(in) == x.size(), "accel: broadcast_object: array size differs between ranks");
     for (auto& e : x) deserialize(e, in);
   } else if constexpr (is_map_like<T>::value) {
-    const auto n = detail::get_count(in, detail::min_bytes<typename T::key_type>() + detail::min_bytes<typename T::mapped_type>());
+    const auto n =
+        detail::get_count(in, detail::min_bytes<typename T::key_type>() + detail::min_bytes<typename T::mapped_type>());
     x.clear();
     for (std::size_t i = 0; i < n; ++i) {
       std::pair<typename T::key_type, typename T::mapped_type> kv;

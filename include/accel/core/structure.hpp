@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! Nested structures of tensors, as the collectives see them: a tensor, `torch::data::Example<>`, or a `std::tuple`/`std::pair`,
-//! `std::vector`, `std::array`, `std::map`/`std::unordered_map` (values), `std::optional` of structures, or a
-//! struct that describes itself with an `accel_fields` overload found by ADL:
+//! Nested structures of tensors, as the collectives see them: a tensor, `torch::data::Example<>`, or a
+//! `std::tuple`/`std::pair`, `std::vector`, `std::array`, `std::map`/`std::unordered_map` (values), `std::optional` of
+//! structures, or a struct that describes itself with an `accel_fields` overload found by ADL:
 //!
 //! \code
 //! struct Batch { at::Tensor data, target; };
@@ -26,34 +26,52 @@
 
 namespace accel {
 
-template <class T> struct is_tuple_like : std::false_type {};
-template <class... Ts> struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
-template <class A, class B> struct is_tuple_like<std::pair<A, B>> : std::true_type {};
-template <class T> struct is_vector_like : std::false_type {};
-template <class T, class A> struct is_vector_like<std::vector<T, A>> : std::true_type {};
-template <class T, std::size_t N> struct is_vector_like<std::array<T, N>> : std::true_type {};
-template <class T> struct is_map_like : std::false_type {};
-template <class K, class V, class... R> struct is_map_like<std::map<K, V, R...>> : std::true_type {};
-template <class K, class V, class... R> struct is_map_like<std::unordered_map<K, V, R...>> : std::true_type {};
-template <class T> struct is_optional : std::false_type {};
-template <class T> struct is_optional<std::optional<T>> : std::true_type {};
-template <class T> struct is_example : std::false_type {};
-template <> struct is_example<torch::data::Example<>> : std::true_type {};
+template <class T>
+struct is_tuple_like : std::false_type {};
+template <class... Ts>
+struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
+template <class A, class B>
+struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_vector_like : std::false_type {};
+template <class T, class A>
+struct is_vector_like<std::vector<T, A>> : std::true_type {};
+template <class T, std::size_t N>
+struct is_vector_like<std::array<T, N>> : std::true_type {};
+template <class T>
+struct is_map_like : std::false_type {};
+template <class K, class V, class... R>
+struct is_map_like<std::map<K, V, R...>> : std::true_type {};
+template <class K, class V, class... R>
+struct is_map_like<std::unordered_map<K, V, R...>> : std::true_type {};
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_example : std::false_type {};
+template <>
+struct is_example<torch::data::Example<>> : std::true_type {};
 
 //! A struct that lists its members with `accel_fields(x)` (a tuple of references).
 template <class T>
-concept Described = requires(T& x) { accel_fields(x); };
+concept Described = requires(T& x) {
+  accel_fields(x);
+};
 
 //! Whether every leaf of `T` is a tensor (what the tensor collectives accept).
 template <class T>
 constexpr bool all_tensor_leaves() {
   using U = std::remove_cvref_t<T>;
-  if constexpr (std::same_as<U, at::Tensor> || is_example<U>::value) return true;
+  if constexpr (std::same_as<U, at::Tensor> || is_example<U>::value)
+    return true;
   else if constexpr (is_tuple_like<U>::value)
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (all_tensor_leaves<std::tuple_element_t<I, U>>() && ...);
-    }(std::make_index_sequence<std::tuple_size_v<U>>{});
-  else if constexpr (is_vector_like<U>::value || is_optional<U>::value) return all_tensor_leaves<typename U::value_type>();
+    }
+  (std::make_index_sequence<std::tuple_size_v<U>>{});
+  else if constexpr (is_vector_like<U>::value ||
+                     is_optional<U>::value) return all_tensor_leaves<typename U::value_type>();
   else if constexpr (is_map_like<U>::value) return all_tensor_leaves<typename U::mapped_type>();
   else if constexpr (Described<U>) return all_tensor_leaves<decltype(accel_fields(std::declval<U&>()))>();
   else return false;
@@ -66,23 +84,34 @@ concept TensorStructure = all_tensor_leaves<T>();
 template <class T, class F>
 void for_each_tensor(T&& x, F&& f) {
   using U = std::remove_cvref_t<T>;
-  if constexpr (std::same_as<U, at::Tensor>) f(x);
-  else if constexpr (is_example<U>::value) f(x.data), f(x.target);
-  else if constexpr (is_tuple_like<U>::value) std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, x);
-  else if constexpr (is_vector_like<U>::value) for (auto&& e : x) for_each_tensor(e, f);
-  else if constexpr (is_map_like<U>::value) for (auto&& [k, v] : x) for_each_tensor(v, f);
-  else if constexpr (is_optional<U>::value) { if (x) for_each_tensor(*x, f); }
-  else if constexpr (Described<U>) for_each_tensor(accel_fields(x), f);
-  else static_assert(sizeof(U) == 0, "accel: this collective needs a tensor at every leaf; use broadcast_object / "
-                                     "gather_object for other values");
+  if constexpr (std::same_as<U, at::Tensor>)
+    f(x);
+  else if constexpr (is_example<U>::value)
+    f(x.data), f(x.target);
+  else if constexpr (is_tuple_like<U>::value)
+    std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, x);
+  else if constexpr (is_vector_like<U>::value)
+    for (auto&& e : x) for_each_tensor(e, f);
+  else if constexpr (is_map_like<U>::value)
+    for (auto&& [k, v] : x) for_each_tensor(v, f);
+  else if constexpr (is_optional<U>::value) {
+    if (x) for_each_tensor(*x, f);
+  } else if constexpr (Described<U>)
+    for_each_tensor(accel_fields(x), f);
+  else
+    static_assert(sizeof(U) == 0,
+                  "accel: this collective needs a tensor at every leaf; use broadcast_object / "
+                  "gather_object for other values");
 }
 
 //! The same structure with every tensor replaced by `f(tensor)`; the input is not modified.
 template <class T, class F>
 std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
   using U = std::remove_cvref_t<T>;
-  if constexpr (std::same_as<U, at::Tensor>) return f(x);
-  else if constexpr (is_example<U>::value) return U{f(x.data), f(x.target)};
+  if constexpr (std::same_as<U, at::Tensor>)
+    return f(x);
+  else if constexpr (is_example<U>::value)
+    return U{f(x.data), f(x.target)};
   else if constexpr (is_tuple_like<U>::value)
     return std::apply([&](const auto&... e) { return U{map_tensors(e, f)...}; }, x);
   else if constexpr (is_vector_like<U>::value) {
@@ -99,13 +128,13 @@ std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
     U out = x;
     auto dst = accel_fields(out);
     auto src = accel_fields(x);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((std::get<I>(dst) = map_tensors(std::get<I>(src), f)), ...);
-    }(std::make_index_sequence<std::tuple_size_v<decltype(src)>>{});
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((std::get<I>(dst) = map_tensors(std::get<I>(src), f)), ...); }
+    (std::make_index_sequence<std::tuple_size_v<decltype(src)>>{});
     return out;
   } else {
-    static_assert(sizeof(U) == 0, "accel: this collective needs a tensor at every leaf; use broadcast_object / "
-                                  "gather_object for other values");
+    static_assert(sizeof(U) == 0,
+                  "accel: this collective needs a tensor at every leaf; use broadcast_object / "
+                  "gather_object for other values");
   }
 }
 

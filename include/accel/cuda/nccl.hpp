@@ -13,8 +13,8 @@
 #endif
 
 #include <accel/comm/communicator.hpp>
-#include <accel/state/rendezvous/rendezvous.hpp>
 #include <accel/cuda/connect.hpp>
+#include <accel/state/rendezvous/rendezvous.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
@@ -39,22 +39,33 @@ inline void check_cuda(cudaError_t e, const char* what) {
 
 inline ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: case at::kBool: return ncclUint8;
-    case at::kChar: return ncclInt8;
-    default: throw InvalidArgument(std::string("accel: NCCL cannot reduce tensors of type ") + c10::toString(t));
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+    case at::kBool:
+      return ncclUint8;
+    case at::kChar:
+      return ncclInt8;
+    default:
+      throw InvalidArgument(std::string("accel: NCCL cannot reduce tensors of type ") + c10::toString(t));
   }
 }
 
 //! NCCL on one GPU per process, on accel's own stream.
 class NcclCommunicator final : public comm::Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, const rendezvous::RendezvousSpec& spec, comm::CommOptions opt, int device)
+  NcclCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, const rendezvous::RendezvousSpec& spec,
+                   comm::CommOptions opt, int device)
       : Communicator(spec.rank, spec.size, opt, rdzv.get()), rdzv_(std::move(rdzv)), device_(device) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -66,7 +77,8 @@ class NcclCommunicator final : public comm::Communicator {
     auto store = rdzv_->store();
     if (rank() == 0) {
       check_nccl(ncclGetUniqueId(&id), n);
-      store->set("accel/nccl/id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
+      store->set("accel/nccl/id",
+                 std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
     } else {
       const auto bytes = store->get("accel/nccl/id");
       if (bytes.size() != sizeof id)
@@ -92,7 +104,8 @@ class NcclCommunicator final : public comm::Communicator {
     require_cuda(t, "all_reduce");
     const ncclRedOp_t rop = op == comm::ReduceOp::sum ? ncclSum : op == comm::ReduceOp::max ? ncclMax : ncclMin;
     launch(begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel(), op), [&] {
-      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), rop, comm_, stream_);
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), rop, comm_,
+                           stream_);
     });
   }
   // The gradient-bucket path: the all-reduce is queued on accel's stream after the work already on the caller's
@@ -101,7 +114,8 @@ class NcclCommunicator final : public comm::Communicator {
   Pending all_reduce_start(at::Tensor& t) override {
     require_cuda(t, "all_reduce");
     return start(begin(comm::OpKind::all_reduce, t.scalar_type(), t.numel()), [&] {
-      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_, stream_);
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), ncclSum, comm_,
+                           stream_);
     });
   }
   //! ncclReduce in place (ZeRO stage 2's gradient buckets), queued and finished as `all_reduce_start`.
@@ -109,8 +123,8 @@ class NcclCommunicator final : public comm::Communicator {
     require_cuda(buffer, "reduce");
     check_root(root, "reduce");
     return start(begin(comm::OpKind::reduce, buffer.scalar_type(), payload, comm::ReduceOp::sum, root), [&] {
-      return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), size_t(payload), nccl_type(buffer.scalar_type()), ncclSum, root, comm_,
-                        stream_);
+      return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), size_t(payload), nccl_type(buffer.scalar_type()), ncclSum,
+                        root, comm_, stream_);
     });
   }
   void finish(Pending& p) override {
@@ -127,7 +141,8 @@ class NcclCommunicator final : public comm::Communicator {
     require_cuda(t, "broadcast");
     check_root(root, "broadcast");
     launch(begin(comm::OpKind::broadcast, t.scalar_type(), t.numel(), comm::ReduceOp::sum, root), [&] {
-      return ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), root, comm_, stream_);
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), root, comm_,
+                           stream_);
     });
   }
   std::vector<at::Tensor> all_gather(const at::Tensor& t) override {
@@ -137,7 +152,8 @@ class NcclCommunicator final : public comm::Communicator {
     shape.insert(shape.begin(), size());
     at::Tensor out = at::empty(shape, in.options());
     launch(begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&] {
-      return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_,
+                           stream_);
     });
     std::vector<at::Tensor> parts;
     for (int r = 0; r < size(); ++r) parts.push_back(out[r]);
@@ -161,14 +177,16 @@ class NcclCommunicator final : public comm::Communicator {
   void reduce_scatter(at::Tensor& out, const at::Tensor& input) override {
     const at::Tensor in = checked_parts(out, input, input, "reduce_scatter");
     into(out, begin(comm::OpKind::reduce_scatter, out.scalar_type(), out.numel()), [&](at::Tensor& o) {
-      return ncclReduceScatter(in.data_ptr(), o.data_ptr(), size_t(o.numel()), nccl_type(o.scalar_type()), ncclSum, comm_, stream_);
+      return ncclReduceScatter(in.data_ptr(), o.data_ptr(), size_t(o.numel()), nccl_type(o.scalar_type()), ncclSum,
+                               comm_, stream_);
     });
   }
   //! ncclAllGather into `out` (in place when `part` is `out`'s own slice, which NCCL supports).
   void all_gather_into(at::Tensor& out, const at::Tensor& part) override {
     const at::Tensor in = checked_parts(part, out, part, "all_gather_into");
     into(out, begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&](at::Tensor& o) {
-      return ncclAllGather(in.data_ptr(), o.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_);
+      return ncclAllGather(in.data_ptr(), o.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_,
+                           stream_);
     });
   }
   // broadcast_coalesced: the base class's packing into one ncclBroadcast of bytes.
@@ -179,7 +197,9 @@ class NcclCommunicator final : public comm::Communicator {
   }
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  [[nodiscard]] c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
+  [[nodiscard]] c10::Device device() const override {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  }
 
  private:
   // Queues `call` (an NCCL collective on accel's stream) after the work already on the caller's stream and
@@ -203,7 +223,8 @@ class NcclCommunicator final : public comm::Communicator {
   };
 
   //! A reduce_scatter's or all_gather_into's tensors: on this GPU, `part` 1/N of `whole`; returns `input` contiguous.
-  at::Tensor checked_parts(const at::Tensor& part, const at::Tensor& whole, const at::Tensor& input, const char* op) const {
+  at::Tensor checked_parts(const at::Tensor& part, const at::Tensor& whole, const at::Tensor& input,
+                           const char* op) const {
     require_cuda(part, op);
     require_cuda(whole, op);
     check_parts(part, whole, op);
@@ -218,11 +239,13 @@ class NcclCommunicator final : public comm::Communicator {
     if (!direct) out.copy_(o);
   }
   void require_cuda(const at::Tensor& t, const char* op) const {
-    detail::require(t.is_cuda(), std::string("accel: NCCL ") + op + " needs CUDA tensors; move the tensor to the "
-                                 "process's device (state.device()) first");
+    detail::require(t.is_cuda(), std::string("accel: NCCL ") + op +
+                                     " needs CUDA tensors; move the tensor to the "
+                                     "process's device (state.device()) first");
   }
   void check_nccl(ncclResult_t r, const comm::CollectiveId& n) {
-    if (r != ncclSuccess && r != ncclInProgress) fail(n, std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail(n, std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
   }
   // Waits until the communicator has no operation in progress, or aborts it at the timeout.
   void wait_comm(const comm::CollectiveId& n) {

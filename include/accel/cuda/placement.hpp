@@ -11,8 +11,8 @@
 #endif
 
 #include <accel/core/structure.hpp>
-#include <accel/pipeline/placement.hpp>
 #include <accel/detail/linkage.hpp>
+#include <accel/pipeline/placement.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

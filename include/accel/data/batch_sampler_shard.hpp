@@ -10,9 +10,9 @@
 //!
 //! \code
 //! std::vector<std::vector<std::int64_t>> batches{{0, 1, 2}, {3, 4}, {5, 6, 7, 8}, {9, 10, 11}, {12, 13}};
-//! accel::data::BatchSamplerShard shard(batches, {.batch_size = accel::plan::varying, .num_processes = 2, .process_index = 1});
-//! for (const auto& b : shard) ...;   // {3,4}, {9,10,11}, then the padding batch {0,1,2} (b.real == 0)
-//! \endcode
+//! accel::data::BatchSamplerShard shard(batches, {.batch_size = accel::plan::varying, .num_processes = 2,
+//! .process_index = 1}); for (const auto& b : shard) ...;   // {3,4}, {9,10,11}, then the padding batch {0,1,2} (b.real
+//! == 0) \endcode
 
 #include <accel/data/pass_iterator.hpp>
 #include <accel/error.hpp>
@@ -42,24 +42,24 @@ struct ShardBatch {
 //! The spec's `batch_size` and `drop_last` are the wrapped sampler's attributes: `batch_size = plan::varying`
 //! means batches of any size.
 template <std::ranges::input_range Sampler>
-  requires std::ranges::input_range<std::ranges::range_reference_t<Sampler>>
+requires std::ranges::input_range<std::ranges::range_reference_t<Sampler>>
 class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<Sampler>> {
   using Options = plan::ShardSpec;
   using Batch = std::vector<std::int64_t>;
 
   // One pass over the wrapped sampler (shared by the copies of an iterator).
   struct Pass {
-    Pass(std::shared_ptr<Sampler> s, const Options& o) : sampler(std::move(s)), opt(o),
-        it(std::ranges::begin(*sampler)), last(std::ranges::end(*sampler)) {}
+    Pass(std::shared_ptr<Sampler> s, const Options& o)
+        : sampler(std::move(s)), opt(o), it(std::ranges::begin(*sampler)), last(std::ranges::end(*sampler)) {}
     std::shared_ptr<Sampler> sampler;
     Options opt;
     std::ranges::iterator_t<Sampler> it;
     std::ranges::sentinel_t<Sampler> last;
-    std::int64_t idx = -1;          // index of the last batch read
-    Batch batch;                    // the last batch read
-    Batch pending;                  // no split: the latest batch of this process, not yet yielded
-    Batch first;                    // split: the first batch; no split: first round, flattened (fixed size)
-    std::vector<Batch> first_round; // no split, dynamic sizes: the first round, batch by batch
+    std::int64_t idx = -1;           // index of the last batch read
+    Batch batch;                     // the last batch read
+    Batch pending;                   // no split: the latest batch of this process, not yet yielded
+    Batch first;                     // split: the first batch; no split: first round, flattened (fixed size)
+    std::vector<Batch> first_round;  // no split, dynamic sizes: the first round, batch by batch
     std::deque<ShardBatch> ready;
     bool done = false;
     ShardBatch current;
@@ -87,8 +87,10 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
           continue;
         }
         if (!opt.drop_last && idx < N) {
-          if (!varying()) first.insert(first.end(), batch.begin(), batch.end());
-          else first_round.push_back(batch);
+          if (!varying())
+            first.insert(first.end(), batch.begin(), batch.end());
+          else
+            first_round.push_back(batch);
         }
         if (idx % N == r) pending = batch;
         if (idx % N == N - 1 && full(batch)) {
@@ -156,8 +158,10 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
       }
       Batch buf;
       std::int64_t slot = idx;
-      if (std::int64_t(batch.size()) == B) ++slot;
-      else buf = batch;
+      if (std::int64_t(batch.size()) == B)
+        ++slot;
+      else
+        buf = batch;
       std::int64_t cursor = 0;
       while (slot % N != 0 || !buf.empty()) {
         const auto real = std::int64_t(buf.size());

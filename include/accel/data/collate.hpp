@@ -37,31 +37,38 @@ auto collate(const std::vector<S>& samples) {
   if constexpr (std::same_as<S, at::Tensor>) {
     return at::stack(samples, 0);
   } else if constexpr (std::is_arithmetic_v<S>) {
-    return at::tensor(std::vector<std::conditional_t<std::is_floating_point_v<S>, double, std::int64_t>>(samples.begin(), samples.end()));
+    return at::tensor(std::vector<std::conditional_t<std::is_floating_point_v<S>, double, std::int64_t>>(
+        samples.begin(), samples.end()));
   } else if constexpr (std::same_as<S, torch::data::Example<>>) {
     return torch::data::Example<>{detail::collate_member(samples, [](const S& s) { return s.data; }),
                                   detail::collate_member(samples, [](const S& s) { return s.target; })};
   } else if constexpr (is_tuple_like<S>::value) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::make_tuple(detail::collate_member(samples, [](const S& s) { return std::get<I>(s); })...);
-    }(std::make_index_sequence<std::tuple_size_v<S>>{});
+    }
+    (std::make_index_sequence<std::tuple_size_v<S>>{});
   } else if constexpr (Described<S>) {
     S out = samples.front();
     auto dst = accel_fields(out);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((std::get<I>(dst) = detail::collate_member(samples, [](const S& s) { return std::get<I>(accel_fields(s)); })), ...);
-    }(std::make_index_sequence<std::tuple_size_v<decltype(dst)>>{});
+      ((std::get<I>(dst) = detail::collate_member(samples, [](const S& s) { return std::get<I>(accel_fields(s)); })),
+       ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(dst)>>{});
     return out;
   } else {
-    static_assert(sizeof(S) == 0, "accel::data::collate: no default collation for this sample type; pass a collate "
-                                  "function to DataLoader, or give the struct an accel_fields overload");
+    static_assert(sizeof(S) == 0,
+                  "accel::data::collate: no default collation for this sample type; pass a collate "
+                  "function to DataLoader, or give the struct an accel_fields overload");
   }
 }
 
 //! The default collate function object.
 struct DefaultCollate {
   template <class S>
-  auto operator()(const std::vector<S>& samples) const { return collate(samples); }
+  auto operator()(const std::vector<S>& samples) const {
+    return collate(samples);
+  }
 };
 
 }  // namespace accel::data

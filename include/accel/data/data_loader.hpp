@@ -35,15 +35,13 @@ class DataLoader {
   DataLoader(Dataset dataset, DataLoaderOptions options = {}, Collate collate = {})
       : dataset_(std::make_shared<const Dataset>(std::move(dataset))), options_(options), collate_(std::move(collate)) {
     accel::detail::require(options_.batch_size >= 1, "accel::data::DataLoader: batch_size must be at least 1 (got " +
-                                                        std::to_string(options_.batch_size) + ")");
+                                                         std::to_string(options_.batch_size) + ")");
     accel::detail::require(options_.workers >= 0, "accel::data::DataLoader: workers must be 0 or more");
   }
   [[nodiscard]] const std::shared_ptr<const Dataset>& dataset() const noexcept { return dataset_; }
   [[nodiscard]] const DataLoaderOptions& options() const noexcept { return options_; }
   [[nodiscard]] const Collate& collate() const noexcept { return collate_; }
-  [[nodiscard]] std::int64_t size() const
-    requires MapDataset<Dataset>
-  {
+  [[nodiscard]] std::int64_t size() const requires MapDataset<Dataset> {
     return plan::batch_plan(options_.batch_size, options_.drop_last, dataset_->size()).size();
   }
   //! Iterates the loader as it is, in one process (PyTorch's DataLoader: a shuffled epoch draws its seed

@@ -5,8 +5,8 @@
 //! | concept          | what it needs                                  | examples                                  |
 //! |------------------|------------------------------------------------|-------------------------------------------|
 //! | `MapDataset`     | `size()` and `get(i)` (one sample)             | any class; `RangeDataset` over a vector   |
-//! | `BatchedDataset` | a `MapDataset` with `get_batch(indices)`       | `TensorDataset`: one `index_select` per tensor |
-//! | `IterableDataset`| an input range of samples (no `get`)           | a generator, a file reader                |
+//! | `BatchedDataset` | a `MapDataset` with `get_batch(indices)`       | `TensorDataset`: one `index_select` per tensor
+//! | | `IterableDataset`| an input range of samples (no `get`)           | a generator, a file reader                |
 //!
 //! A stream's length is its own business: `size()` is optional. Without one (samples made on the fly, a file read
 //! as it goes, an endless generator that the loop stops) every loading path works, cut and resumed alike; the
@@ -41,7 +41,9 @@ concept MapDataset = requires(const D& d, std::int64_t i) {
 };
 
 template <class D>
-concept BatchedDataset = MapDataset<D> && requires(const D& d, std::span<const std::int64_t> idx) { d.get_batch(idx); };
+concept BatchedDataset = MapDataset<D> && requires(const D& d, std::span<const std::int64_t> idx) {
+  d.get_batch(idx);
+};
 
 template <class D>
 concept IterableDataset = std::ranges::input_range<D> && !MapDataset<D>;
@@ -67,7 +69,8 @@ class TensorDataset {
   }
   [[nodiscard]] Example get_batch(std::span<const std::int64_t> indices) const {
     // A view of the caller's indices (index_select copies the rows out before it returns).
-    const at::Tensor idx = at::from_blob(const_cast<std::int64_t*>(indices.data()), {std::int64_t(indices.size())}, at::kLong);
+    const at::Tensor idx =
+        at::from_blob(const_cast<std::int64_t*>(indices.data()), {std::int64_t(indices.size())}, at::kLong);
     return {at::index_select(data_, 0, idx), at::index_select(target_, 0, idx)};
   }
   [[nodiscard]] const at::Tensor& data() const noexcept { return data_; }
@@ -107,8 +110,9 @@ template <class TorchDs>
 class TorchDataset {
  public:
   explicit TorchDataset(TorchDs ds) : ds_(std::move(ds)) {
-    accel::detail::require(ds_.size().has_value(), "accel::data::TorchDataset: the dataset has no size; wrap it as an "
-                                                   "iterable dataset (an input range) instead");
+    accel::detail::require(ds_.size().has_value(),
+                           "accel::data::TorchDataset: the dataset has no size; wrap it as an "
+                           "iterable dataset (an input range) instead");
   }
   [[nodiscard]] std::int64_t size() const { return std::int64_t(*ds_.size()); }
   [[nodiscard]] auto get(std::int64_t i) const { return const_cast<TorchDs&>(ds_).get(std::size_t(i)); }

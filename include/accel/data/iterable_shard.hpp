@@ -40,8 +40,8 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   using Options = plan::ShardSpec;
 
   struct Pass {
-    Pass(std::shared_ptr<Source> s, const Options& o, std::int64_t start) : source(std::move(s)), opt(o),
-        it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
+    Pass(std::shared_ptr<Source> s, const Options& o, std::int64_t start)
+        : source(std::move(s)), opt(o), it(std::ranges::begin(*source)), last(std::ranges::end(*source)) {
       chunk = plan::per_step(opt);
       per = plan::per_process(opt);
       buffer.reserve(std::size_t(chunk));

@@ -15,9 +15,9 @@ struct DataLoaderOptions {
   std::int64_t batch_size = 1;
   bool shuffle = false;
   bool drop_last = false;
-  int workers = 0;             //!< threads preparing batches (0: on the loop's thread); every loading path uses them
-  int prefetch = 2;            //!< batches prepared ahead, per worker
-  bool seedable = false;       //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
+  int workers = 0;        //!< threads preparing batches (0: on the loop's thread); every loading path uses them
+  int prefetch = 2;       //!< batches prepared ahead, per worker
+  bool seedable = false;  //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
   std::optional<std::uint64_t> data_seed;
   //! PyTorch's `generator=`: the shuffling generator's seed. Unset: drawn from the global generator when the
   //! loader is prepared (Accelerate's rule). Either way it is synchronised across ranks at every epoch.

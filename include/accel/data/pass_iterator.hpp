@@ -12,9 +12,13 @@
 namespace accel::data::detail {
 
 template <class T>
-const T& current_of(const T& v) { return v; }
+const T& current_of(const T& v) {
+  return v;
+}
 template <class T>
-const T& current_of(const std::optional<T>& v) { return *v; }
+const T& current_of(const std::optional<T>& v) {
+  return *v;
+}
 
 template <class Pass, class Value>
 class PassIterator {
@@ -43,7 +47,7 @@ class PassIterator {
  private:
   void step() {
     if (pass_->advance()) return;
-    if constexpr (requires(Pass& p) { p.finish(); }) pass_->finish();
+    if constexpr (requires(Pass & p) { p.finish(); }) pass_->finish();
     pass_.reset();
   }
   std::shared_ptr<Pass> pass_;

@@ -3,12 +3,13 @@
 //! `prepare_data_loader<Config>(loader, state)`: the user's `DataLoader` made into the prepared loader of a
 //! configuration, statically typed, and the names of the prepared loaders.
 //!
-//! | loader                    | dataset   | `loading`    | step source                              | transport           |
+//! | loader                    | dataset   | `loading`    | step source                              | transport |
 //! |---------------------------|-----------|--------------|------------------------------------------|---------------------|
-//! | `ShardedLoader`           | map-style | `sharded`    | closed-form plan, or the user's batch sampler | `LocalTransport` |
-//! | `DispatchedLoader`        | map-style | `dispatched` | closed-form plan (rank 0 fetches)        | `DispatchTransport` |
-//! | `StreamShardedLoader`     | iterable  | `sharded`    | `IterableShard` of the stream            | `LocalTransport`    |
-//! | `StreamDispatchedLoader`  | iterable  | `dispatched` | rank 0 reads the stream                  | `DispatchTransport` |
+//! | `ShardedLoader`           | map-style | `sharded`    | closed-form plan, or the user's batch sampler |
+//! `LocalTransport` | | `DispatchedLoader`        | map-style | `dispatched` | closed-form plan (rank 0 fetches) |
+//! `DispatchTransport` | | `StreamShardedLoader`     | iterable  | `sharded`    | `IterableShard` of the stream |
+//! `LocalTransport`    | | `StreamDispatchedLoader`  | iterable  | `dispatched` | rank 0 reads the stream |
+//! `DispatchTransport` |
 //!
 //! \code
 //! accel::data::DataLoader loader(accel::data::TensorDataset(x, y), {.batch_size = 64, .shuffle = true, .workers = 2});
@@ -40,16 +41,16 @@ namespace accel::data {
 
 // The pipeline's names a user writes as data's (they were declared here before the pipeline had its folder).
 using pipeline::NoSlice;
+using pipeline::planned_batches;
 using pipeline::PlannedBatch;
 using pipeline::PlannedBatches;
-using pipeline::planned_batches;
 
 // [accelerate:data_loader.py DataLoaderShard]
 //! Every process reads only its own batches (from the plan, or from its shard of the user's batch sampler),
 //! places them, and publishes `end_of_dataloader` and the padding layout to `GradientState`.
 template <class Dataset, class Collate, class Config>
-using ShardedLoader =
-    PreparedLoader<pipeline::ShardedSource<Dataset, Collate, Config, pipeline::LocalTransport>, pipeline::LocalTransport>;
+using ShardedLoader = PreparedLoader<pipeline::ShardedSource<Dataset, Collate, Config, pipeline::LocalTransport>,
+                                     pipeline::LocalTransport>;
 
 // [accelerate:data_loader.py DataLoaderDispatcher]
 //! Rank 0 reads and collates every global batch; every rank receives only its own slice (a scatter: each
@@ -57,14 +58,16 @@ using ShardedLoader =
 //! fixed (tensors, `torch::data::Example`, tuples, structs with `accel_fields`) unless a slice function is given;
 //! shapes and dtypes travel as typed metadata; slice sizes come from the plan, which every rank computes alone.
 template <class Dataset, class Collate, class Config, class Slice = NoSlice>
-using DispatchedLoader = PreparedLoader<pipeline::PlannedSource<Dataset, Collate, Config, pipeline::DispatchTransport<Slice>>,
-                                        pipeline::DispatchTransport<Slice>>;
+using DispatchedLoader =
+    PreparedLoader<pipeline::PlannedSource<Dataset, Collate, Config, pipeline::DispatchTransport<Slice>>,
+                   pipeline::DispatchTransport<Slice>>;
 
 // [accelerate:data_loader.py DataLoaderShard over IterableDatasetShard]
 //! An iterable dataset, sharded (pipeline/stream_source.hpp).
 template <class Dataset, class Collate, class Config>
 using StreamShardedLoader =
-    PreparedLoader<pipeline::StreamShardSource<Dataset, Collate, Config, pipeline::LocalTransport>, pipeline::LocalTransport>;
+    PreparedLoader<pipeline::StreamShardSource<Dataset, Collate, Config, pipeline::LocalTransport>,
+                   pipeline::LocalTransport>;
 
 // [accelerate:data_loader.py DataLoaderDispatcher over an iterable dataset]
 //! An iterable dataset, dispatched from rank 0 (pipeline/stream_source.hpp).
@@ -91,15 +94,18 @@ auto prepare(const DataLoader<Dataset, Collate>& loader, const PrepareContext& c
   core->ctx = ctx;
   core->publish = publish;
   if constexpr (IterableDataset<Dataset>) {
-    accel::detail::require(!o.shuffle, "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
-    accel::detail::require(!o.sampler && !o.batch_sampler, "accel: an iterable dataset has no indices to sample; drop sampler/batch_sampler");
+    accel::detail::require(!o.shuffle,
+                           "accel: an iterable dataset cannot be shuffled by the loader; shuffle the stream itself");
+    accel::detail::require(!o.sampler && !o.batch_sampler,
+                           "accel: an iterable dataset has no indices to sample; drop sampler/batch_sampler");
   }
   accel::detail::require(!(o.sampler && o.batch_sampler), "accel: give a sampler or a batch_sampler, not both");
   accel::detail::require(!(o.shuffle && (o.sampler || o.batch_sampler)),
                          "accel: shuffle=true with a sampler of your own: shuffle inside the sampler, or drop it");
   if (o.batch_sampler) {
-    accel::detail::require(!Config::split_batches, "accel: batches::split needs a fixed batch size; a batch sampler's batches "
-                                                   "vary: use batches::per_process");
+    accel::detail::require(!Config::split_batches,
+                           "accel: batches::split needs a fixed batch size; a batch sampler's batches "
+                           "vary: use batches::per_process");
     accel::detail::require(!Transport::single_reader,
                            "accel: a batch sampler with loading::dispatched is not available; use loading::sharded");
   }
@@ -137,7 +143,10 @@ auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const Prepa
 
 //! `prepare_data_loader` for this process (`ProcessState`, or anything with its accessors).
 template <class Config, class Dataset, class Collate, class State, class Slice = NoSlice>
-  requires requires(const State& s) { s.comm(); s.device(); }
+requires requires(const State& s) {
+  s.comm();
+  s.device();
+}
 auto prepare_data_loader(const DataLoader<Dataset, Collate>& loader, const State& state, Slice slice = {}) {
   return prepare_data_loader<Config>(loader, PrepareContext::of(state), std::move(slice));
 }

@@ -34,12 +34,14 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
  public:
   using Core = typename Source::Core;
   using Batch = typename Core::Batch;
-  static_assert(std::is_same_v<typename Core::transport, Transport>,
-                "accel: PreparedLoader: the step source was made for another transport than the loader's (a source names "
-                "its transport: PlannedSource<Dataset, Collate, Config, Transport>)");
-  static_assert(Core::config::dispatch == Transport::single_reader,
-                "accel: PreparedLoader: the configuration's loading policy and the transport disagree: loading::dispatched "
-                "reads on rank 0 alone (DispatchTransport), loading::sharded on every rank (LocalTransport)");
+  static_assert(
+      std::is_same_v<typename Core::transport, Transport>,
+      "accel: PreparedLoader: the step source was made for another transport than the loader's (a source names "
+      "its transport: PlannedSource<Dataset, Collate, Config, Transport>)");
+  static_assert(
+      Core::config::dispatch == Transport::single_reader,
+      "accel: PreparedLoader: the configuration's loading policy and the transport disagree: loading::dispatched "
+      "reads on rank 0 alone (DispatchTransport), loading::sharded on every rank (LocalTransport)");
 
  private:
   using Cursor = pipeline::Cursor<Source, Transport>;
@@ -56,14 +58,9 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Batches (steps, when dispatched) this process yields in its next epoch: the number really yielded (Q4, Q5
   //! fixed). For a stream only when its length is known.
-  [[nodiscard]] std::size_t size() const
-    requires requires(Core& k) { Source::size(k); }
-  {
-    return Source::size(*core_);
-  }
-  [[nodiscard]] std::int64_t total_dataset_length() const
-    requires MapDataset<typename Core::dataset_type>
-  {
+  [[nodiscard]] std::size_t size() const requires requires(Core& k) { Source::size(k); }
+  { return Source::size(*core_); }
+  [[nodiscard]] std::int64_t total_dataset_length() const requires MapDataset<typename Core::dataset_type> {
     return core_->dataset->size();
   }
 
@@ -72,7 +69,8 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
   //! Samples of one optimizer step across all processes (defined for every loader: Q7 fixed).
   [[nodiscard]] std::int64_t total_batch_size() const {
-    return plan::per_step({.batch_size = core_->options.batch_size, .num_processes = core_->ctx.num_processes,
+    return plan::per_step({.batch_size = core_->options.batch_size,
+                           .num_processes = core_->ctx.num_processes,
                            .split_batches = Core::config::split_batches});
   }
   //! Where the loader stands: a fresh process that loads it yields exactly the remaining batches. The position is
@@ -80,10 +78,13 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   //! is the one `Accelerator::load_state` uses).
   [[nodiscard]] LoaderState state_dict() const { return core_->state(); }
   //! Resumes from `s`, saved by a job of any number of processes: the rest of the interrupted epoch is the samples
-  //! that job had not consumed, sharded for this one; later epochs are this job's. `GlobalGenerator::restored_by_caller`:
-  //! the caller restores the global generator itself (`Accelerator::load_state` does), so a loader drawing from it
-  //! must not leave it at the epoch's start. Throws `InvalidArgument` when `s` comes from another kind of loader.
-  void load_state_dict(const LoaderState& s, GlobalGenerator g = GlobalGenerator::rewound_by_loader) { core_->load(s, g); }
+  //! that job had not consumed, sharded for this one; later epochs are this job's.
+  //! `GlobalGenerator::restored_by_caller`: the caller restores the global generator itself (`Accelerator::load_state`
+  //! does), so a loader drawing from it must not leave it at the epoch's start. Throws `InvalidArgument` when `s` comes
+  //! from another kind of loader.
+  void load_state_dict(const LoaderState& s, GlobalGenerator g = GlobalGenerator::rewound_by_loader) {
+    core_->load(s, g);
+  }
   //! What differs between the loader that saved `s` and this one (its path, dataset length or batch size), as the
   //! rest of a sentence ("was saved for a dataset of 1797 samples, this loader's has 1200"); "" when none does.
   [[nodiscard]] std::string state_mismatch(const LoaderState& s) const { return core_->mismatch(s); }
@@ -94,7 +95,8 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   //! The same loader without the first `k` batches (steps, when dispatched) of its next epoch: Accelerate's
   //! `skip_first_batches`. It shares the sampler and the epoch counter, and keeps the padding marks.
   [[nodiscard]] PreparedLoader skip_first_batches(std::int64_t k) const {
-    accel::detail::require(k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
+    accel::detail::require(
+        k >= 0, "accel: skip_first_batches: cannot skip a negative number of batches (" + std::to_string(k) + ")");
     PreparedLoader out = *this;
     out.core_ = std::make_shared<Core>(*core_);
     out.core_->skip += k;
@@ -105,6 +107,7 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   [[nodiscard]] std::pair<std::int64_t, std::int64_t> transport_bytes() const {
     return {core_->bytes_received, core_->bytes_broadcast_equivalent};
   }
+
  private:
   std::shared_ptr<Core> core_;
   std::shared_ptr<const Transport> transport_;

@@ -23,8 +23,8 @@
 #include <ATen/ops/randperm.h>
 
 #include <cstdint>
-#include <memory>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -96,8 +96,11 @@ class RandomSampler {
  public:
   using Options = RandomSamplerOptions;
   RandomSampler(std::int64_t n, at::Generator generator, Options options = {})
-      : n_(n), num_samples_(options.num_samples.value_or(n)), replacement_(options.replacement),
-        advance_(options.advance_after_epoch), generator_(std::move(generator)) {
+      : n_(n),
+        num_samples_(options.num_samples.value_or(n)),
+        replacement_(options.replacement),
+        advance_(options.advance_after_epoch),
+        generator_(std::move(generator)) {
     accel::detail::require(n >= 0, "accel::data::RandomSampler: the dataset length is negative");
     accel::detail::require(num_samples_ >= 0, "accel::data::RandomSampler: num_samples must be 0 or more");
     accel::detail::require(n > 0 || num_samples_ == 0,
@@ -133,7 +136,8 @@ class SeedableRandomSampler {
  public:
   SeedableRandomSampler(std::int64_t n, std::optional<std::uint64_t> data_seed = std::nullopt,
                         RandomSampler::Options options = {})
-      : n_(n), options_(options),
+      : n_(n),
+        options_(options),
         initial_seed_(data_seed ? *data_seed : at::detail::getDefaultCPUGenerator().current_seed()) {}
 
   void set_epoch(std::int64_t epoch) noexcept { epoch_ = epoch; }
@@ -182,9 +186,12 @@ class ShuffledOrders {
   ShuffledOrders(std::int64_t n, int num_processes, Shuffle mode, std::optional<std::uint64_t> data_seed = {},
                  RandomSamplerOptions options = {}, std::optional<std::uint64_t> seed = {})
       : n_(n), options_(options) {
-    if (mode == Shuffle::seedable) seedable_.emplace(n, data_seed, options);
-    else if (seed) sampler_.emplace(n, make_generator(*seed), options);
-    else if (num_processes > 1) sampler_.emplace(n, synchronized_generator(), options);
+    if (mode == Shuffle::seedable)
+      seedable_.emplace(n, data_seed, options);
+    else if (seed)
+      sampler_.emplace(n, make_generator(*seed), options);
+    else if (num_processes > 1)
+      sampler_.emplace(n, synchronized_generator(), options);
   }
 
   //! The order of the next epoch, `epoch` being its number (used by the seedable sampler).

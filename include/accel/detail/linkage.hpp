@@ -13,8 +13,8 @@
 //! - `comm::make_gloo_communicator` (declared in comm/connect.hpp; comm/impl/gloo.ipp): c10d's ProcessGroupGloo,
 //!   TCPStore and Gloo (comm/gloo.hpp, state/rendezvous/rendezvous.hpp);
 //! - `cuda::make_nccl_communicator` (cuda/connect.hpp; cuda/impl/nccl.ipp): NCCL and the CUDA runtime (cuda/nccl.hpp);
-//! - `visible_gpus`, `use_gpu` (state/engine.hpp; state/impl/engine.ipp): the CUDA runtime; that file also includes both
-//!   engines' headers, whose factories state/engine.hpp calls;
+//! - `visible_gpus`, `use_gpu` (state/engine.hpp; state/impl/engine.ipp): the CUDA runtime; that file also includes
+//!   both engines' headers, whose factories state/engine.hpp calls;
 //! - `cuda::on_side_stream`, `cuda::current_stream` (cuda/placement.hpp; cuda/impl/placement.ipp): the CUDA
 //!   runtime's streams, events and guards;
 //! - `DistributedModule::ready` (model/distributed_module.hpp; model/impl/distributed_module.ipp): the autograd
@@ -63,7 +63,8 @@
 //! belongs to its folder's layer.
 
 #if defined(ACCEL_SOURCE) && !defined(ACCEL_SEPARATE_COMPILATION)
-#error "accel: <accel/src.hpp> compiles accel's code for ACCEL_SEPARATE_COMPILATION; define ACCEL_SEPARATE_COMPILATION for every translation unit of the program (CMake: accel_add_separate_library), or do not include <accel/src.hpp> (header-only)"
+#error \
+    "accel: <accel/src.hpp> compiles accel's code for ACCEL_SEPARATE_COMPILATION; define ACCEL_SEPARATE_COMPILATION for every translation unit of the program (CMake: accel_add_separate_library), or do not include <accel/src.hpp> (header-only)"
 #endif
 
 #if !defined(ACCEL_SEPARATE_COMPILATION)

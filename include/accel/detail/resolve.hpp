@@ -19,9 +19,8 @@ namespace hana = boost::hana;
 
 template <class Slot, class... Ps>
 constexpr auto in_slot() {
-  return hana::filter(hana::tuple_t<Ps...>, [](auto t) {
-    return hana::bool_c<std::is_same_v<slot_of_t<typename decltype(t)::type>, Slot>>;
-  });
+  return hana::filter(hana::tuple_t<Ps...>,
+                      [](auto t) { return hana::bool_c<std::is_same_v<slot_of_t<typename decltype(t)::type>, Slot>>; });
 }
 
 //! How many of `Ps...` fill `Slot`.
@@ -35,8 +34,7 @@ struct pick {
   using type = Default;
 };
 template <class Slot, class Default, class... Ps>
-  requires(count_in_slot<Slot, Ps...> > 0)
-struct pick<Slot, Default, Ps...> {
+requires(count_in_slot<Slot, Ps...> > 0) struct pick<Slot, Default, Ps...> {
   using type = typename decltype(+hana::front(in_slot<Slot, Ps...>()))::type;
 };
 template <class Slot, class Default, class... Ps>

@@ -12,7 +12,8 @@ namespace accel {
 class AutocastScope {
  public:
   AutocastScope(c10::DeviceType device, at::ScalarType dtype, bool enabled)
-      : device_(device), previous_enabled_(at::autocast::is_autocast_enabled(device)),
+      : device_(device),
+        previous_enabled_(at::autocast::is_autocast_enabled(device)),
         previous_dtype_(at::autocast::get_autocast_dtype(device)) {
     at::autocast::set_autocast_enabled(device, enabled);
     at::autocast::set_autocast_dtype(device, dtype);

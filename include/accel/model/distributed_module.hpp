@@ -86,7 +86,8 @@ inline std::size_t set_communicators(torch::nn::Module& m, comm::Communicator* c
 class SyncScope {
  public:
   SyncScope() = default;
-  SyncScope(SyncScope&& o) noexcept : held_(std::exchange(o.held_, {})), on_release_(std::exchange(o.on_release_, {})) {}
+  SyncScope(SyncScope&& o) noexcept
+      : held_(std::exchange(o.held_, {})), on_release_(std::exchange(o.on_release_, {})) {}
   SyncScope& operator=(SyncScope&&) = delete;
   SyncScope(const SyncScope&) = delete;
   ~SyncScope();
@@ -112,8 +113,8 @@ class DistributedModule {
     std::vector<std::size_t> params;
     std::size_t ready = 0;
     std::int64_t numel = 0;
-    at::Tensor buffer;  // the gradients, then the room for the collective check (Communicator::check_room)
-    at::Tensor flat;    // the gradients' part of `buffer`: every gradient of the bucket, as views
+    at::Tensor buffer;             // the gradients, then the room for the collective check (Communicator::check_room)
+    at::Tensor flat;               // the gradients' part of `buffer`: every gradient of the bucket, as views
     at::Tensor wire_buffer, wire;  // under a comm hook: the compressed bucket (and its check room) that travels
     comm::Communicator::Pending pending;
   };
@@ -125,8 +126,8 @@ class DistributedModule {
     std::size_t next_launch = 0;
     std::uint64_t hook_calls = 0;  // gradients accumulated so far (whether a backward went through the module)
     bool sync = true;
-    bool buffers_due = true;        // DDP's require_forward_param_sync: broadcast the buffers before the next forward
-    bool entered = false;           // a forward with gradients went through the door since the last backward
+    bool buffers_due = true;  // DDP's require_forward_param_sync: broadcast the buffers before the next forward
+    bool entered = false;     // a forward with gradients went through the door since the last backward
     // After a backward under no_sync (an open accumulation window, `open_window`; empty: none): the parameters'
     // version counters and each gradient's (-1: none).
     std::vector<std::uint32_t> versions;
@@ -192,7 +193,9 @@ class DistributedModule {
   //! The user's module (for forward, state_dict, ...).
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const std::shared_ptr<torch::nn::Module>& shared() const noexcept { return module_; }
-  [[nodiscard]] std::size_t buckets() const noexcept { return state_->zero ? state_->zero->buckets() : state_->buckets.size(); }
+  [[nodiscard]] std::size_t buckets() const noexcept {
+    return state_->zero ? state_->zero->buckets() : state_->buckets.size();
+  }
   //! Bytes of gradients one synchronising backward sends into the all-reduce (halved by a 16-bit comm hook).
   [[nodiscard]] std::int64_t gradient_bytes() const {
     if (state_->zero) return state_->zero->gradient_bytes();
@@ -215,7 +218,9 @@ class DistributedModule {
     for (const auto& p : s.params) params.emplace_back(p.name, p.tensor);
     const auto own = layout.own.scalar_type();
     const bool wide = own == at::kFloat || own == at::kDouble;
-    const auto wire = !wide || s.opt.comm_hook == CommHook::none ? own : s.opt.comm_hook == CommHook::fp16 ? at::kHalf : at::kBFloat16;
+    const auto wire = !wide || s.opt.comm_hook == CommHook::none ? own
+                      : s.opt.comm_hook == CommHook::fp16        ? at::kHalf
+                                                                 : at::kBFloat16;
     s.zero = std::make_unique<PartitionReducer>(s.comm, params, std::move(layout), s.opt.bucket_bytes, wire);
     s.buckets.clear();
     for (auto& p : s.params) p.bucket = 0;
@@ -318,7 +323,8 @@ class DistributedModule {
   ACCEL_DECL static void ready(const std::shared_ptr<State>& sp, std::size_t index);
   // Starts every complete bucket, in index order only.
   static void launch_ready(State& s) {
-    while (s.next_launch < s.buckets.size() && s.buckets[s.next_launch].ready == s.buckets[s.next_launch].params.size()) {
+    while (s.next_launch < s.buckets.size() &&
+           s.buckets[s.next_launch].ready == s.buckets[s.next_launch].params.size()) {
       launch(s, s.buckets[s.next_launch]);
       ++s.next_launch;
     }
@@ -331,12 +337,14 @@ class DistributedModule {
   static void adopt(State& s, Param& p) {
     auto& b = s.buckets[p.bucket];
     if (!b.flat.defined()) {
-      b.buffer = at::zeros({b.numel + s.comm->check_room(p.tensor.scalar_type(), b.numel)}, p.tensor.options().requires_grad(false));
+      b.buffer = at::zeros({b.numel + s.comm->check_room(p.tensor.scalar_type(), b.numel)},
+                           p.tensor.options().requires_grad(false));
       b.flat = b.buffer.narrow(0, 0, b.numel);
     }
     const auto& g = p.tensor.grad();
     const at::Scalar share = compressed(s, b) ? 1.0 : 1.0 / double(s.comm->size());  // a hook divides on the wire
-    if (g.defined() && g.data_ptr() == static_cast<char*>(b.flat.data_ptr()) + p.offset * std::int64_t(b.flat.element_size())) {
+    if (g.defined() &&
+        g.data_ptr() == static_cast<char*>(b.flat.data_ptr()) + p.offset * std::int64_t(b.flat.element_size())) {
       if (!compressed(s, b)) g.mul_(share);
       return;
     }
@@ -347,8 +355,10 @@ class DistributedModule {
     for (std::size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
     at::Tensor view = at::empty({0}, b.flat.options());
     view.set_(b.flat.storage(), b.flat.storage_offset() + p.offset, sizes, strides);
-    if (g.defined()) at::mul_out(view, g, share);
-    else view.zero_();
+    if (g.defined())
+      at::mul_out(view, g, share);
+    else
+      view.zero_();
     p.tensor.mutable_grad() = view;
   }
   static void launch(State& s, Bucket& b) {
@@ -395,8 +405,10 @@ class DistributedModule {
       if (!p.ready) unused += (unused.empty() ? "" : ", ") + p.name;
     if (!unused.empty() && !s.opt.find_unused_parameters) {
       reset(s);
-      throw InvalidArgument("accel::DistributedModule: parameter(s) " + unused + " received no gradient in this backward; "
-                            "every process must use every parameter, or set DistributedOptions::find_unused_parameters");
+      throw InvalidArgument(
+          "accel::DistributedModule: parameter(s) " + unused +
+          " received no gradient in this backward; "
+          "every process must use every parameter, or set DistributedOptions::find_unused_parameters");
     }
     mark_all_ready(s);  // unused parameters contribute zeros
     complete(s);

@@ -58,8 +58,8 @@ class PartitionReducer {
   static constexpr std::size_t kInFlight = 2;
 
   //! `params`: the module's trainable parameters in `DistributedModule`'s order, with their names (for errors).
-  ACCEL_DECL PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string,
-                              at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire);
+  ACCEL_DECL PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string, at::Tensor>>& params,
+                              GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire);
 
   [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
   //! Bytes one synchronising backward sends (every piece once, in the wire type).
@@ -129,8 +129,8 @@ class PartitionReducer {
 //! other ranks hold the rest) and `whole` ones (the same on every rank): the total `norm_type`-norm of all of them
 //! (one all-reduce, on every rank), every gradient scaled by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
 //! Returns the norm before clipping.
-inline double clip_partitioned_norm(comm::Communicator* comm, std::vector<at::Tensor>& parts, std::vector<at::Tensor>& whole,
-                                    double max_norm, double norm_type) {
+inline double clip_partitioned_norm(comm::Communicator* comm, std::vector<at::Tensor>& parts,
+                                    std::vector<at::Tensor>& whole, double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
   const auto where = comm ? comm->device() : c10::Device(c10::kCPU);
   auto local = [&](const std::vector<at::Tensor>& gs) {  // sum of |g|^p (max |g| for inf), in double

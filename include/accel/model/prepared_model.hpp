@@ -22,10 +22,12 @@
 namespace accel {
 
 namespace detail {
-template <class T> struct shared_module : std::false_type {};
+template <class T>
+struct shared_module : std::false_type {};
 template <class M>
-  requires std::derived_from<M, torch::nn::Module>
-struct shared_module<std::shared_ptr<M>> : std::true_type {};
+requires std::derived_from<M, torch::nn::Module>
+struct shared_module<std::shared_ptr<M>> : std::true_type {
+};
 }  // namespace detail
 
 //! What users hold a LibTorch module by: `std::shared_ptr<M>` (M derived from `torch::nn::Module`), or a
@@ -40,8 +42,10 @@ concept ModuleHandle = detail::shared_module<H>::value || requires(const H& h) {
 //! The `torch::nn::Module` behind a handle.
 template <ModuleHandle H>
 std::shared_ptr<torch::nn::Module> module_of(const H& h) {
-  if constexpr (detail::shared_module<H>::value) return h;
-  else return h.ptr();
+  if constexpr (detail::shared_module<H>::value)
+    return h;
+  else
+    return h.ptr();
 }
 
 template <ModuleHandle Holder>
@@ -52,8 +56,10 @@ class PreparedModel {
 
   //! The module (non-const, as through the user's holder: a handle's constness is not the module's).
   [[nodiscard]] auto* get() const noexcept {
-    if constexpr (detail::shared_module<Holder>::value) return holder_.get();
-    else return holder_.ptr().get();
+    if constexpr (detail::shared_module<Holder>::value)
+      return holder_.get();
+    else
+      return holder_.ptr().get();
   }
   [[nodiscard]] auto* operator->() const noexcept { return get(); }
   [[nodiscard]] auto& operator*() const noexcept { return *get(); }
@@ -92,15 +98,19 @@ class PreparedModel {
   std::shared_ptr<DistributedModule> ddp_;
 };
 
-template <class T> inline constexpr bool is_prepared_model = false;
-template <class H> inline constexpr bool is_prepared_model<PreparedModel<H>> = true;
+template <class T>
+inline constexpr bool is_prepared_model = false;
+template <class H>
+inline constexpr bool is_prepared_model<PreparedModel<H>> = true;
 
 //! Accelerate's `unwrap_model`: the user's holder behind a prepared model (a plain holder is returned as is).
 template <class M>
-  requires ModuleHandle<M> || is_prepared_model<M>
+requires ModuleHandle<M> || is_prepared_model<M>
 const auto& unwrap_model(const M& model) {
-  if constexpr (is_prepared_model<M>) return model.unwrap();
-  else return model;
+  if constexpr (is_prepared_model<M>)
+    return model.unwrap();
+  else
+    return model;
 }
 
 }  // namespace accel

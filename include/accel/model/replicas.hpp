@@ -45,7 +45,10 @@ inline at::Tensor replica_fingerprint(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> rows;
   rows.reserve(tensors.size());
   for (const auto& t : tensors) {
-    const auto bits = t.element_size() == 8 ? at::kLong : t.element_size() == 4 ? at::kInt : t.element_size() == 2 ? at::kShort : at::kChar;
+    const auto bits = t.element_size() == 8   ? at::kLong
+                      : t.element_size() == 4 ? at::kInt
+                      : t.element_size() == 2 ? at::kShort
+                                              : at::kChar;
     const at::Tensor words = t.detach().contiguous().view(bits).to(at::kLong);
     rows.push_back(at::stack({words.sum(), at::mul(words, words).sum()}));
   }
@@ -69,7 +72,8 @@ inline std::optional<ReplicaMismatch> compare_replicas(const std::vector<at::Ten
     ReplicaMismatch m{r, {}};
     for (std::size_t k = 1; k < cpu.size(); ++k) {
       const auto* other = cpu[k].data_ptr<std::int64_t>();
-      if (cpu[k].size(0) != rows || other[2 * r] != lead[2 * r] || other[2 * r + 1] != lead[2 * r + 1]) m.ranks.push_back(int(k));
+      if (cpu[k].size(0) != rows || other[2 * r] != lead[2 * r] || other[2 * r + 1] != lead[2 * r + 1])
+        m.ranks.push_back(int(k));
     }
     if (!m.ranks.empty()) return m;
   }
@@ -92,11 +96,13 @@ inline void check_replicas(comm::Communicator* comm, const std::vector<std::pair
   std::string ranks;
   for (const int r : m->ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   throw ReplicaDivergence(
-      "accel: the processes' replicas differ after optimizer step " + std::to_string(step) + " (they were equal after step " +
-      std::to_string(agreed) + "): parameter '" + named[std::size_t(m->row)].first + "' on rank(s) " + ranks +
-      " differs from rank 0's (the first of " + std::to_string(named.size()) + " parameters compared). Something changed the "
+      "accel: the processes' replicas differ after optimizer step " + std::to_string(step) +
+      " (they were equal after step " + std::to_string(agreed) + "): parameter '" + named[std::size_t(m->row)].first +
+      "' on rank(s) " + ranks + " differs from rank 0's (the first of " + std::to_string(named.size()) +
+      " parameters compared). Something changed the "
       "weights on some processes only: an optimizer that accel did not prepare (step the one prepare() returned), a "
-      "rank-dependent change in the loop, or a nondeterministic kernel. Options::check_replicas_every = 1 finds the first "
+      "rank-dependent change in the loop, or a nondeterministic kernel. Options::check_replicas_every = 1 finds the "
+      "first "
       "step");
 }
 

@@ -32,8 +32,8 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/functional/batchnorm.h>
 #include <torch/nn/modules/batchnorm.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -66,9 +66,10 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     for (std::int64_t i = 2; i < x.dim(); ++i) d.push_back(i);
     return d;
   }
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                                                const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& invstd,
-                                                std::int64_t count, std::int64_t comm) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& weight, const at::Tensor& bias,
+                                                const at::Tensor& mean, const at::Tensor& invstd, std::int64_t count,
+                                                std::int64_t comm) {
     const auto s = shape(x);
     at::Tensor y = (x - mean.view(s)) * invstd.view(s);
     if (weight.defined()) y = y * weight.view(s) + bias.view(s);
@@ -77,7 +78,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     ctx->saved_data["comm"] = comm;
     return {y};
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
     const double n = double(ctx->saved_data["count"].toInt());
@@ -104,7 +106,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public CollectiveModule {
  public:
   explicit SyncBatchNormImpl(SyncBatchNormOptions o) : options(o) { reset(); }  // NOLINT
-  explicit SyncBatchNormImpl(std::int64_t num_features) : SyncBatchNormImpl(SyncBatchNormOptions{.num_features = num_features}) {}
+  explicit SyncBatchNormImpl(std::int64_t num_features)
+      : SyncBatchNormImpl(SyncBatchNormOptions{.num_features = num_features}) {}
 
   void reset() override {
     if (options.affine) {
@@ -134,9 +137,11 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
         num_batches_tracked += 1;
         if (!options.momentum) momentum = 1.0 / num_batches_tracked.item<double>();
       }
-      return torch::nn::functional::detail::batch_norm(x, running_mean, running_var, weight, bias, batch_stats, momentum, options.eps);
+      return torch::nn::functional::detail::batch_norm(x, running_mean, running_var, weight, bias, batch_stats,
+                                                       momentum, options.eps);
     }
-    // [torch:nn/modules/_functions.py SyncBatchNorm.forward] The global statistics, from every rank's (count, mean, M2).
+    // [torch:nn/modules/_functions.py SyncBatchNorm.forward] The global statistics, from every rank's
+    // (count, mean, M2).
     const std::int64_t C = options.num_features;
     at::Tensor mean, var;
     std::int64_t count = 0;
@@ -154,7 +159,8 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
       }
       // Merged on the device (Chan): one read of the total count is the only wait for it.
       const at::Tensor all = at::stack(comm_->all_gather(local));  // [ranks, 1 + 2C]
-      const at::Tensor counts = all.select(1, 0).unsqueeze(1), means = all.narrow(1, 1, C), m2s = all.narrow(1, 1 + C, C);
+      const at::Tensor counts = all.select(1, 0).unsqueeze(1), means = all.narrow(1, 1, C),
+                       m2s = all.narrow(1, 1 + C, C);
       const double total = counts.sum().item<double>();
       detail::require(total > 0, "accel::SyncBatchNorm: no rank has a sample in this batch");
       const at::Tensor total_mean = (means * (counts / total)).sum(0);
@@ -171,7 +177,8 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
       }
     }
     const at::Tensor invstd = (var + options.eps).rsqrt();
-    return detail::SyncBatchNormFunction::apply(x, weight, bias, mean, invstd, count, std::int64_t(reinterpret_cast<std::intptr_t>(comm_)))[0];
+    return detail::SyncBatchNormFunction::apply(x, weight, bias, mean, invstd, count,
+                                                std::int64_t(reinterpret_cast<std::intptr_t>(comm_)))[0];
   }
 
   SyncBatchNormOptions options;
@@ -188,8 +195,11 @@ std::shared_ptr<torch::nn::Module> sync_of(const std::shared_ptr<torch::nn::Modu
   auto* bn = dynamic_cast<BN*>(m.get());
   if (!bn) return nullptr;
   const auto& o = bn->options;
-  auto sync = std::make_shared<SyncBatchNormImpl>(SyncBatchNormOptions{
-      .num_features = o.num_features(), .eps = o.eps(), .momentum = o.momentum(), .affine = o.affine(), .track_running_stats = o.track_running_stats()});
+  auto sync = std::make_shared<SyncBatchNormImpl>(SyncBatchNormOptions{.num_features = o.num_features(),
+                                                                       .eps = o.eps(),
+                                                                       .momentum = o.momentum(),
+                                                                       .affine = o.affine(),
+                                                                       .track_running_stats = o.track_running_stats()});
   torch::NoGradGuard g;
   if (o.affine()) sync->weight.copy_(bn->weight), sync->bias.copy_(bn->bias);
   if (o.track_running_stats())
@@ -205,7 +215,8 @@ std::shared_ptr<torch::nn::Module> sync_of(const std::shared_ptr<torch::nn::Modu
 //! itself, or containers (`Sequential`, `ModuleList`) of them, to any depth. LibTorch cannot swap a module that
 //! another module holds as a member, so a BatchNorm inside a module of your own is an error naming it: declare it
 //! as `accel::SyncBatchNorm` there (with one process it is BatchNorm).
-inline std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& m, const std::string& path = "model") {
+inline std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& m,
+                                                                 const std::string& path = "model") {
   if (auto s = detail::sync_of<torch::nn::BatchNorm1dImpl>(m)) return s;
   if (auto s = detail::sync_of<torch::nn::BatchNorm2dImpl>(m)) return s;
   if (auto s = detail::sync_of<torch::nn::BatchNorm3dImpl>(m)) return s;
@@ -215,16 +226,21 @@ inline std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shar
     for (std::size_t i = 0; i < seq->size(); ++i) {
       const auto& name = children[i].key();
       auto converted = convert_sync_batchnorm(seq->ptr(i), path + "." + name);
-      if (converted == seq->ptr(i)) out->push_back(name, *(seq->begin() + std::ptrdiff_t(i)));  // the same module
-      else if (auto sync = std::dynamic_pointer_cast<SyncBatchNormImpl>(converted)) out->push_back(name, torch::nn::AnyModule(sync));
-      else throw InvalidArgument("accel::convert_sync_batchnorm: " + path + "." + name + " cannot be rebuilt inside a Sequential");
+      if (converted == seq->ptr(i))
+        out->push_back(name, *(seq->begin() + std::ptrdiff_t(i)));  // the same module
+      else if (auto sync = std::dynamic_pointer_cast<SyncBatchNormImpl>(converted))
+        out->push_back(name, torch::nn::AnyModule(sync));
+      else
+        throw InvalidArgument("accel::convert_sync_batchnorm: " + path + "." + name +
+                              " cannot be rebuilt inside a Sequential");
     }
     out->train(seq->is_training());
     return out;
   }
   if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(m.get())) {
     auto out = std::make_shared<torch::nn::ModuleListImpl>();
-    for (std::size_t i = 0; i < list->size(); ++i) out->push_back(convert_sync_batchnorm(list->ptr(i), path + "." + std::to_string(i)));
+    for (std::size_t i = 0; i < list->size(); ++i)
+      out->push_back(convert_sync_batchnorm(list->ptr(i), path + "." + std::to_string(i)));
     out->train(list->is_training());
     return out;
   }
@@ -232,7 +248,8 @@ inline std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shar
     const auto& sub = c.value();
     if (dynamic_cast<torch::nn::BatchNorm1dImpl*>(sub.get()) || dynamic_cast<torch::nn::BatchNorm2dImpl*>(sub.get()) ||
         dynamic_cast<torch::nn::BatchNorm3dImpl*>(sub.get()))
-      throw InvalidArgument("accel::convert_sync_batchnorm: " + c.key() + " is a BatchNorm held by a module of your own (" + m->name() +
+      throw InvalidArgument("accel::convert_sync_batchnorm: " + c.key() +
+                            " is a BatchNorm held by a module of your own (" + m->name() +
                             "), which LibTorch cannot swap; declare it as accel::SyncBatchNorm in that module (it is "
                             "BatchNorm in one process), or build the model from Sequential/ModuleList containers");
   }
@@ -240,10 +257,9 @@ inline std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shar
 }
 //! The same for a module holder (`torch::nn::Sequential`, ...): the converted module, as a shared pointer.
 template <class Holder>
-  requires requires(const Holder& h) { h.ptr(); }
+requires requires(const Holder& h) { h.ptr(); }
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const Holder& h) {
   return convert_sync_batchnorm(std::static_pointer_cast<torch::nn::Module>(h.ptr()));
 }
-
 
 }  // namespace accel

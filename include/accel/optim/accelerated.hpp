@@ -6,19 +6,22 @@
 //! | Accelerate                          | accel                                                        |
 //! |-------------------------------------|--------------------------------------------------------------|
 //! | `AcceleratedOptimizer.step/zero_grad` | no-ops unless `GradientState::sync_gradients()`            |
-//! | `step` with a GradScaler            | `scaler.step(optimizer)` then `scaler.update()`; `step_was_skipped` when inf/NaN was found |
-//! | `AcceleratedScheduler.step`         | N steps per real optimizer step under `batches::per_process` (Accelerate's rule: the schedule is sized for the un-sharded loader), 1 under `batches::split`, `always_once` to step once; none after a skipped step |
-//! | `AcceleratedScheduler.step(*args)`  | `step(metric)` for a scheduler that takes one (`ReduceLROnPlateau`), the same number of times |
-//! | the `total_steps` guard             | a scheduler with `total_steps()` (`OneCycleLR`) is not stepped past it by the N steps |
-//! | `state_dict` / `load_state_dict`    | `save` / `load`: the scheduler's own `save`/`load` where it has them (optim/schedulers.hpp), else LibTorch's step count |
+//! | `step` with a GradScaler            | `scaler.step(optimizer)` then `scaler.update()`; `step_was_skipped` when
+//! inf/NaN was found | | `AcceleratedScheduler.step`         | N steps per real optimizer step under
+//! `batches::per_process` (Accelerate's rule: the schedule is sized for the un-sharded loader), 1 under
+//! `batches::split`, `always_once` to step once; none after a skipped step | | `AcceleratedScheduler.step(*args)`  |
+//! `step(metric)` for a scheduler that takes one (`ReduceLROnPlateau`), the same number of times | | the `total_steps`
+//! guard             | a scheduler with `total_steps()` (`OneCycleLR`) is not stepped past it by the N steps | |
+//! `state_dict` / `load_state_dict`    | `save` / `load`: the scheduler's own `save`/`load` where it has them
+//! (optim/schedulers.hpp), else LibTorch's step count |
 //!
 //! Both are handles: copies share one wrapper (the `Accelerator` keeps one for checkpoints, the loop another).
 
 #include <accel/error.hpp>
-#include <accel/state/gradient_state.hpp>
 #include <accel/optim/grad_scaler.hpp>
 #include <accel/optim/sharded.hpp>
 #include <accel/optim/state_check.hpp>
+#include <accel/state/gradient_state.hpp>
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -84,13 +87,16 @@ class AcceleratedOptimizer {
           if (!GradientState::instance().sync_gradients()) return;
           ++s_->record->steps;
           if (s_->scaler) {
-            s_->record->skipped = s_->sharded ? !s_->scaler->step(s_->sharded->gradient_holder(), [&] { s_->sharded->step(); })
-                                              : !s_->scaler->step(*s_->opt);
+            s_->record->skipped = s_->sharded
+                                      ? !s_->scaler->step(s_->sharded->gradient_holder(), [&] { s_->sharded->step(); })
+                                      : !s_->scaler->step(*s_->opt);
             s_->scaler->update();
           } else {
             s_->record->skipped = false;
-            if (s_->sharded) s_->sharded->step();
-            else s_->opt->step();
+            if (s_->sharded)
+              s_->sharded->step();
+            else
+              s_->opt->step();
           }
         },
         [&] { return [self = *this]() mutable { self.step(); }; });
@@ -138,11 +144,13 @@ class AcceleratedOptimizer {
   void load_checked(torch::serialize::InputArchive& a, bool keep) const {
     c10::IValue marked;
     const bool sharded = a.try_read("zero_sharded", marked);
-    detail::require(sharded == bool(s_->sharded),
-                    sharded ? "accel::load_state: the checkpoint's optimizer was sharded (accel::shard::optimizer or accel::shard::gradients) "
-                              "and this job's is not; resume with either and the same number of processes"
-                            : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
-                              "(accel::shard::optimizer or accel::shard::gradients); resume with the configuration that saved it");
+    detail::require(
+        sharded == bool(s_->sharded),
+        sharded ? "accel::load_state: the checkpoint's optimizer was sharded (accel::shard::optimizer or "
+                  "accel::shard::gradients) "
+                  "and this job's is not; resume with either and the same number of processes"
+                : "accel::load_state: the checkpoint's optimizer was not sharded and this job's is "
+                  "(accel::shard::optimizer or accel::shard::gradients); resume with the configuration that saved it");
     const auto what = load_and_check(*s_->opt, a, keep);
     if (!what.empty()) throw InvalidArgument("optimizer state: " + what);
   }
@@ -169,10 +177,8 @@ class AcceleratedScheduler {
   //! Steps a scheduler that judges a metric (`ReduceLROnPlateau`), as often as `step()` would; Accelerate passes
   //! the arguments through the same loop, so under `batches::per_process` the metric is seen N times.
   template <class Metric>
-    requires requires(Scheduler& s, Metric m) { s.step(m); }
-  void step(Metric metric) {
-    step_with(metric);
-  }
+  requires requires(Scheduler& s, Metric m) { s.step(m); }
+  void step(Metric metric) { step_with(metric); }
   //! Times the inner scheduler has stepped.
   [[nodiscard]] std::int64_t steps() const noexcept { return s_->count; }
   [[nodiscard]] Scheduler& inner() const noexcept { return *s_->sched; }
@@ -198,7 +204,8 @@ class AcceleratedScheduler {
       a.read("scheduler", inner);
       s_->sched->load(inner);
     } else {
-      detail::SchedulerAccess::step_count(*s_->sched) = unsigned(counter(a, "step_count", std::numeric_limits<unsigned>::max()));
+      detail::SchedulerAccess::step_count(*s_->sched) =
+          unsigned(counter(a, "step_count", std::numeric_limits<unsigned>::max()));
     }
     s_->count = counter(a, "accel_steps", std::numeric_limits<std::int64_t>::max());
   }
@@ -206,7 +213,7 @@ class AcceleratedScheduler {
   //! outside what it is kept in (LibTorch's step count is an unsigned int), or the inner scheduler's own refusal.
   void check(torch::serialize::InputArchive& a) const {
     if constexpr (SavesState<Scheduler>) {
-      if constexpr (requires(torch::serialize::InputArchive& i) { s_->sched->check(i); }) {
+      if constexpr (requires(torch::serialize::InputArchive & i) { s_->sched->check(i); }) {
         torch::serialize::InputArchive inner;
         a.read("scheduler", inner);
         s_->sched->check(inner);
@@ -223,8 +230,9 @@ class AcceleratedScheduler {
     c10::IValue v;
     a.read(key, v);
     if (!v.isInt() || v.toInt() < 0 || v.toInt() > most)
-      throw InvalidArgument(std::string("scheduler state '") + key + "' is " + (v.isInt() ? std::to_string(v.toInt()) : v.tagKind()) +
-                            ", outside [0, " + std::to_string(most) + "]");
+      throw InvalidArgument(std::string("scheduler state '") + key + "' is " +
+                            (v.isInt() ? std::to_string(v.toInt()) : v.tagKind()) + ", outside [0, " +
+                            std::to_string(most) + "]");
     return v.toInt();
   }
   // [accelerate:scheduler.py AcceleratedScheduler.step]
@@ -246,7 +254,10 @@ class AcceleratedScheduler {
           for (int i = 0, n = per_process ? s.opt.num_processes : 1; i < n; ++i) {
             // Accelerate's special case for OneCycleLR when the loader's length was not a multiple of the
             // processes: the N steps stop at total_steps instead of raising.
-            if constexpr (requires { s.sched->total_steps(); s.sched->step_count(); }) {
+            if constexpr (requires {
+                            s.sched->total_steps();
+                            s.sched->step_count();
+                          }) {
               if (per_process && s.sched->step_count() > s.sched->total_steps()) continue;
             }
             once();

@@ -9,8 +9,8 @@
 //! optimizer and scheduler wrappers read. `allow_sync()` adds `sync_each_batch` (reduce every batch, step every
 //! `steps`), for the model's no_sync.
 
-#include <accel/state/gradient_state.hpp>
 #include <accel/error.hpp>
+#include <accel/state/gradient_state.hpp>
 
 #include <cstdint>
 #include <string>
@@ -18,16 +18,17 @@
 namespace accel {
 
 struct AccumulationOptions {
-  int steps = 1;                    //!< gradient_accumulation_steps
-  bool sync_with_dataloader = true; //!< force a sync (and a counter reset) on the loader's last batch
-  bool sync_each_batch = false;     //!< all-reduce every batch even when not stepping (memory over speed)
+  int steps = 1;                     //!< gradient_accumulation_steps
+  bool sync_with_dataloader = true;  //!< force a sync (and a counter reset) on the loader's last batch
+  bool sync_each_batch = false;      //!< all-reduce every batch even when not stepping (memory over speed)
 };
 
 // [accelerate:accelerator.py Accelerator._do_sync / accumulate]
 class Accumulation {
  public:
   explicit Accumulation(AccumulationOptions o = {}) : opt_(o) {
-    detail::require(o.steps >= 1, "accel: gradient_accumulation_steps must be at least 1 (got " + std::to_string(o.steps) + ")");
+    detail::require(o.steps >= 1,
+                    "accel: gradient_accumulation_steps must be at least 1 (got " + std::to_string(o.steps) + ")");
   }
   //! Decides whether this step syncs; returns the decision.
   bool begin_step(GradientState& gs = GradientState::instance()) {

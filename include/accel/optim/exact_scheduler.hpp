@@ -31,7 +31,6 @@
 #include <utility>
 #include <vector>
 
-
 namespace accel {
 
 namespace detail {
@@ -134,7 +133,7 @@ class StateIO {
   void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
   //! A number within `b` (NaN is never within).
   template <class T>
-    requires std::same_as<T, std::int64_t> || std::same_as<T, double>
+  requires std::same_as<T, std::int64_t> || std::same_as<T, double>
   void operator()(const std::string& key, T& v, Bounds<T> b) {
     T x = v;
     (*this)(key, x);
@@ -151,15 +150,16 @@ class StateIO {
     std::vector<T> x = v;
     (*this)(key, x);
     if (x.size() != count)
-      throw InvalidArgument("scheduler state '" + key + "' has " + std::to_string(x.size()) + " values, this scheduler " +
-                            std::to_string(count) + " (one per parameter group, or per scheduler)");
+      throw InvalidArgument("scheduler state '" + key + "' has " + std::to_string(x.size()) +
+                            " values, this scheduler " + std::to_string(count) +
+                            " (one per parameter group, or per scheduler)");
     for (const auto e : x)
       if (!std::isfinite(double(e))) throw InvalidArgument("scheduler state '" + key + "' holds " + text(e));
     v = std::move(x);
   }
   //! A two-valued enum, kept as the bool `v == when_true`.
   template <class E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void operator()(const std::string& key, E& v, E when_true, E when_false) {
     bool b = v == when_true;
     (*this)(key, b);
@@ -275,10 +275,11 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
       initial_ = detail::InitialLrs::of(opt, overwrite ? &*overwrite : nullptr);
     } else {
       initial_ = detail::InitialLrs::find(opt);
-      detail::require(initial_ && initial_->size() == opt.param_groups().size(),
-              "accel: a scheduler resumed with last_epoch >= 0 needs the groups' initial rates, which a scheduler "
-              "built on this optimizer with last_epoch = -1 sets (PyTorch's 'initial_lr' KeyError); to resume, "
-              "build with -1 and load() the saved state");
+      detail::require(
+          initial_ && initial_->size() == opt.param_groups().size(),
+          "accel: a scheduler resumed with last_epoch >= 0 needs the groups' initial rates, which a scheduler "
+          "built on this optimizer with last_epoch = -1 sets (PyTorch's 'initial_lr' KeyError); to resume, "
+          "build with -1 and load() the saved state");
     }
     base_lrs_ = *initial_;
     last_epoch_ = last_epoch;
@@ -348,6 +349,5 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
     return last_lr_;
   }
 };
-
 
 }  // namespace accel

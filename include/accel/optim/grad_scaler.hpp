@@ -29,17 +29,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string>
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace accel {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;      //!< 2^16, PyTorch's default
+  double init_scale = 65536.0;  //!< 2^16, PyTorch's default
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   std::int64_t growth_interval = 2000;
@@ -48,21 +48,28 @@ struct GradScalerOptions {
 // [torch:amp/grad_scaler.py GradScaler]
 class GradScaler {
  public:
-  explicit GradScaler(c10::Device device, comm::Communicator* comm = nullptr, GradScalerOptions o = {}) : comm_(comm), opt_(o) {
-    detail::require(o.init_scale > 0 && o.growth_factor > 1.0 && o.backoff_factor > 0 && o.backoff_factor < 1.0 && o.growth_interval >= 1,
-                    "accel::GradScaler: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1");
+  explicit GradScaler(c10::Device device, comm::Communicator* comm = nullptr, GradScalerOptions o = {})
+      : comm_(comm), opt_(o) {
+    detail::require(
+        o.init_scale > 0 && o.growth_factor > 1.0 && o.backoff_factor > 0 && o.backoff_factor < 1.0 &&
+            o.growth_interval >= 1,
+        "accel::GradScaler: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1");
     scale_ = at::full({1}, o.init_scale, at::TensorOptions().dtype(at::kFloat).device(device));
     growth_tracker_ = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
   }
 
   //! The loss times the current scale (same dtype as the loss).
-  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const { return loss * scale_.to(loss.device(), /*non_blocking=*/true); }
+  [[nodiscard]] at::Tensor scale(const at::Tensor& loss) const {
+    return loss * scale_.to(loss.device(), /*non_blocking=*/true);
+  }
 
   //! Divides the optimizer's gradients by the scale and records inf/NaN (summed across processes).
   void unscale_(torch::optim::Optimizer& optimizer) {
     auto& st = per_optimizer_[&optimizer];
-    detail::require(!st.unscaled, "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
-                                  "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
+    detail::require(
+        !st.unscaled,
+        "accel::GradScaler: unscale_() was already called on this optimizer since the last update(); "
+        "call clip_grad_norm_ or clip_grad_value_ (each unscales) at most once per step, on synchronising steps only");
     detail::require(!st.stepped, "accel::GradScaler: unscale_() after step(); unscale before stepping");
     const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
     at::Tensor found = at::zeros({1}, scale_.options());
@@ -71,9 +78,10 @@ class GradScaler {
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        detail::require(p.grad().scalar_type() != at::kHalf,
-                        "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
-                        "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
+        detail::require(
+            p.grad().scalar_type() != at::kHalf,
+            "accel::GradScaler: a parameter has fp16 gradients; keep the model's parameters in fp32 and run the "
+            "forward pass under autocast (fp16 master weights cannot be unscaled safely)");
         detail::require(!p.grad().is_sparse(), "accel::GradScaler: sparse gradients are not supported");
         auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
           return e.first.device() == p.grad().device() && e.first.scalar_type() == p.grad().scalar_type();
@@ -105,7 +113,8 @@ class GradScaler {
   template <class StepFn>
   bool step(torch::optim::Optimizer& optimizer, StepFn&& step_fn) {
     auto& st = per_optimizer_[&optimizer];
-    detail::require(!st.stepped, "accel::GradScaler: step() was already called on this optimizer since the last update()");
+    detail::require(!st.stepped,
+                    "accel::GradScaler: step() was already called on this optimizer since the last update()");
     if (!st.unscaled) unscale_(optimizer);
     st.stepped = true;
     if (st.found_inf.item<float>() != 0.0f) return false;
@@ -117,9 +126,12 @@ class GradScaler {
   void update() {
     at::Tensor found;
     for (auto& [opt, st] : per_optimizer_)
-      if (st.found_inf.defined()) found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
-    detail::require(found.defined(), "accel::GradScaler: update() without an unscale_() or step() since the last update()");
-    at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval);
+      if (st.found_inf.defined())
+        found = found.defined() ? found + st.found_inf.to(scale_.device()) : st.found_inf.to(scale_.device());
+    detail::require(found.defined(),
+                    "accel::GradScaler: update() without an unscale_() or step() since the last update()");
+    at::_amp_update_scale_(scale_, growth_tracker_, found, opt_.growth_factor, opt_.backoff_factor,
+                           opt_.growth_interval);
     per_optimizer_.clear();
   }
 
@@ -148,11 +160,13 @@ class GradScaler {
     a.read("scale", s);
     a.read("growth_tracker", g);
     if (s.numel() != 1 || s.scalar_type() != at::kFloat || !std::isfinite(s.item<float>()) || !(s.item<float>() > 0))
-      throw InvalidArgument("scaler state 'scale' is " + c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
+      throw InvalidArgument("scaler state 'scale' is " + c10::str(s.sizes()) + " " +
+                            std::string(c10::toString(s.scalar_type())) +
                             (s.numel() == 1 ? " of " + std::to_string(s.item<double>()) : std::string()) +
                             " (one finite positive float)");
     if (g.numel() != 1 || g.scalar_type() != at::kInt || g.item<int>() < 0)
-      throw InvalidArgument("scaler state 'growth_tracker' is " + c10::str(g.sizes()) + " " + std::string(c10::toString(g.scalar_type())) +
+      throw InvalidArgument("scaler state 'growth_tracker' is " + c10::str(g.sizes()) + " " +
+                            std::string(c10::toString(g.scalar_type())) +
                             (g.numel() == 1 ? " of " + std::to_string(g.item<double>()) : std::string()) +
                             " (one integer, 0 or more: the good steps since the scale last changed)");
   }
@@ -167,8 +181,5 @@ class GradScaler {
   at::Tensor scale_, growth_tracker_;
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
 };
-
-
-
 
 }  // namespace accel

@@ -29,7 +29,7 @@ class OneCycleLR : public ExactScheduler {
   OneCycleLR(torch::optim::Optimizer& opt, const std::vector<double>& max_lr, OneCycleOptions o = {})
       : ExactScheduler(opt, -1, initial_of(opt, max_lr, o)), o_(std::move(o)) {
     detail::require(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
-            "accel::OneCycleLR: set total_steps, or epochs and steps_per_epoch (all positive)");
+                    "accel::OneCycleLR: set total_steps, or epochs and steps_per_epoch (all positive)");
     if (o_.total_steps <= 0) o_.total_steps = o_.epochs * o_.steps_per_epoch;
     detail::require(o_.pct_start >= 0 && o_.pct_start <= 1, "accel::OneCycleLR: pct_start must be in [0, 1]");
     const auto n = opt.param_groups().size();
@@ -37,9 +37,10 @@ class OneCycleLR : public ExactScheduler {
     for (std::size_t i = 0; i < n; ++i) min_lrs_.push_back(base_lrs_[i] / o_.final_div_factor);
     phases_ = make_phases();
     if (o_.cycle_momentum) {
-      detail::require(detail::momentum_slot(opt.defaults()) != nullptr,
-              "accel::OneCycleLR: cycle_momentum needs an optimizer with momentum or betas (SGD, RMSprop, Adam, "
-              "AdamW); pass cycle_momentum = false");
+      detail::require(
+          detail::momentum_slot(opt.defaults()) != nullptr,
+          "accel::OneCycleLR: cycle_momentum needs an optimizer with momentum or betas (SGD, RMSprop, Adam, "
+          "AdamW); pass cycle_momentum = false");
       max_m_ = detail::per_group(o_.max_momentum, n, "max_momentum");
       base_m_ = detail::per_group(o_.base_momentum, n, "base_momentum");
       for (std::size_t i = 0; i < n; ++i) momentum(opt.param_groups()[i].options()) = max_m_[i];
@@ -63,8 +64,7 @@ class OneCycleLR : public ExactScheduler {
     std::vector<double> lrs;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       lrs.push_back(anneal((this->*p->start_lr)[g], (this->*p->end_lr)[g], pct));
-      if (o_.cycle_momentum)
-        momentum(groups[g].options()) = anneal((this->*p->start_m)[g], (this->*p->end_m)[g], pct);
+      if (o_.cycle_momentum) momentum(groups[g].options()) = anneal((this->*p->start_m)[g], (this->*p->end_m)[g], pct);
     }
     return lrs;
   }

@@ -108,8 +108,8 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
     auto& groups = opt_.param_groups();
     if (groups.size() != min_lrs_.size()) {
       detail::require(default_min_lr_.has_value(),
-              "accel::ReduceLROnPlateau: the optimizer has " + std::to_string(groups.size()) +
-                  " parameter groups, min_lr was given for " + std::to_string(min_lrs_.size()));
+                      "accel::ReduceLROnPlateau: the optimizer has " + std::to_string(groups.size()) +
+                          " parameter groups, min_lr was given for " + std::to_string(min_lrs_.size()));
       min_lrs_.assign(groups.size(), *default_min_lr_);
     }
     for (std::size_t i = 0; i < groups.size(); ++i) {

@@ -17,13 +17,14 @@
 //! | `ExponentialLR(opt, gamma)`         | `lr_scheduler.ExponentialLR`                                  |
 //! | `LinearLR(opt, start, end, total_iters)` | `lr_scheduler.LinearLR`                                  |
 //! | `CosineAnnealingLR(opt, T_max, eta_min)` | `lr_scheduler.CosineAnnealingLR`                         |
-//! | `OneCycleLR(opt, max_lr, {...})`    | `lr_scheduler.OneCycleLR`: cos/linear, `three_phase`, `cycle_momentum` (SGD/RMSprop momentum, Adam/AdamW beta1) |
-//! | `LambdaLR(opt, fn)` / `LambdaLR(opt, {fn0, fn1})` | `lr_scheduler.LambdaLR`                         |
-//! | `SequentialLR(opt, {s0, s1}, milestones)` | `lr_scheduler.SequentialLR` (a later scheduler restarts at its milestone from its closed form) |
-//! | `ReduceLROnPlateau(opt, {...})`, `step(metric)` | `lr_scheduler.ReduceLROnPlateau`                    |
-//! | `linear_schedule_with_warmup(opt, warmup, total)` | `transformers.get_linear_schedule_with_warmup`    |
-//! | `cosine_schedule_with_warmup(opt, warmup, total, cycles)` | `transformers.get_cosine_schedule_with_warmup` |
-//! | `constant_schedule_with_warmup(opt, warmup)` | `transformers.get_constant_schedule_with_warmup`       |
+//! | `OneCycleLR(opt, max_lr, {...})`    | `lr_scheduler.OneCycleLR`: cos/linear, `three_phase`, `cycle_momentum`
+//! (SGD/RMSprop momentum, Adam/AdamW beta1) | | `LambdaLR(opt, fn)` / `LambdaLR(opt, {fn0, fn1})` |
+//! `lr_scheduler.LambdaLR`                         | | `SequentialLR(opt, {s0, s1}, milestones)` |
+//! `lr_scheduler.SequentialLR` (a later scheduler restarts at its milestone from its closed form) | |
+//! `ReduceLROnPlateau(opt, {...})`, `step(metric)` | `lr_scheduler.ReduceLROnPlateau`                    | |
+//! `linear_schedule_with_warmup(opt, warmup, total)` | `transformers.get_linear_schedule_with_warmup`    | |
+//! `cosine_schedule_with_warmup(opt, warmup, total, cycles)` | `transformers.get_cosine_schedule_with_warmup` | |
+//! `constant_schedule_with_warmup(opt, warmup)` | `transformers.get_constant_schedule_with_warmup`       |
 //!
 //! Each derives from `torch::optim::LRScheduler` (so `Accelerator::prepare` takes a `std::shared_ptr` of it as it
 //! takes LibTorch's), and `save`/`load` its whole state as PyTorch's `state_dict` does; `save_state` uses them. The
@@ -33,7 +34,6 @@
 //! auto adamw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(3e-4));
 //! auto [model, opt, sched] = acc.prepare(net, adamw, accel::linear_schedule_with_warmup(*adamw, 100, 2000));
 //! ```
-
 
 #include <accel/detail/linkage.hpp>
 #include <accel/optim/exact_scheduler.hpp>
@@ -143,13 +143,11 @@ class LinearLR : public ExactScheduler {
     if (last_epoch_ == 0) return detail::scaled(get_current_lrs(), start_);
     if (is_initial_ || last_epoch_ > total_) return get_current_lrs();
     // The same parenthesisation as PyTorch's: the factor first, then the product.
-    const double f =
-        1.0 + (end_ - start_) / (double(total_) * start_ + double(last_epoch_ - 1) * (end_ - start_));
+    const double f = 1.0 + (end_ - start_) / (double(total_) * start_ + double(last_epoch_ - 1) * (end_ - start_));
     return detail::scaled(get_current_lrs(), f);
   }
   [[nodiscard]] std::optional<std::vector<double>> closed_form_lr() const override {
-    return detail::scaled(base_lrs_,
-                          start_ + (end_ - start_) * double(std::min(total_, last_epoch_)) / double(total_));
+    return detail::scaled(base_lrs_, start_ + (end_ - start_) * double(std::min(total_, last_epoch_)) / double(total_));
   }
   void fields(detail::StateIO& io) override {
     ExactScheduler::fields(io);
@@ -222,8 +220,8 @@ class LambdaLR : public ExactScheduler {
   LambdaLR(torch::optim::Optimizer& opt, std::vector<Fn> fns, std::int64_t last_epoch = -1)
       : ExactScheduler(opt, last_epoch), fns_(std::move(fns)) {
     detail::require(fns_.size() == opt.param_groups().size(),
-            "accel::LambdaLR: expected " + std::to_string(opt.param_groups().size()) +
-                " functions (one per group), got " + std::to_string(fns_.size()));
+                    "accel::LambdaLR: expected " + std::to_string(opt.param_groups().size()) +
+                        " functions (one per group), got " + std::to_string(fns_.size()));
     initial_step();
   }
 
@@ -251,11 +249,12 @@ class SequentialLR : public ExactScheduler {
     detail::require(!subs_.empty(), "accel::SequentialLR expects at least one scheduler, but got no scheduler");
     for (std::size_t i = 0; i < subs_.size(); ++i)
       detail::require(subs_[i] && &subs_[i]->optimizer() == &opt,
-              "accel::SequentialLR expects all schedulers to belong to the same optimizer; scheduler " +
-                  std::to_string(i) + " does not");
+                      "accel::SequentialLR expects all schedulers to belong to the same optimizer; scheduler " +
+                          std::to_string(i) + " does not");
     detail::require(milestones_.size() + 1 == subs_.size(),
-            "accel::SequentialLR expects one milestone fewer than schedulers, got " + std::to_string(subs_.size()) +
-                " schedulers and " + std::to_string(milestones_.size()) + " milestones");
+                    "accel::SequentialLR expects one milestone fewer than schedulers, got " +
+                        std::to_string(subs_.size()) + " schedulers and " + std::to_string(milestones_.size()) +
+                        " milestones");
     initial_ = detail::InitialLrs::find(opt);
     detail::require(initial_ != nullptr, "accel::SequentialLR: the optimizer's initial rates are unknown");
     last_epoch_ = 0;
@@ -265,7 +264,6 @@ class SequentialLR : public ExactScheduler {
     last_lr_ = subs_[index(0)]->get_last_lr();
   }
   [[nodiscard]] const std::vector<std::shared_ptr<ExactScheduler>>& schedulers() const noexcept { return subs_; }
-
 
  protected:
   //! Its own epoch, milestones and last rates, and each scheduler's state (PyTorch's `_schedulers`).
@@ -279,13 +277,16 @@ class SequentialLR : public ExactScheduler {
     ++last_epoch_;
     const auto i = index(last_epoch_);
     auto& s = *subs_[i];
-    if (i > 0 && milestones_[i - 1] == last_epoch_) s.update_lr(0);
-    else s.step();
+    if (i > 0 && milestones_[i - 1] == last_epoch_)
+      s.update_lr(0);
+    else
+      s.step();
     last_lr_ = s.get_last_lr();
   }
   std::vector<double> get_lr() override {
-    throw InvalidArgument("accel::SequentialLR has no get_lr() (PyTorch's raises NotImplementedError): a "
-                          "SequentialLR cannot follow another scheduler in a SequentialLR");
+    throw InvalidArgument(
+        "accel::SequentialLR has no get_lr() (PyTorch's raises NotImplementedError): a "
+        "SequentialLR cannot follow another scheduler in a SequentialLR");
   }
   void undo_initial_step() override {
     for (auto& s : subs_) s->undo_initial_step();

@@ -23,30 +23,58 @@ template <class O>
 struct ShardTraits {
   static constexpr bool per_parameter = false;
 };
-template <> struct ShardTraits<torch::optim::SGD> { static constexpr bool per_parameter = true; using Options = torch::optim::SGDOptions; using State = torch::optim::SGDParamState; };
-template <> struct ShardTraits<torch::optim::Adam> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamOptions; using State = torch::optim::AdamParamState; };
-template <> struct ShardTraits<torch::optim::AdamW> { static constexpr bool per_parameter = true; using Options = torch::optim::AdamWOptions; using State = torch::optim::AdamWParamState; };
-template <> struct ShardTraits<torch::optim::RMSprop> { static constexpr bool per_parameter = true; using Options = torch::optim::RMSpropOptions; using State = torch::optim::RMSpropParamState; };
-template <> struct ShardTraits<torch::optim::Adagrad> { static constexpr bool per_parameter = true; using Options = torch::optim::AdagradOptions; using State = torch::optim::AdagradParamState; };
+template <>
+struct ShardTraits<torch::optim::SGD> {
+  static constexpr bool per_parameter = true;
+  using Options = torch::optim::SGDOptions;
+  using State = torch::optim::SGDParamState;
+};
+template <>
+struct ShardTraits<torch::optim::Adam> {
+  static constexpr bool per_parameter = true;
+  using Options = torch::optim::AdamOptions;
+  using State = torch::optim::AdamParamState;
+};
+template <>
+struct ShardTraits<torch::optim::AdamW> {
+  static constexpr bool per_parameter = true;
+  using Options = torch::optim::AdamWOptions;
+  using State = torch::optim::AdamWParamState;
+};
+template <>
+struct ShardTraits<torch::optim::RMSprop> {
+  static constexpr bool per_parameter = true;
+  using Options = torch::optim::RMSpropOptions;
+  using State = torch::optim::RMSpropParamState;
+};
+template <>
+struct ShardTraits<torch::optim::Adagrad> {
+  static constexpr bool per_parameter = true;
+  using Options = torch::optim::AdagradOptions;
+  using State = torch::optim::AdagradParamState;
+};
 
 namespace detail {
 // Each tensor of a per-parameter state as (value, setter), in a fixed order; and its step count.
-template <class F> void state_tensors(torch::optim::SGDParamState& s, F&& f) {
+template <class F>
+void state_tensors(torch::optim::SGDParamState& s, F&& f) {
   f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
 }
 template <class S, class F>
-  requires std::is_same_v<S, torch::optim::AdamParamState> || std::is_same_v<S, torch::optim::AdamWParamState>
+requires std::is_same_v<S, torch::optim::AdamParamState> || std::is_same_v<S, torch::optim::AdamWParamState>
 void state_tensors(S& s, F&& f) {
   f(s.exp_avg(), [&](at::Tensor t) { s.exp_avg(std::move(t)); });
   f(s.exp_avg_sq(), [&](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
   f(s.max_exp_avg_sq(), [&](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
 }
-template <class F> void state_tensors(torch::optim::RMSpropParamState& s, F&& f) {
+template <class F>
+void state_tensors(torch::optim::RMSpropParamState& s, F&& f) {
   f(s.square_avg(), [&](at::Tensor t) { s.square_avg(std::move(t)); });
   f(s.momentum_buffer(), [&](at::Tensor t) { s.momentum_buffer(std::move(t)); });
   f(s.grad_avg(), [&](at::Tensor t) { s.grad_avg(std::move(t)); });
 }
-template <class F> void state_tensors(torch::optim::AdagradParamState& s, F&& f) {
+template <class F>
+void state_tensors(torch::optim::AdagradParamState& s, F&& f) {
   f(s.sum(), [&](at::Tensor t) { s.sum(std::move(t)); });
 }
 //! How many tensors `state_tensors` visits for state type `S`.
@@ -59,8 +87,14 @@ std::int64_t state_tensor_count() {
 }
 inline std::int64_t state_step(const torch::optim::SGDParamState&) { return 0; }
 inline void set_state_step(torch::optim::SGDParamState&, std::int64_t) {}
-template <class S> std::int64_t state_step(const S& s) { return s.step(); }
-template <class S> void set_state_step(S& s, std::int64_t n) { s.step(n); }
+template <class S>
+std::int64_t state_step(const S& s) {
+  return s.step();
+}
+template <class S>
+void set_state_step(S& s, std::int64_t n) {
+  s.step(n);
+}
 }  // namespace detail
 
 template <class O>
@@ -75,11 +109,16 @@ inline std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& o) {
   auto each = [&](const at::Tensor& t, auto&&) { add(t); };
   for (const auto& [key, s] : o.state()) {
     (void)key;
-    if (auto* x = dynamic_cast<torch::optim::SGDParamState*>(s.get())) detail::state_tensors(*x, each);
-    else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) detail::state_tensors(*a, each);
-    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s.get())) detail::state_tensors(*w, each);
-    else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s.get())) detail::state_tensors(*r, each);
-    else if (auto* g = dynamic_cast<torch::optim::AdagradParamState*>(s.get())) detail::state_tensors(*g, each);
+    if (auto* x = dynamic_cast<torch::optim::SGDParamState*>(s.get()))
+      detail::state_tensors(*x, each);
+    else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get()))
+      detail::state_tensors(*a, each);
+    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s.get()))
+      detail::state_tensors(*w, each);
+    else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s.get()))
+      detail::state_tensors(*r, each);
+    else if (auto* g = dynamic_cast<torch::optim::AdagradParamState*>(s.get()))
+      detail::state_tensors(*g, each);
   }
   return n;
 }

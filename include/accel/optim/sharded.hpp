@@ -51,23 +51,31 @@ namespace accel {
 class ShardedOptimizer {
  public:
   //! Builds the inner optimizer over the shards' parameter groups.
-  using Factory = std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
+  using Factory =
+      std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
 
   //! Shards `user` (of a type with `ShardTraits`) across `comm`'s processes (nullptr: one process).
   //! `stage` 1 shards the optimizer state, 2 the gradients too.
   template <ShardableOptimizer O>
   ShardedOptimizer(std::shared_ptr<O> user, comm::Communicator* comm, int stage = 1)
-      : ShardedOptimizer(user, comm, [raw = user.get()](std::vector<torch::optim::OptimizerParamGroup> groups) {
-          return std::make_shared<O>(std::move(groups), static_cast<const typename ShardTraits<O>::Options&>(raw->defaults()));
-        }, stage) {
+      : ShardedOptimizer(
+            user, comm,
+            [raw = user.get()](std::vector<torch::optim::OptimizerParamGroup> groups) {
+              return std::make_shared<O>(std::move(groups),
+                                         static_cast<const typename ShardTraits<O>::Options&>(raw->defaults()));
+            },
+            stage) {
     consolidate_ = [this](int to) { consolidate_as<typename ShardTraits<O>::State>(to); };
-    reshard_ = [this](std::vector<torch::serialize::InputArchive>& parts) { reshard_as<typename ShardTraits<O>::State>(parts); };
+    reshard_ = [this](std::vector<torch::serialize::InputArchive>& parts) {
+      reshard_as<typename ShardTraits<O>::State>(parts);
+    };
   }
   ShardedOptimizer(const ShardedOptimizer&) = delete;  // consolidate_ refers to this object
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
   ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make, int stage = 1)
       : user_(std::move(user)), comm_(comm), make_(std::move(make)), stage_(stage) {
-    detail::require(stage == 1 || stage == 2, "accel::ShardedOptimizer: the ZeRO stage is 1 or 2, not " + std::to_string(stage));
+    detail::require(stage == 1 || stage == 2,
+                    "accel::ShardedOptimizer: the ZeRO stage is 1 or 2, not " + std::to_string(stage));
   }
 
   //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
@@ -98,7 +106,6 @@ class ShardedOptimizer {
   ACCEL_DECL void take_gradients();
 
  public:
-
   //! Every rank's partition of the parameters into the flat buffer (after a step; after loading a checkpoint).
   void gather() {
     if (processes() > 1) {
@@ -137,8 +144,9 @@ class ShardedOptimizer {
   //! saved rank k's archive, every one of them): each state tensor is cut anew at this job's partition bounds.
   //! `check_resharded` first (the archives are read, nothing is checked here).
   void load_resharded(std::vector<torch::serialize::InputArchive>& parts) {
-    detail::require(bool(reshard_), "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
-                                    "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
+    detail::require(bool(reshard_),
+                    "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
+                    "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
     reshard_(parts);
     rebind();
   }
@@ -154,7 +162,9 @@ class ShardedOptimizer {
   void rebind() {
     c10::AutoGradMode no_grad(false);
     for (const auto& s : slots_)
-      if (!s.param.storage().is_alias_of(flat_.storage()) || s.param.storage_offset() != flat_.storage_offset() + s.offset) bind(s);
+      if (!s.param.storage().is_alias_of(flat_.storage()) ||
+          s.param.storage_offset() != flat_.storage_offset() + s.offset)
+        bind(s);
   }
 
  private:

@@ -14,7 +14,8 @@ void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& p
   c10::AutoGradMode no_grad(false);
   const std::int64_t n = std::int64_t(parts.size()), old_part = (total_ + n - 1) / n, G = std::int64_t(shards_.size());
   const std::int64_t F = detail::state_tensor_count<S>();
-  std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(G), std::vector<at::Tensor>(static_cast<std::size_t>(F)));
+  std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(G),
+                                              std::vector<at::Tensor>(static_cast<std::size_t>(F)));
   std::vector<std::int64_t> steps(static_cast<std::size_t>(G), -1);  // -1: no saved state for the group's new shard
   for (std::int64_t k = 0; k < n; ++k) {
     std::vector<torch::optim::OptimizerParamGroup> groups;

@@ -103,11 +103,13 @@ inline std::string tensor_problem(const char* name, const at::Tensor& t, const a
   const bool shape = numel ? (t.dim() == 1 && t.numel() == *numel) : t.sizes().equals(p.sizes());
   if (shape && t.scalar_type() == p.scalar_type() && t.device().type() == p.device().type()) {
     if (t.is_non_overlapping_and_dense()) return {};
-    return std::string("'") + name + "' has strides " + c10::str(t.strides()) + ", whose elements overlap or leave gaps";
+    return std::string("'") + name + "' has strides " + c10::str(t.strides()) +
+           ", whose elements overlap or leave gaps";
   }
   std::ostringstream s;
-  s << "'" << name << "' is " << t.sizes() << " " << t.scalar_type() << " on " << t.device().type() << ", the parameter's is "
-    << (numel ? "[" + std::to_string(*numel) + "]" : c10::str(p.sizes())) << " " << p.scalar_type() << " on " << p.device().type();
+  s << "'" << name << "' is " << t.sizes() << " " << t.scalar_type() << " on " << t.device().type()
+    << ", the parameter's is " << (numel ? "[" + std::to_string(*numel) + "]" : c10::str(p.sizes())) << " "
+    << p.scalar_type() << " on " << p.device().type();
   return s.str();
 }
 inline std::string counter_problem(const char* name, std::int64_t v) {
@@ -115,8 +117,8 @@ inline std::string counter_problem(const char* name, std::int64_t v) {
 }
 
 // The state of parameter `p` (of a group with options `o`), as its optimizer's step reads it.
-inline std::string param_state_problem(const torch::optim::OptimizerParamState& state, const torch::optim::OptimizerOptions& o,
-                                       const at::Tensor& p) {
+inline std::string param_state_problem(const torch::optim::OptimizerParamState& state,
+                                       const torch::optim::OptimizerOptions& o, const at::Tensor& p) {
   std::string out;
   auto first = [&](std::string s) {
     if (out.empty()) out = std::move(s);

@@ -34,7 +34,8 @@ class BatchSamplerSource {
     const auto batches = k.sampler_batches();
     for (int r = 0; r < k.ctx.num_processes; ++r) shards_.push_back(shard(*batches, k.spec(r), k.start));
     for (const auto& rank_batches : shards_) {
-      const auto left = std::int64_t(rank_batches.size()) - std::min<std::int64_t>(k.skip, std::int64_t(rank_batches.size()));
+      const auto left =
+          std::int64_t(rank_batches.size()) - std::min<std::int64_t>(k.skip, std::int64_t(rank_batches.size()));
       steps_ = std::max(steps_, left);
     }
     for (int r = 0; r < int(shards_.size()) && steps_ > 0; ++r)
@@ -60,7 +61,11 @@ class BatchSamplerSource {
       layout.size.push_back(has ? std::int64_t(rank_batches[std::size_t(j)].indices.size()) : 0);
       layout.real.push_back(has ? rank_batches[std::size_t(j)].real : 0);
     }
-    return {.end_of_dataloader = q + 1 == count(), .batch = q, .direct = std::move(layout), .steps = steps(), .starved = starved_};
+    return {.end_of_dataloader = q + 1 == count(),
+            .batch = q,
+            .direct = std::move(layout),
+            .steps = steps(),
+            .starved = starved_};
   }
   [[nodiscard]] static std::size_t size(Core& k) {
     const auto count = shard(*k.sampler_batches(), k.spec(k.ctx.process_index), k.start).size();
@@ -77,8 +82,8 @@ class BatchSamplerSource {
   }
 
  private:
-  static std::vector<data::ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
-                                       std::int64_t start) {
+  static std::vector<data::ShardBatch> shard(const std::vector<std::vector<std::int64_t>>& batches,
+                                             const plan::ShardSpec& spec, std::int64_t start) {
     if (start > 0) return shard_from(batches, spec, start);
     std::vector<data::ShardBatch> out;
     for (const auto& b : data::BatchSamplerShard(batches, spec)) out.push_back(b);
@@ -91,16 +96,19 @@ class BatchSamplerSource {
   //! whole rounds only under `drop_last`; an incomplete last round is evened out (`even_batches`) with the epoch's
   //! first round, batch after batch, as `BatchSamplerShard` pads (and as after `skip_first_batches`). With
   //! `start = k * N` these are the shard's batches without its first `k`.
-  static std::vector<data::ShardBatch> shard_from(const std::vector<std::vector<std::int64_t>>& batches, const plan::ShardSpec& spec,
-                                            std::int64_t start) {
-    const auto L = std::int64_t(batches.size()), N = std::int64_t(spec.num_processes), r = std::int64_t(spec.process_index);
-    accel::detail::require(start >= 0 && start <= L, "accel: an epoch of " + std::to_string(L) + " sampler batches cannot start at batch " +
-                                                         std::to_string(start) + "; the start must be in [0, " + std::to_string(L) + "]");
+  static std::vector<data::ShardBatch> shard_from(const std::vector<std::vector<std::int64_t>>& batches,
+                                                  const plan::ShardSpec& spec, std::int64_t start) {
+    const auto L = std::int64_t(batches.size()), N = std::int64_t(spec.num_processes),
+               r = std::int64_t(spec.process_index);
+    accel::detail::require(start >= 0 && start <= L,
+                           "accel: an epoch of " + std::to_string(L) + " sampler batches cannot start at batch " +
+                               std::to_string(start) + "; the start must be in [0, " + std::to_string(L) + "]");
     const std::int64_t rest = L - start, rounds = spec.drop_last ? rest / N : (rest + N - 1) / N;
     std::vector<data::ShardBatch> out;
     for (std::int64_t j = 0; j < rounds; ++j) {
       const std::int64_t b = start + j * N + r;
-      if (b < L) out.push_back({batches[std::size_t(b)], std::int64_t(batches[std::size_t(b)].size())});
+      if (b < L)
+        out.push_back({batches[std::size_t(b)], std::int64_t(batches[std::size_t(b)].size())});
       else if (spec.even_batches) {  // padding: the epoch's first round, cycled
         const std::int64_t pool = std::min(N, L), c = b - L;
         out.push_back({batches[std::size_t(c % pool)], 0});
@@ -110,12 +118,11 @@ class BatchSamplerSource {
   }
 
  private:
-
   std::shared_ptr<Core> core_;
   std::vector<std::vector<data::ShardBatch>> shards_;  // every rank's batches of the epoch
-  std::int64_t first_ = 0;                        // batches skipped
-  std::int64_t steps_ = 0;                        // the longest rank's steps
-  int starved_ = -1;                              // a rank without any batch while others have some
+  std::int64_t first_ = 0;                             // batches skipped
+  std::int64_t steps_ = 0;                             // the longest rank's steps
+  int starved_ = -1;                                   // a rank without any batch while others have some
 };
 
 }  // namespace accel::pipeline

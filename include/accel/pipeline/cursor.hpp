@@ -36,13 +36,15 @@ struct Cursor {
   using Batch = typename Core::Batch;
 
   Cursor(const std::shared_ptr<Core>& c, std::shared_ptr<const Transport> t)
-      : core(c), transport(std::move(t)), registration(core->publish ? &GradientState::instance() : nullptr), source(core) {
-    prefetcher.emplace(source.count(), core->options.workers, core->options.prefetch,
-                       [this](std::int64_t q) {
-                         auto f = source.produce(q);
-                         if (f) transport->pack(*core, *f);  // on the worker, ahead of the loop
-                         return f;
-                       });
+      : core(c),
+        transport(std::move(t)),
+        registration(core->publish ? &GradientState::instance() : nullptr),
+        source(core) {
+    prefetcher.emplace(source.count(), core->options.workers, core->options.prefetch, [this](std::int64_t q) {
+      auto f = source.produce(q);
+      if (f) transport->pack(*core, *f);  // on the worker, ahead of the loop
+      return f;
+    });
     if constexpr (requires { source.steps(); })  // this rank runs out first: Note [Joined steps]
       if (missing() > 0) {
         std::vector<GradientState::LoaderView> views;
@@ -69,8 +71,10 @@ struct Cursor {
   }
   // Steps the longest rank runs beyond this one's batches (uneven tails).
   [[nodiscard]] std::int64_t missing() const {
-    if constexpr (requires { source.steps(); }) return core->publish ? source.steps() - source.count() : 0;
-    else return 0;
+    if constexpr (requires { source.steps(); })
+      return core->publish ? source.steps() - source.count() : 0;
+    else
+      return 0;
   }
   // This rank's batches are over: take part in the steps the others still run (Note [Joined steps] in
   // gradient_state.hpp), with nothing of its own.

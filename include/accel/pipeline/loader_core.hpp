@@ -61,7 +61,7 @@ struct BatchSite {
   std::int64_t step, epoch;
   int rank;
   std::optional<std::int64_t> first_sample = std::nullopt;  // a map-style batch's first index
-  bool stream = false;                                       // a stream's batch or step
+  bool stream = false;                                      // a stream's batch or step
 };
 //! `make()`, with a failure rethrown as an `Error` naming `site`, followed by the original message's first line.
 template <class Make>
@@ -69,8 +69,8 @@ auto at_site(const BatchSite& site, Make&& make) {
   try {
     return make();
   } catch (const std::exception& e) {
-    throw Error("accel: rank " + std::to_string(site.rank) + ": " + site.action + " " + std::to_string(site.step) + " of epoch " +
-                std::to_string(site.epoch) +
+    throw Error("accel: rank " + std::to_string(site.rank) + ": " + site.action + " " + std::to_string(site.step) +
+                " of epoch " + std::to_string(site.epoch) +
                 (site.first_sample ? " (first sample " + std::to_string(*site.first_sample) + ")" : std::string()) +
                 (site.stream ? " of the stream" : "") + " failed: " + first_line(e));
   }
@@ -86,7 +86,8 @@ auto fetch_batch(const Dataset& ds, const Collate& collate, std::span<const std:
 
 template <class Dataset, class Collate>
 struct batch_of {
-  using type = decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
+  using type =
+      decltype(fetch(std::declval<const Dataset&>(), std::declval<const Collate&>(), std::span<const std::int64_t>{}));
 };
 template <data::IterableDataset Dataset, class Collate>
 struct batch_of<Dataset, Collate> {
@@ -109,12 +110,14 @@ struct LoaderCore {
   Collate collate;
   data::DataLoaderOptions options;
   data::PrepareContext ctx;
-  std::shared_ptr<data::ShuffledOrders> orders;  // shuffled loaders (shared by skip_first_batches copies, like the sampler)
-  std::int64_t epoch = 0;                // the epoch the next iteration runs (Accelerate's `iteration`)
-  std::int64_t skip = 0;                 // batches to skip at the start of the next epoch
-  std::int64_t start = 0;                // position of the epoch's order the next (or running) epoch starts at (a resume)
-  std::int64_t drawn_by = 0;             // processes whose rule drew the resumed epoch's order (0: this job's rule)
-  std::int64_t resumed = 0;              // batches of the resumed epoch before `start` (the saved count, or this size's steps to it)
+  std::shared_ptr<data::ShuffledOrders>
+      orders;                 // shuffled loaders (shared by skip_first_batches copies, like the sampler)
+  std::int64_t epoch = 0;     // the epoch the next iteration runs (Accelerate's `iteration`)
+  std::int64_t skip = 0;      // batches to skip at the start of the next epoch
+  std::int64_t start = 0;     // position of the epoch's order the next (or running) epoch starts at (a resume)
+  std::int64_t drawn_by = 0;  // processes whose rule drew the resumed epoch's order (0: this job's rule)
+  std::int64_t resumed =
+      0;  // batches of the resumed epoch before `start` (the saved count, or this size's steps to it)
   std::optional<std::vector<std::uint8_t>> restore;  // generator state to restore at the next epoch start
   bool global_restored_elsewhere = false;
   // The epoch in progress, for state_dict().
@@ -123,18 +126,23 @@ struct LoaderCore {
   std::vector<std::uint8_t> epoch_start_state;
   std::int64_t bytes_received = 0, bytes_broadcast_equivalent = 0;  // dispatched loading's transport
   std::int64_t dispatch_capacity = 0;  // dispatched loading's message size, the same on every rank (transport.hpp)
-  bool publish = true;  // registers with GradientState (prepared loaders do; the user's own loader does not)
+  bool publish = true;             // registers with GradientState (prepared loaders do; the user's own loader does not)
   std::int64_t order_length = -1;  // the user sampler's last epoch length (-1: the dataset's size)
   // A user batch sampler's batches, asked for once per epoch (by `size()` or by the epoch itself).
   std::optional<std::pair<std::int64_t, std::shared_ptr<const std::vector<std::vector<std::int64_t>>>>> sampled;
 
   //! This loader's spec for rank `rank` (the batch sampler's batches vary in size: `plan::varying`).
   [[nodiscard]] plan::ShardSpec spec(int rank) const {
-    return {.batch_size = options.batch_sampler ? plan::varying : options.batch_size, .drop_last = options.drop_last,
-            .num_processes = ctx.num_processes, .process_index = rank, .split_batches = Config::split_batches,
+    return {.batch_size = options.batch_sampler ? plan::varying : options.batch_size,
+            .drop_last = options.drop_last,
+            .num_processes = ctx.num_processes,
+            .process_index = rank,
+            .split_batches = Config::split_batches,
             .even_batches = Config::even_batches};
   }
-  [[nodiscard]] Placement<typename Config::place> placement() const { return Placement<typename Config::place>(ctx.device, options.pin_memory); }
+  [[nodiscard]] Placement<typename Config::place> placement() const {
+    return Placement<typename Config::place>(ctx.device, options.pin_memory);
+  }
 
   //! Rank `rank`'s closed-form plan of an epoch of the current length, from `start` on (empty for an unsized stream).
   [[nodiscard]] plan::BatchPlan plan_of(int rank) const {
@@ -144,7 +152,9 @@ struct LoaderCore {
     else if constexpr (std::ranges::sized_range<const Dataset>)
       return plan::loader_plan(spec(rank), std::int64_t(std::ranges::size(*dataset)),
                                Transport::single_reader ? plan::Loading::dispatched
-                               : ctx.num_processes == 1 ? plan::Loading::sharded : plan::Loading::iterable, start);
+                               : ctx.num_processes == 1 ? plan::Loading::sharded
+                                                        : plan::Loading::iterable,
+                               start);
     else
       return {};
   }
@@ -152,7 +162,7 @@ struct LoaderCore {
   //! The loading path, for the state's description.
   [[nodiscard]] data::LoaderKind kind() const {
     if constexpr (data::MapDataset<Dataset>)
-      return options.batch_sampler     ? data::LoaderKind::batch_sampler
+      return options.batch_sampler      ? data::LoaderKind::batch_sampler
              : Transport::single_reader ? data::LoaderKind::dispatched
                                         : data::LoaderKind::sharded;
     else
@@ -160,15 +170,19 @@ struct LoaderCore {
   }
   //! The dataset's length (-1: a stream of unknown length).
   [[nodiscard]] std::int64_t dataset_length() const {
-    if constexpr (data::MapDataset<Dataset>) return dataset->size();
-    else if constexpr (std::ranges::sized_range<const Dataset>) return std::int64_t(std::ranges::size(*dataset));
-    else return -1;
+    if constexpr (data::MapDataset<Dataset>)
+      return dataset->size();
+    else if constexpr (std::ranges::sized_range<const Dataset>)
+      return std::int64_t(std::ranges::size(*dataset));
+    else
+      return -1;
   }
   //! Units of the epoch's order one step consumes (`LoaderState::position`): the samples of a global batch, or N
   //! whole batches of a user's batch sampler.
   [[nodiscard]] std::int64_t step_units() const {
     return options.batch_sampler ? ctx.num_processes
-                                 : plan::per_step({.batch_size = options.batch_size, .num_processes = ctx.num_processes,
+                                 : plan::per_step({.batch_size = options.batch_size,
+                                                   .num_processes = ctx.num_processes,
                                                    .split_batches = Config::split_batches});
   }
   //! Units of the running (or next) epoch's order, -1 where not known yet (a batch sampler not asked, a stream).
@@ -189,15 +203,19 @@ struct LoaderCore {
   //! a loader of the same path, dataset length and batch size (format-2 states record none of it).
   [[nodiscard]] std::string mismatch(const data::LoaderState& s) const {
     if (s.processes == 0) return {};
-    auto length = [](std::int64_t n) { return n < 0 ? std::string("a stream of unknown length") : std::to_string(n) + " samples"; };
+    auto length = [](std::int64_t n) {
+      return n < 0 ? std::string("a stream of unknown length") : std::to_string(n) + " samples";
+    };
     if (s.kind != std::int64_t(kind()))
       return "was saved by " + data::kind_name(s.kind) + ", this loader uses " + data::kind_name(std::int64_t(kind()));
     if (s.split != Config::split_batches)
-      return std::string("was saved under ") + (s.split ? "batches::split" : "batches::per_process") + ", this loader runs under " +
-             (Config::split_batches ? "batches::split" : "batches::per_process");
-    if (s.samples != dataset_length()) return "was saved for a dataset of " + length(s.samples) + ", this loader's has " + length(dataset_length());
+      return std::string("was saved under ") + (s.split ? "batches::split" : "batches::per_process") +
+             ", this loader runs under " + (Config::split_batches ? "batches::split" : "batches::per_process");
+    if (s.samples != dataset_length())
+      return "was saved for a dataset of " + length(s.samples) + ", this loader's has " + length(dataset_length());
     if (s.batch_size != options.batch_size)
-      return "was saved with batch_size " + std::to_string(s.batch_size) + ", this loader's is " + std::to_string(options.batch_size);
+      return "was saved with batch_size " + std::to_string(s.batch_size) + ", this loader's is " +
+             std::to_string(options.batch_size);
     return {};
   }
   //! Whether the position and batch count of `s` (a state of this loader's path, length and batch size) are ones
@@ -215,12 +233,15 @@ struct LoaderCore {
       if (options.sampler || options.batch_sampler) units = -1;
     const std::string where = "is at position " + std::to_string(s.position) + (batch_sampler ? " (batches)" : "");
     if (units >= 0 && s.position > units)
-      return where + ", past the end of its epoch's " + std::to_string(units) + (batch_sampler ? " batches" : " samples");
+      return where + ", past the end of its epoch's " + std::to_string(units) +
+             (batch_sampler ? " batches" : " samples");
     const bool end = units < 0 || s.position == units;
     if (!batch_sampler && !end && s.position % s.batch_size != 0)
-      return where + ", which no job of batch_size " + std::to_string(s.batch_size) + " reaches (a multiple of it, or the epoch's end)";
+      return where + ", which no job of batch_size " + std::to_string(s.batch_size) +
+             " reaches (a multiple of it, or the epoch's end)";
     std::int64_t step = s.batch_size;  // units of one step of the saving job (plan::per_step)
-    if (batch_sampler) step = s.processes;
+    if (batch_sampler)
+      step = s.processes;
     else if (!s.split && __builtin_mul_overflow(s.batch_size, s.processes, &step))
       return "was saved by " + std::to_string(s.processes) + " processes, more than any job has";
     const std::int64_t reached = s.position / step + (s.position % step != 0);
@@ -278,7 +299,8 @@ struct LoaderCore {
           drawn_by = 0;
         }
       } else {
-        if (!orders->generator() && (skip > 0 || start > 0) && global_restored_elsewhere) resume_after = generator_bytes(*gen);
+        if (!orders->generator() && (skip > 0 || start > 0) && global_restored_elsewhere)
+          resume_after = generator_bytes(*gen);
         set_generator_bytes(*gen, *restore);
       }
     }
@@ -310,8 +332,12 @@ struct LoaderCore {
   }
   [[nodiscard]] data::LoaderState state() const {
     const std::int64_t N = ctx.num_processes;
-    data::LoaderState s{.processes = N, .drawn_by = N, .samples = dataset_length(), .batch_size = options.batch_size,
-                  .kind = std::int64_t(kind()), .split = Config::split_batches};
+    data::LoaderState s{.processes = N,
+                        .drawn_by = N,
+                        .samples = dataset_length(),
+                        .batch_size = options.batch_size,
+                        .kind = std::int64_t(kind()),
+                        .split = Config::split_batches};
     auto gen = epoch_generator();
     if (running && handed < total) {
       s.epoch = epoch;
@@ -335,11 +361,14 @@ struct LoaderCore {
   //! Resumes from `s`: at its global position when it records one (any number of processes), else (format 2)
   //! after its batches (the same number of processes).
   void load(const data::LoaderState& s, data::GlobalGenerator g) {
-    accel::detail::require(s.epoch >= 0 && s.batches >= 0 && s.position >= -1, "accel: load_state_dict: a negative epoch, batch count or position");
+    accel::detail::require(s.epoch >= 0 && s.batches >= 0 && s.position >= -1,
+                           "accel: load_state_dict: a negative epoch, batch count or position");
     if (const auto what = mismatch(s); !what.empty())
-      throw InvalidArgument("accel: load_state_dict: the loader state " + what + "; resume with the loader that saved it");
+      throw InvalidArgument("accel: load_state_dict: the loader state " + what +
+                            "; resume with the loader that saved it");
     if (const auto what = unreachable(s); !what.empty())
-      throw InvalidArgument("accel: load_state_dict: the loader state " + what + ": it is damaged, or not this loader's");
+      throw InvalidArgument("accel: load_state_dict: the loader state " + what +
+                            ": it is damaged, or not this loader's");
     global_restored_elsewhere = g == data::GlobalGenerator::restored_by_caller;
     epoch = s.epoch;
     start = std::max<std::int64_t>(s.position, 0);
@@ -347,7 +376,9 @@ struct LoaderCore {
     drawn_by = s.drawn_by > 0 && s.drawn_by != ctx.num_processes ? s.drawn_by : 0;
     // Batches before the position: the saved count at the same size, else this size's steps that reach it.
     const std::int64_t units = step_units();
-    resumed = s.position < 0 ? 0 : s.processes == ctx.num_processes ? s.batches : (start + units - 1) / std::max<std::int64_t>(units, 1);
+    resumed = s.position < 0                     ? 0
+              : s.processes == ctx.num_processes ? s.batches
+                                                 : (start + units - 1) / std::max<std::int64_t>(units, 1);
     restore.reset();
     if (!s.generator_state.empty()) restore = s.generator_state;
   }

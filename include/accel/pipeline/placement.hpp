@@ -14,8 +14,9 @@ namespace accel::pipeline {
 
 template <class Place>
 struct Placement {
-  static_assert(sizeof(Place) == 0, "accel: no placement for this policy; place::async needs a CUDA build "
-                                    "(ACCEL_WITH_CUDA=1)");
+  static_assert(sizeof(Place) == 0,
+                "accel: no placement for this policy; place::async needs a CUDA build "
+                "(ACCEL_WITH_CUDA=1)");
 };
 
 //! Every placement: `operator()(batch)` runs where the batch is prepared (a worker thread, with workers),
@@ -24,7 +25,9 @@ template <>
 struct Placement<place::none> {
   explicit Placement(c10::Device, bool = false) {}
   template <class Batch>
-  Batch operator()(Batch b) const { return b; }
+  Batch operator()(Batch b) const {
+    return b;
+  }
   template <class Batch>
   void hand_over(Batch&) const {}
 };

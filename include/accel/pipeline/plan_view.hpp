@@ -14,17 +14,17 @@
 //! Nothing is allocated per batch: a batch is two integers and two pointers; its indices are computed on
 //! access. The view must outlive the batches it yields (like `std::string_view`).
 
-#include <accel/plan/plan.hpp>
 #include <accel/data/sampler.hpp>
+#include <accel/plan/plan.hpp>
 
 #include <range/v3/range/concepts.hpp>
 
 #include <algorithm>
 #include <compare>
-#include <cstring>
-#include <numeric>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
+#include <numeric>
 #include <ranges>
 
 namespace accel::pipeline {
@@ -94,12 +94,32 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
     iterator(const PlannedBatches* v, std::int64_t j) : v_(v), j_(j) {}
     PlannedBatch operator*() const { return PlannedBatch(&v_->plan_, &v_->order_, v_->drawn_, j_); }
     PlannedBatch operator[](difference_type k) const { return *(*this + k); }
-    iterator& operator++() { ++j_; return *this; }
-    iterator operator++(int) { auto t = *this; ++j_; return t; }
-    iterator& operator--() { --j_; return *this; }
-    iterator operator--(int) { auto t = *this; --j_; return t; }
-    iterator& operator+=(difference_type k) { j_ += k; return *this; }
-    iterator& operator-=(difference_type k) { j_ -= k; return *this; }
+    iterator& operator++() {
+      ++j_;
+      return *this;
+    }
+    iterator operator++(int) {
+      auto t = *this;
+      ++j_;
+      return t;
+    }
+    iterator& operator--() {
+      --j_;
+      return *this;
+    }
+    iterator operator--(int) {
+      auto t = *this;
+      --j_;
+      return t;
+    }
+    iterator& operator+=(difference_type k) {
+      j_ += k;
+      return *this;
+    }
+    iterator& operator-=(difference_type k) {
+      j_ -= k;
+      return *this;
+    }
     friend iterator operator+(iterator i, difference_type k) { return i += k; }
     friend iterator operator+(difference_type k, iterator i) { return i += k; }
     friend iterator operator-(iterator i, difference_type k) { return i -= k; }

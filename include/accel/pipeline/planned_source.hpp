@@ -27,10 +27,11 @@ class PlannedSource {
   using Core = detail::LoaderCore<Dataset, Collate, Config, Transport>;
   using Batch = typename Core::Batch;
   using Payload = typename Transport::template payload_type<Batch>;
-  static_assert(EveryRankReads<Transport, Batch> || OneRankReads<Transport, Batch>,
-                "accel: PlannedSource fetches either this rank's batch (a transport where every rank reads: LocalTransport) "
-                "or, on the one reading rank, the global batch and its description (DispatchTransport); this transport is "
-                "neither");
+  static_assert(
+      EveryRankReads<Transport, Batch> || OneRankReads<Transport, Batch>,
+      "accel: PlannedSource fetches either this rank's batch (a transport where every rank reads: LocalTransport) "
+      "or, on the one reading rank, the global batch and its description (DispatchTransport); this transport is "
+      "neither");
 
   explicit PlannedSource(const std::shared_ptr<Core>& c) : core_(c) {
     auto& k = *core_;
@@ -56,8 +57,11 @@ class PlannedSource {
   [[nodiscard]] std::int64_t steps() const noexcept { return std::max(steps_, count()); }
   //! What step `q` of the epoch publishes (for a step this rank has no batch of, too: Note [Joined steps]).
   [[nodiscard]] GradientState::LoaderView view(std::int64_t q) const {
-    return {.end_of_dataloader = lead_.end_of_dataloader(q), .plans = plans_, .batch = q,
-            .steps = Transport::single_reader ? -1 : steps(), .starved = starved_};
+    return {.end_of_dataloader = lead_.end_of_dataloader(q),
+            .plans = plans_,
+            .batch = q,
+            .steps = Transport::single_reader ? -1 : steps(),
+            .starved = starved_};
   }
   [[nodiscard]] static std::size_t size(Core& k) {
     return std::size_t(k.plan_of(Transport::reader_of(k.ctx.process_index)).skip(k.skip).size());
@@ -105,7 +109,7 @@ class PlannedSource {
  private:
   std::shared_ptr<Core> core_;
   std::shared_ptr<const std::vector<plan::BatchPlan>> plans_;
-  plan::BatchPlan lead_;  // the plan of this rank's reader (itself, or the one reader whose steps every rank follows)
+  plan::BatchPlan lead_;    // the plan of this rank's reader (itself, or the one reader whose steps every rank follows)
   std::int64_t steps_ = 0;  // the longest rank's steps (sharded)
   int starved_ = -1;        // a rank without any batch while others have some
   PlannedBatches view_;

@@ -79,7 +79,9 @@ class Prefetcher {
       std::int64_t j;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || (issued_ < std::min<std::int64_t>(count_.load(), end_) && issued_ < consumed_ + depth_); });
+        cv_.wait(lock, [&] {
+          return stop_ || (issued_ < std::min<std::int64_t>(count_.load(), end_) && issued_ < consumed_ + depth_);
+        });
         if (stop_) return;
         j = issued_++;
       }

@@ -25,15 +25,18 @@ class ShardedSource {
  public:
   using Core = detail::LoaderCore<Dataset, Collate, Config, Transport>;
   using Payload = typename Transport::template payload_type<typename Core::Batch>;
-  static_assert(EveryRankReads<Transport, typename Core::Batch>,
-                "accel: ShardedSource has every rank fetch its own batches: it needs a transport where every rank reads "
-                "(LocalTransport, loading::sharded)");
+  static_assert(
+      EveryRankReads<Transport, typename Core::Batch>,
+      "accel: ShardedSource has every rank fetch its own batches: it needs a transport where every rank reads "
+      "(LocalTransport, loading::sharded)");
 
   explicit ShardedSource(const std::shared_ptr<Core>& c) : source_(start(c)) {}
   [[nodiscard]] std::int64_t count() const {
     return std::visit([](const auto& e) { return e.count(); }, source_);
   }
-  [[nodiscard]] static std::size_t size(Core& k) { return k.options.batch_sampler ? Sampled::size(k) : Planned::size(k); }
+  [[nodiscard]] static std::size_t size(Core& k) {
+    return k.options.batch_sampler ? Sampled::size(k) : Planned::size(k);
+  }
   std::optional<detail::Fetched<Payload>> produce(std::int64_t q) const {
     return std::visit([q](const auto& e) { return e.produce(q); }, source_);
   }

@@ -60,9 +60,7 @@ class StreamShardSource {
     k.run_epoch(first_, count());
   }
   [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
-  [[nodiscard]] static std::size_t size(Core& k)
-    requires std::ranges::sized_range<const Dataset>
-  {
+  [[nodiscard]] static std::size_t size(Core& k) requires std::ranges::sized_range<const Dataset> {
     return std::size_t(k.plan_of(k.ctx.process_index).skip(k.skip).size());
   }
 
@@ -75,9 +73,9 @@ class StreamShardSource {
     });
     if (!raw) return std::nullopt;
     const auto& k = *core_;
-    Batch batch = k.placement()(
-        detail::at_site({"collating batch", first_ + q, k.epoch, k.ctx.process_index, std::nullopt, true},
-                        [&] { return k.collate(raw->first.samples); }));
+    Batch batch =
+        k.placement()(detail::at_site({"collating batch", first_ + q, k.epoch, k.ctx.process_index, std::nullopt, true},
+                                      [&] { return k.collate(raw->first.samples); }));
     return detail::Fetched<Payload>{std::move(batch),
                                     {.end_of_dataloader = raw->second, .direct = std::move(raw->first.layout)}};
   }
@@ -96,7 +94,8 @@ class StreamShardSource {
     Raw out;
     if (N == 1) {
       const auto stop = std::ranges::end(*k.dataset);
-      for (auto& p = *plain_; p != stop && std::int64_t(out.samples.size()) < k.options.batch_size; ++p) out.samples.push_back(*p);
+      for (auto& p = *plain_; p != stop && std::int64_t(out.samples.size()) < k.options.batch_size; ++p)
+        out.samples.push_back(*p);
       const auto got = std::int64_t(out.samples.size());
       if (got == 0 || (k.options.drop_last && got < k.options.batch_size)) return std::nullopt;
       out.layout = {{got}, {got}};
@@ -150,9 +149,7 @@ class StreamDispatchSource {
   }
   //! The reader says when the stream ends; until then every rank has a step to take part in.
   [[nodiscard]] static constexpr std::int64_t count() noexcept { return detail::unknown_count; }
-  [[nodiscard]] static std::size_t size(Core& k)
-    requires std::ranges::sized_range<const Dataset>
-  {
+  [[nodiscard]] static std::size_t size(Core& k) requires std::ranges::sized_range<const Dataset> {
     return std::size_t(k.plan_of(Transport::reader_of(k.ctx.process_index)).skip(k.skip).size());
   }
 
@@ -170,7 +167,8 @@ class StreamDispatchSource {
     if (!raw) return f;  // no step: the reader tells the others so
     auto& [samples, last] = *raw;
     auto& step = f.payload.step;
-    const auto cut = plan::dispatch_cut(std::int64_t(samples.size()), N, last, k.options.drop_last, std::int64_t(first_samples_.size()));
+    const auto cut = plan::dispatch_cut(std::int64_t(samples.size()), N, last, k.options.drop_last,
+                                        std::int64_t(first_samples_.size()));
     if (cut.total > cut.observed) samples.insert(samples.end(), first_samples_.begin(), first_samples_.end());
     step.has_step = true;
     step.end = last;
@@ -204,7 +202,8 @@ class StreamDispatchSource {
       if (std::int64_t(inner.size()) < B) break;
     }
     if (step.empty() || (k.options.drop_last && full < batches)) return std::nullopt;
-    for (std::size_t i = 0; i < step.size() && first_samples_.size() < std::size_t(k.ctx.num_processes); ++i) keep_first(step[i]);
+    for (std::size_t i = 0; i < step.size() && first_samples_.size() < std::size_t(k.ctx.num_processes); ++i)
+      keep_first(step[i]);
     return step;
   }
   // The epoch's first N samples: what the last step is padded with.

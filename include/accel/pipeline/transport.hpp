@@ -8,7 +8,8 @@
 //! | transport           | reader of rank r | payload                               | what it does                 |
 //! |---------------------|------------------|---------------------------------------|------------------------------|
 //! | `LocalTransport`    | r                | this rank's batch, fetched and placed | nothing (sharded loading)    |
-//! | `DispatchTransport` | 0                | rank 0: the global batch and its `DispatchStep` | packs every rank's message (on the workers), scatters them in one collective, places the slice |
+//! | `DispatchTransport` | 0                | rank 0: the global batch and its `DispatchStep` | packs every rank's
+//! message (on the workers), scatters them in one collective, places the slice |
 //!
 //! The transport owns what differs between the loading paths, and the sources and the loader core ask it (never
 //! the configuration's `loading` policy): which rank reads the data of rank r's steps (`reader_of(r)`, whether r
@@ -36,8 +37,8 @@
 
 #include <algorithm>
 #include <concepts>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -83,8 +84,12 @@ struct DispatchStep {
     }
   }
 };
-inline auto accel_fields(DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
-inline auto accel_fields(const DispatchStep& s) { return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error); }
+inline auto accel_fields(DispatchStep& s) {
+  return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error);
+}
+inline auto accel_fields(const DispatchStep& s) {
+  return std::tie(s.has_step, s.end, s.begin, s.size, s.real, s.dtypes, s.shapes, s.error);
+}
 
 //! What dispatched loading fetches: the step's description (rank 0 fills it) and, on rank 0, the global batch and
 //! (packed on the worker that fetched it) every rank's message.
@@ -102,7 +107,8 @@ struct DispatchPayload {
 // its bytes) and one scatter per tensor leaf cost 1.5 ms a step on 2 loaded CPU processes (benchmarks/README.md,
 // Prefetching). So a step is one scatter: rank 0 sends each rank one message of `capacity` bytes,
 //
-//     [ int64 length | int64 description bytes | description (DispatchStep, serialised) | leaf 0 rows | leaf 1 rows ... ]
+//     [ int64 length | int64 description bytes | description (DispatchStep, serialised) | leaf 0 rows | leaf 1 rows ...
+//     ]
 //
 // every part 16-byte aligned; a leaf's part holds the step's largest slice (`max(size)` rows of its trailing shape),
 // rank r's rows first. Every rank computes the offsets alone from the description (`MessageLayout`), and its leaves are
@@ -123,8 +129,9 @@ struct MessageLayout {
   //! The layout of `step` (a step of `N` ranks), whose serialised description has `description` bytes. Refuses a
   //! description that is not one of N ranks, names an unknown dtype, or whose sizes do not fit in an int64.
   static MessageLayout of(const DispatchStep& step, std::int64_t description, int N) {
-    accel::detail::require((!step.has_step || int(step.size.size()) == N) && step.shapes.size() == step.dtypes.size(),
-                           "accel: dispatched loading: a message from rank 0 describes another number of ranks or leaves");
+    accel::detail::require(
+        (!step.has_step || int(step.size.size()) == N) && step.shapes.size() == step.dtypes.size(),
+        "accel: dispatched loading: a message from rank 0 describes another number of ranks or leaves");
     MessageLayout m;
     for (const auto s : step.size) m.rows = std::max(m.rows, s);
     m.length = aligned(header + description);
@@ -135,7 +142,8 @@ struct MessageLayout {
       bool overflow = false;
       for (const auto d : step.shapes[l]) overflow |= d < 0 || __builtin_mul_overflow(bytes, d, &bytes);
       overflow |= __builtin_mul_overflow(bytes, m.rows, &part) || part > INT64_MAX - 16 - m.length;
-      accel::detail::require(!overflow, "accel: dispatched loading: a step's batch is too large to send (leaf " + std::to_string(l) + ")");
+      accel::detail::require(
+          !overflow, "accel: dispatched loading: a step's batch is too large to send (leaf " + std::to_string(l) + ")");
       m.offset.push_back(m.length);
       m.row_bytes.push_back(bytes);
       m.length += aligned(part);
@@ -143,7 +151,8 @@ struct MessageLayout {
     return m;
   }
   //! `rows` rows of leaf `l` in the message `bytes` (rank r's part of rank 0's messages, or the one received).
-  static at::Tensor leaf(const at::Tensor& bytes, const MessageLayout& m, const DispatchStep& step, std::size_t l, std::int64_t rows) {
+  static at::Tensor leaf(const at::Tensor& bytes, const MessageLayout& m, const DispatchStep& step, std::size_t l,
+                         std::int64_t rows) {
     std::vector<std::int64_t> shape{rows};
     shape.insert(shape.end(), step.shapes[l].begin(), step.shapes[l].end());
     return bytes.narrow(0, m.offset[l], rows * m.row_bytes[l]).view(at::ScalarType(step.dtypes[l])).view(shape);
@@ -162,8 +171,10 @@ struct MessageLayout {
     const at::Tensor h = bytes.narrow(0, 0, header).cpu();
     std::int64_t v[2];
     std::memcpy(v, h.data_ptr<std::uint8_t>(), sizeof v);
-    accel::detail::require(v[1] >= 0 && v[0] >= header + v[1], "accel: dispatched loading: a message from rank 0 has a "
-                                                               "malformed header (length " + std::to_string(v[0]) + ")");
+    accel::detail::require(v[1] >= 0 && v[0] >= header + v[1],
+                           "accel: dispatched loading: a message from rank 0 has a "
+                           "malformed header (length " +
+                               std::to_string(v[0]) + ")");
     return {v[0], v[1]};
   }
 };
@@ -172,7 +183,8 @@ struct MessageLayout {
 //! is a step (false: the end of a stream).
 inline bool step_or_error(int rank, const DispatchStep& step) {
   if (!step.error.empty())
-    throw Error(rank == 0 ? step.error : "accel: rank " + std::to_string(rank) + ": dispatched loading stopped: " + step.error);
+    throw Error(rank == 0 ? step.error
+                          : "accel: rank " + std::to_string(rank) + ": dispatched loading stopped: " + step.error);
   return step.has_step;
 }
 
@@ -189,8 +201,9 @@ void pack_step(const PrepareContext& ctx, DispatchPayload<Batch>& payload) {
   if (payload.global && step.error.empty()) {
     try {
       for_each_tensor(*payload.global, [&](const at::Tensor& t) {
-        accel::detail::require(t.dim() >= 1, "accel: dispatched loading cuts every tensor of a batch along its first "
-                                             "dimension; a leaf has none (a 0-d tensor): give it one, or pass a slice function");
+        accel::detail::require(t.dim() >= 1,
+                               "accel: dispatched loading cuts every tensor of a batch along its first "
+                               "dimension; a leaf has none (a 0-d tensor): give it one, or pass a slice function");
         step.dtypes.push_back(std::int8_t(t.scalar_type()));
         step.shapes.push_back(t.sizes().slice(1).vec());
         leaves.push_back(t);
@@ -216,7 +229,8 @@ void pack_step(const PrepareContext& ctx, DispatchPayload<Batch>& payload) {
 
 //! Every rank: its message of the step (one scatter of `capacity` bytes from rank 0, two when the capacity grows:
 //! Note [One message per step]) as a 1-d byte tensor on the engine's device, and its description's bytes.
-inline std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent, std::int64_t& capacity) {
+inline std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext& ctx, const at::Tensor& sent,
+                                                           std::int64_t& capacity) {
   if (!ctx.comm || ctx.num_processes == 1) return {sent[0], MessageLayout::read_head(sent[0]).second};
   const int me = ctx.process_index, N = ctx.num_processes;
   const auto dev = ctx.comm->device();
@@ -229,7 +243,8 @@ inline std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext&
     at::Tensor padded = sent;
     if (length > capacity) {
       padded = at::zeros({N, capacity}, bytes);
-      padded.narrow(1, 0, MessageLayout::header).copy_(MessageLayout::head(length, {}).to(dev).unsqueeze(0).expand({N, MessageLayout::header}));
+      padded.narrow(1, 0, MessageLayout::header)
+          .copy_(MessageLayout::head(length, {}).to(dev).unsqueeze(0).expand({N, MessageLayout::header}));
     } else if (length < capacity) {
       padded = at::zeros({N, capacity}, bytes);
       padded.narrow(1, 0, length).copy_(sent);
@@ -243,8 +258,9 @@ inline std::pair<at::Tensor, std::int64_t> receive_message(const PrepareContext&
     at::Tensor n = at::full({2}, me == 0 ? sent.size(1) : 0, at::TensorOptions().dtype(at::kLong).device(dev));
     ctx.comm->broadcast(n, 0);
     length = n[0].item<std::int64_t>();
-    accel::detail::require(length >= MessageLayout::header, "accel: dispatched loading: rank 0 announced a message of " +
-                                                                std::to_string(length) + " bytes");
+    accel::detail::require(
+        length >= MessageLayout::header,
+        "accel: dispatched loading: rank 0 announced a message of " + std::to_string(length) + " bytes");
   } else {
     mine = at::empty({capacity}, bytes);
     ctx.comm->scatter(mine, chunks(), 0);
@@ -283,7 +299,8 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchPayload<Batch>& payl
     if (!receive_step(ctx, step)) return Batch{};
     std::vector<Batch> parts;
     if (me == 0)
-      for (int r = 0; r < N; ++r) parts.push_back(slice(*global, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
+      for (int r = 0; r < N; ++r)
+        parts.push_back(slice(*global, step.begin[std::size_t(r)], step.size[std::size_t(r)]));
     if (ctx.comm && N > 1) return scatter_object(ctx.comm, parts, 0);
     return parts.at(std::size_t(me));
   } else if constexpr (TensorStructure<Batch>) {
@@ -298,26 +315,29 @@ Batch dispatch_transport(const PrepareContext& ctx, DispatchPayload<Batch>& payl
     }
     if (!step_or_error(me, step)) return Batch{};
     const auto layout = MessageLayout::of(step, description, N);
-    accel::detail::require(layout.length == message.numel(), "accel: dispatched loading: a message from rank 0 is " +
-                                                                 std::to_string(message.numel()) + " bytes, its description says " +
-                                                                 std::to_string(layout.length));
+    accel::detail::require(layout.length == message.numel(),
+                           "accel: dispatched loading: a message from rank 0 is " + std::to_string(message.numel()) +
+                               " bytes, its description says " + std::to_string(layout.length));
     const std::int64_t total = std::accumulate(step.size.begin(), step.size.end(), std::int64_t{0});
     Batch out{};
     if (me == 0 && global) out = *global;
     std::size_t leaf = 0;
     for_each_tensor(out, [&](at::Tensor& t) {
       const std::size_t l = leaf++;
-      accel::detail::require(l < step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
+      accel::detail::require(l < step.dtypes.size(),
+                             "accel: dispatched loading: the batch's structure differs between ranks");
       bytes_received += layout.rows * layout.row_bytes[l];
       bytes_broadcast += total * layout.row_bytes[l];
       t = MessageLayout::leaf(message, layout, step, l, layout.rows).narrow(0, 0, step.size[std::size_t(me)]);
     });
-    accel::detail::require(leaf == step.dtypes.size(), "accel: dispatched loading: the batch's structure differs between ranks");
+    accel::detail::require(leaf == step.dtypes.size(),
+                           "accel: dispatched loading: the batch's structure differs between ranks");
     return out;
   } else {
-    static_assert(!std::is_same_v<Slice, NoSlice>,
-                  "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
-                  "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
+    static_assert(
+        !std::is_same_v<Slice, NoSlice>,
+        "accel::loading::dispatched cuts batches by their tensors: every leaf of the batch must be a tensor; for "
+        "other fields pass a slice function to prepare_data_loader, or use loading::sharded");
     return Batch{};  // the slice-function branch above has returned already
   }
 }
@@ -374,7 +394,8 @@ struct DispatchTransport {
   template <class Core, class Batch>
   std::optional<Batch> deliver(Core& k, detail::Fetched<detail::DispatchPayload<Batch>>& f) const {
     auto& step = f.payload.step;
-    Batch out = detail::dispatch_transport(k.ctx, f.payload, k.dispatch_capacity, k.bytes_received, k.bytes_broadcast_equivalent, slice);
+    Batch out = detail::dispatch_transport(k.ctx, f.payload, k.dispatch_capacity, k.bytes_received,
+                                           k.bytes_broadcast_equivalent, slice);
     if (!step.has_step) return std::nullopt;
     if (!f.view.plans) f.view = {.end_of_dataloader = step.end, .direct = {step.size, step.real}};
     return k.placement()(std::move(out));
@@ -388,7 +409,7 @@ concept EveryRankReads =
 //! One rank reads every rank's rows and describes the step to the others (dispatched loading).
 template <class T, class Batch>
 concept OneRankReads = StepTransport<T> && T::single_reader &&
-                       std::same_as<typename T::template payload_type<Batch>, detail::DispatchPayload<Batch>>;
+    std::same_as<typename T::template payload_type<Batch>, detail::DispatchPayload<Batch>>;
 
 static_assert(EveryRankReads<LocalTransport, int> && OneRankReads<DispatchTransport<>, int>);
 

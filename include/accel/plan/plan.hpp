@@ -46,8 +46,9 @@ namespace accel::plan {
 //! user's `DataLoader` settings. The one vocabulary of every sharding path: the closed-form plans below, the
 //! streaming `data::BatchSamplerShard` and `data::IterableShard`, and the prepared loaders.
 struct ShardSpec {
-  std::int64_t batch_size = 1;  //!< the user's `batch_size` (global under `split_batches`); `varying` for a batch sampler's
-  bool drop_last = false;       //!< the user's `drop_last`
+  std::int64_t batch_size =
+      1;                   //!< the user's `batch_size` (global under `split_batches`); `varying` for a batch sampler's
+  bool drop_last = false;  //!< the user's `drop_last`
   int num_processes = 1;
   int process_index = 0;
   bool split_batches = false;
@@ -155,22 +156,24 @@ enum class Loading { sharded, iterable, dispatched };
 
 // [accelerate:data_loader.py BatchSamplerShard.__init__, IterableDatasetShard.__init__, prepare_data_loader]
 //! The one validation of a spec, for every path: a batch size of at least 1 (or `varying`, where the caller shards
-//! a batch sampler of varying sizes, `varying_ok`; never under `split_batches`), at least one process, a process index in range, and under
-//! `split_batches` a batch size that is a round multiple of the processes (Accelerate lets a batch size of 1 through
-//! on the iterable and dispatched paths, where it then yields nothing; `prepare_data_loader` refuses it).
+//! a batch sampler of varying sizes, `varying_ok`; never under `split_batches`), at least one process, a process index
+//! in range, and under `split_batches` a batch size that is a round multiple of the processes (Accelerate lets a batch
+//! size of 1 through on the iterable and dispatched paths, where it then yields nothing; `prepare_data_loader`
+//! refuses it).
 inline void validate(const ShardSpec& s, Loading path = Loading::sharded, bool varying_ok = false) {
   using accel::detail::require;
   require(s.batch_size >= 1 || (varying_ok && s.batch_size == varying),
           "accel: batch_size must be at least 1 (got " + std::to_string(s.batch_size) + ")");
-  require(s.num_processes >= 1,
-          "accel: num_processes must be at least 1 (got " + std::to_string(s.num_processes) +
-              "); check WORLD_SIZE or the launcher's --nproc-per-node");
+  require(s.num_processes >= 1, "accel: num_processes must be at least 1 (got " + std::to_string(s.num_processes) +
+                                    "); check WORLD_SIZE or the launcher's --nproc-per-node");
   require(s.process_index >= 0 && s.process_index < s.num_processes,
           "accel: process_index " + std::to_string(s.process_index) + " is out of range for " +
-              std::to_string(s.num_processes) + " processes; it must be in [0, " + std::to_string(s.num_processes) + ")");
+              std::to_string(s.num_processes) + " processes; it must be in [0, " + std::to_string(s.num_processes) +
+              ")");
   if (!s.split_batches) return;
-  require(s.batch_size != varying, "accel: batches::split needs a batch sampler with a fixed batch_size; use "
-                                   "batches::per_process for batches of varying size");
+  require(s.batch_size != varying,
+          "accel: batches::split needs a batch sampler with a fixed batch_size; use "
+          "batches::per_process for batches of varying size");
   if (s.batch_size % s.num_processes == 0 || (path != Loading::sharded && s.batch_size == 1)) return;
   require(false, "accel: under batches::split the batch size (" + std::to_string(s.batch_size) +
                      ") must be a round multiple of the number of processes (" + std::to_string(s.num_processes) +
@@ -214,8 +217,9 @@ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { retur
 constexpr std::int64_t unbounded = INT64_MAX / 4;
 //! `start`, checked to lie within the epoch's `n` samples.
 inline std::int64_t checked_start(std::int64_t start, std::int64_t n) {
-  accel::detail::require(start >= 0 && start <= n, "accel: an epoch of " + std::to_string(n) + " samples cannot start at position " +
-                                                       std::to_string(start) + "; the start must be in [0, " + std::to_string(n) + "]");
+  accel::detail::require(start >= 0 && start <= n, "accel: an epoch of " + std::to_string(n) +
+                                                       " samples cannot start at position " + std::to_string(start) +
+                                                       "; the start must be in [0, " + std::to_string(n) + "]");
   return start;
 }
 
@@ -226,8 +230,13 @@ inline BatchPlan batch_plan(std::int64_t batch_size, bool drop_last, std::int64_
   validate({.batch_size = batch_size, .drop_last = drop_last}, n, Loading::iterable);
   const std::int64_t rest = n - detail::checked_start(start, n);
   const std::int64_t count = drop_last ? rest / batch_size : detail::ceil_div(rest, batch_size);
-  return BatchPlan::affine({.samples = n, .wrap = 1, .count = count, .stride = batch_size, .offset = start,
-                            .width = batch_size, .limit = n});
+  return BatchPlan::affine({.samples = n,
+                            .wrap = 1,
+                            .count = count,
+                            .stride = batch_size,
+                            .offset = start,
+                            .width = batch_size,
+                            .limit = n});
 }
 
 // [accelerate:data_loader.py BatchSamplerShard._iter_with_no_split / _iter_with_split]
@@ -244,23 +253,38 @@ inline BatchPlan shard_plan(const ShardSpec& s, std::int64_t n, std::int64_t sta
     // Batch j of this process is the user's batch j*N + r; an even tail keeps going past the data, with the
     // padding cursor running on over the first round of batches (`wrap` = min(n, N*B)).
     std::int64_t count = 0;
-    if (s.drop_last) count = L / N;
-    else if (s.even_batches) count = detail::ceil_div(L, N);
-    else count = L / N + (r < L % N ? 1 : 0);
+    if (s.drop_last)
+      count = L / N;
+    else if (s.even_batches)
+      count = detail::ceil_div(L, N);
+    else
+      count = L / N + (r < L % N ? 1 : 0);
     const bool padded = !s.drop_last && s.even_batches;
-    return BatchPlan::affine({.samples = n, .wrap = std::min(n, N * B), .count = count, .stride = N * B,
-                              .offset = start + r * B, .width = B, .limit = padded ? detail::unbounded : n});
+    return BatchPlan::affine({.samples = n,
+                              .wrap = std::min(n, N * B),
+                              .count = count,
+                              .stride = N * B,
+                              .offset = start + r * B,
+                              .width = B,
+                              .limit = padded ? detail::unbounded : n});
   }
   // Split: every user batch of exactly B samples is cut into N slices of B/N; a short last batch is
   // completed from the first batch (even) or cut as it is (uneven: ranks past its end get nothing).
   const std::int64_t per = B / N;
   std::int64_t count = full;
   if (short_last) {
-    if (s.even_batches) count += 1;
-    else if (rest % B > r * per) count += 1;
+    if (s.even_batches)
+      count += 1;
+    else if (rest % B > r * per)
+      count += 1;
   }
-  return BatchPlan::affine({.samples = n, .wrap = std::min(n, B), .count = count, .stride = B, .offset = start + r * per,
-                            .width = per, .limit = s.even_batches ? detail::unbounded : n});
+  return BatchPlan::affine({.samples = n,
+                            .wrap = std::min(n, B),
+                            .count = count,
+                            .stride = B,
+                            .offset = start + r * per,
+                            .width = per,
+                            .limit = s.even_batches ? detail::unbounded : n});
 }
 
 // [accelerate:data_loader.py IterableDatasetShard.__iter__]
@@ -276,8 +300,13 @@ inline BatchPlan iterable_plan(const ShardSpec& s, std::int64_t n, std::int64_t 
   const std::int64_t per = per_process(s);
   const std::int64_t rest = n - detail::checked_start(start, n);
   const std::int64_t chunks = s.drop_last ? rest / chunk : detail::ceil_div(rest, chunk);
-  return BatchPlan::affine({.samples = n, .wrap = std::min(n, chunk), .count = per > 0 ? chunks : 0,
-                            .stride = chunk, .offset = start + r * per, .width = per, .limit = detail::unbounded});
+  return BatchPlan::affine({.samples = n,
+                            .wrap = std::min(n, chunk),
+                            .count = per > 0 ? chunks : 0,
+                            .stride = chunk,
+                            .offset = start + r * per,
+                            .width = per,
+                            .limit = detail::unbounded});
 }
 
 // [accelerate:data_loader.py DataLoaderDispatcher._fetch_batches / __iter__]
@@ -296,8 +325,13 @@ inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n, std::int64_t 
   if (steps == 0) return {};
   const std::int64_t first = std::min({N, global, n});  // the padding Accelerate appends
   const std::int64_t per = global / N;
-  const BatchPlan full = BatchPlan::affine({.samples = n, .wrap = first, .count = steps, .stride = global,
-                                            .offset = start + r * per, .width = per, .limit = detail::unbounded});
+  const BatchPlan full = BatchPlan::affine({.samples = n,
+                                            .wrap = first,
+                                            .count = steps,
+                                            .stride = global,
+                                            .offset = start + r * per,
+                                            .width = per,
+                                            .limit = detail::unbounded});
   const std::int64_t last = start + (steps - 1) * global;
   const auto cut = dispatch_cut(std::min(global, n - last), int(N), /*last=*/true, s.drop_last, first);
   const Span mine = cut.slice(int(r));
@@ -309,7 +343,8 @@ inline BatchPlan dispatch_plan(const ShardSpec& s, std::int64_t n, std::int64_t 
 inline BatchPlan loader_plan(const ShardSpec& s, std::int64_t n, Loading loading, std::int64_t start = 0) {
   validate(s, n, loading);
   switch (loading) {
-    case Loading::dispatched: return dispatch_plan(s, n, start);
+    case Loading::dispatched:
+      return dispatch_plan(s, n, start);
     case Loading::iterable:
       if (s.num_processes == 1) return batch_plan(s.batch_size, s.drop_last, n, start);
       return iterable_plan(s, n, start);

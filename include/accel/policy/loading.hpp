@@ -7,10 +7,14 @@
 namespace accel::loading {
 
 //! Every process reads only its own shard of every batch. The default (`DataLoaderShard`).
-struct sharded { using slot = accel::slot::loading; };
+struct sharded {
+  using slot = accel::slot::loading;
+};
 //! Rank 0 reads and collates the global batch; every rank receives only its slice
 //! (`dispatch_batches=True`, `DataLoaderDispatcher`).
-struct dispatched { using slot = accel::slot::loading; };
+struct dispatched {
+  using slot = accel::slot::loading;
+};
 
 static_assert(PolicyOf<sharded, slot::loading> && PolicyOf<dispatched, slot::loading>);
 

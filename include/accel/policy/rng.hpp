@@ -10,9 +10,15 @@
 namespace accel::rng {
 
 //! The kinds of generator that can be synchronised. They are arguments of `sync<...>`, not policies.
-struct torch { static constexpr const char* name = "torch"; };          //!< the global CPU generator
-struct cuda { static constexpr const char* name = "cuda"; };            //!< the current GPU's generator
-struct generator { static constexpr const char* name = "generator"; };  //!< the loader's sampler generator
+struct torch {
+  static constexpr const char* name = "torch";
+};  //!< the global CPU generator
+struct cuda {
+  static constexpr const char* name = "cuda";
+};  //!< the current GPU's generator
+struct generator {
+  static constexpr const char* name = "generator";
+};  //!< the loader's sampler generator
 
 template <class K>
 concept Kind = std::same_as<K, torch> || std::same_as<K, cuda> || std::same_as<K, generator>;
@@ -20,10 +26,14 @@ concept Kind = std::same_as<K, torch> || std::same_as<K, cuda> || std::same_as<K
 //! Synchronise the listed kinds: `rng::sync<rng::generator>` is the default for sharded loading
 //! (Accelerate's `rng_types=["generator"]`).
 template <class... Kinds>
-struct sync { using slot = accel::slot::rng; };
+struct sync {
+  using slot = accel::slot::rng;
+};
 
 //! Synchronise nothing. The default for dispatched loading, where only rank 0 samples.
-struct none { using slot = accel::slot::rng; };
+struct none {
+  using slot = accel::slot::rng;
+};
 
 static_assert(PolicyOf<sync<generator>, slot::rng> && PolicyOf<none, slot::rng>);
 

@@ -22,22 +22,44 @@
 
 namespace accel::slot {
 
-struct distributed { static constexpr std::string_view name = "distributed"; };
-struct batching    { static constexpr std::string_view name = "batching"; };
-struct tail        { static constexpr std::string_view name = "tail"; };
-struct loading     { static constexpr std::string_view name = "loading"; };
-struct rng         { static constexpr std::string_view name = "rng"; };
-struct placement   { static constexpr std::string_view name = "placement"; };
-struct sharding    { static constexpr std::string_view name = "sharding"; };
+struct distributed {
+  static constexpr std::string_view name = "distributed";
+};
+struct batching {
+  static constexpr std::string_view name = "batching";
+};
+struct tail {
+  static constexpr std::string_view name = "tail";
+};
+struct loading {
+  static constexpr std::string_view name = "loading";
+};
+struct rng {
+  static constexpr std::string_view name = "rng";
+};
+struct placement {
+  static constexpr std::string_view name = "placement";
+};
+struct sharding {
+  static constexpr std::string_view name = "sharding";
+};
 
 }  // namespace accel::slot
 
 namespace accel {
 
 //! The slot a type fills, or `void` when the type is not a policy.
-template <class T> struct slot_of { using type = void; };
-template <class T> requires requires { typename T::slot; } struct slot_of<T> { using type = typename T::slot; };
-template <class T> using slot_of_t = typename slot_of<T>::type;
+template <class T>
+struct slot_of {
+  using type = void;
+};
+template <class T>
+requires requires { typename T::slot; }
+struct slot_of<T> {
+  using type = typename T::slot;
+};
+template <class T>
+using slot_of_t = typename slot_of<T>::type;
 
 //! A type is a policy when its `slot` is one of the seven slots above.
 template <class T>

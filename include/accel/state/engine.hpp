@@ -7,7 +7,8 @@
 //! | `dist::none`     | one process, no communicator; the GPU when the build has CUDA and one is visible     |
 //! | `dist::gloo`     | c10d `ProcessGroupGloo` over accel's rendezvous (comm/gloo.hpp), CPU tensors          |
 //! | `dist::nccl`     | NCCL on accel's own stream (cuda/nccl.hpp), one GPU per process; CUDA builds only     |
-//! | `dist::from_env` | one process: `none`; several: `nccl` when the build has CUDA and the process sees a GPU, else `gloo` |
+//! | `dist::from_env` | one process: `none`; several: `nccl` when the build has CUDA and the process sees a GPU, else
+//! `gloo` |
 //!
 //! There is no registry and no static initialisation: this header includes the NCCL engine itself whenever
 //! ACCEL_WITH_CUDA is set (its declaration, cuda/connect.hpp; its definition comes with state/impl/engine.ipp,
@@ -43,9 +44,9 @@ enum class DistributedType { no, multi_cpu, multi_gpu };
 
 //! How a process joins its job: explicit launch arguments, timeouts, and where the launcher's variables are read.
 struct ProcessOptions {
-  LaunchOverrides launch;        //!< explicit rank / world size / rendezvous, winning over the environment
-  comm::CommOptions comm;        //!< timeouts
-  EnvLookup env = process_env;   //!< where the launcher's variables are read (tests pass their own)
+  LaunchOverrides launch;       //!< explicit rank / world size / rendezvous, winning over the environment
+  comm::CommOptions comm;       //!< timeouts
+  EnvLookup env = process_env;  //!< where the launcher's variables are read (tests pass their own)
 };
 
 //! What an engine gives a process: its kind of job, its device and its communicator (null with one process).
@@ -59,16 +60,21 @@ struct Connection {
 ACCEL_DECL int visible_gpus();  // state/impl/engine.ipp (the CUDA runtime)
 //! Makes GPU `device` this process's current device, as Accelerate's `PartialState` calls `torch.cuda.set_device`:
 //! what names `kCUDA` without an index (the default CUDA generator that `rng::cuda` synchronises and a checkpoint
-//! saves, new tensors, the current stream) is then this process's GPU, not GPU 0 on every rank. A no-op without
-//! CUDA.
+//! saves, new tensors, the current stream) is then this process's GPU, not GPU 0 on every rank. A no-op
+//! without CUDA.
 ACCEL_DECL void use_gpu(int device);  // state/impl/engine.ipp (the CUDA runtime)
 
 namespace detail {
 //! Where and as whom this process meets the others: the launcher's address and generation, and the job's id
-//! and secret (state/rendezvous/job_identity.hpp and state/rendezvous/store.hpp, Notes [Job keys] and [Authenticated keys]).
+//! and secret (state/rendezvous/job_identity.hpp and state/rendezvous/store.hpp, Notes [Job keys] and
+//! [Authenticated keys]).
 inline rendezvous::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvLookup& vars) {
-  return {.addr = env.master_addr, .port = env.master_port, .rank = env.rank, .size = env.world_size,
-          .host_store = !env.agent_store, .generation = env.restart_count,
+  return {.addr = env.master_addr,
+          .port = env.master_port,
+          .rank = env.rank,
+          .size = env.world_size,
+          .host_store = !env.agent_store,
+          .generation = env.restart_count,
           .job = {.id = rendezvous::job_id_from(vars), .secret = rendezvous::job_secret_from(vars)}};
 }
 }  // namespace detail
@@ -76,12 +82,14 @@ inline rendezvous::RendezvousSpec rendezvous_of(const LaunchEnv& env, const EnvL
 //! The engine of a `dist` tag: `static Connection connect(const LaunchEnv&, const ProcessOptions&)`.
 template <class Dist>
 struct Engine {
-  static_assert(!std::is_same_v<Dist, dist::nccl>,
-                "accel::dist::nccl needs CUDA, but accel is built without it (ACCEL_WITH_CUDA=0); use accel::dist::gloo "
-                "or a LibTorch with CUDA");
+  static_assert(
+      !std::is_same_v<Dist, dist::nccl>,
+      "accel::dist::nccl needs CUDA, but accel is built without it (ACCEL_WITH_CUDA=0); use accel::dist::gloo "
+      "or a LibTorch with CUDA");
   static_assert(std::is_same_v<Dist, dist::nccl>,
                 "accel: no engine for this type; use accel::dist::none, gloo, nccl or from_env");
-  static Connection connect(const LaunchEnv&, const ProcessOptions&);  // declared only: the assertion above is the error
+  static Connection connect(const LaunchEnv&,
+                            const ProcessOptions&);  // declared only: the assertion above is the error
 };
 
 template <>
@@ -122,8 +130,9 @@ template <>
 struct Engine<dist::nccl> {
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
     const int gpus = visible_gpus();
-    detail::require(gpus > 0, "accel: dist::nccl, but this process sees no GPU (CUDA_VISIBLE_DEVICES?); use dist::gloo "
-                              "or dist::from_env to run on the CPU");
+    detail::require(gpus > 0,
+                    "accel: dist::nccl, but this process sees no GPU (CUDA_VISIBLE_DEVICES?); use dist::gloo "
+                    "or dist::from_env to run on the CPU");
     const int device = env.local_rank % gpus;
     use_gpu(device);
     Connection c{DistributedType::no, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)), nullptr};

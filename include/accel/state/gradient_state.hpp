@@ -12,10 +12,10 @@
 //! rank records the calls its loop makes through accel in each step (through `joined`: the accelerator's `accumulate`,
 //! `backward`, `clip_grad_norm_`, `clip_grad_value_`, `gather_for_metrics`, `gather`, `reduce`, `check_trigger`,
 //! the prepared optimizers and schedulers), and when its own batches end, the loader repeats the last step's
-//! calls once for every step it lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated gradients, if any), no rows
-//! to `gather_for_metrics`, the identity to `reduce`; then the same optimizer and scheduler steps on the averaged
-//! gradients, so parameters and optimizer state stay equal on every rank. No collective is added per step. A rank
-//! with as many steps as the longest records nothing, and an even loader costs nothing. A repeated
+//! calls once for every step it lacks, with nothing of its own: zeros to the gradient all-reduce (its accumulated
+//! gradients, if any), no rows to `gather_for_metrics`, the identity to `reduce`; then the same optimizer and scheduler
+//! steps on the averaged gradients, so parameters and optimizer state stay equal on every rank. No collective is added
+//! per step. A rank with as many steps as the longest records nothing, and an even loader costs nothing. A repeated
 //! `check_trigger` contributes this rank's flag (0 unless it set the trigger since its last check); when it finds
 //! the trigger set, the ranks that still run leave their loops there, so the repeat ends at that call
 //! (`stop_repeating`): the rest of that step and the steps after it are not repeated.
@@ -110,8 +110,8 @@ class GradientState {
   //! live until the end of the repeated step (a sync scope), or nothing.
   using StepCall = std::function<std::shared_ptr<void>()>;
   //! What a recorded call does: decides the step's sync (`accumulate`), talks to the other ranks
-  //! (`collective`: backward's all-reduce, `gather`, `reduce`, `check_trigger`), gathers a batch's rows (`gather_for_metrics`),
-  //! or stays on this rank (`local`: optimizer, scheduler, clipping).
+  //! (`collective`: backward's all-reduce, `gather`, `reduce`, `check_trigger`), gathers a batch's rows
+  //! (`gather_for_metrics`), or stays on this rank (`local`: optimizer, scheduler, clipping).
   enum class CallKind { accumulate, local, collective, gather_for_metrics };
 
   //! Sets what runs at a step boundary (empty: nothing): where the loop asks a prepared loader for its next
@@ -129,7 +129,9 @@ class GradientState {
     boundary_ = nullptr;
     boundary_owner_.store(nullptr, std::memory_order_relaxed);
   }
-  [[nodiscard]] const void* step_boundary_owner() const noexcept { return boundary_owner_.load(std::memory_order_relaxed); }
+  [[nodiscard]] const void* step_boundary_owner() const noexcept {
+    return boundary_owner_.load(std::memory_order_relaxed);
+  }
   //! Whether the innermost loader's epoch needs this rank's calls recorded (`record` is a no-op otherwise:
   //! build the call only when this is true).
   [[nodiscard]] bool recording() const {
@@ -182,8 +184,8 @@ class GradientState {
       }
       return gathers == 0;
     };
-    if (!eval_only(e.current, 0)) return {};                    // this step so far: no collective, no gather yet
-    if (!e.had_step || !eval_only(e.last, 1)) return {};       // the step before: exactly one gather
+    if (!eval_only(e.current, 0)) return {};              // this step so far: no collective, no gather yet
+    if (!e.had_step || !eval_only(e.last, 1)) return {};  // the step before: exactly one gather
     e.pulled = true;
     std::vector<GatherLayout> out;
     for (const auto& v : e.missing) out.push_back(v.layout());
@@ -215,8 +217,9 @@ class GradientState {
     bool holding = false;   // the loop holds a batch of this epoch
     bool had_step = false;  // `last` holds a complete step
     bool pulled = false;    // gather_for_metrics gathered the missing steps' rows ahead (gather_ahead)
-    std::vector<Recorded> current, last, last_sync;  // this step's calls, the last step's, the last synchronising step's
-    std::vector<LoaderView> missing;                  // the steps this rank lacks
+    std::vector<Recorded> current, last,
+        last_sync;                    // this step's calls, the last step's, the last synchronising step's
+    std::vector<LoaderView> missing;  // the steps this rank lacks
   };
 
  public:
@@ -308,7 +311,8 @@ class GradientState {
         if (!last.empty() && last.front().kind == CallKind::accumulate) {
           held.push_back(last.front().call());
           first = 1;
-          if (gs_->sync_gradients() && !last_sync.empty() && last_sync.front().kind == CallKind::accumulate) calls = &last_sync;
+          if (gs_->sync_gradients() && !last_sync.empty() && last_sync.front().kind == CallKind::accumulate)
+            calls = &last_sync;
         }
         for (std::size_t i = first; i < calls->size(); ++i) {
           if (pulled && (*calls)[i].kind == CallKind::gather_for_metrics) continue;  // gathered ahead
@@ -344,8 +348,10 @@ class GradientState {
   template <class F>
   static StepCall step_call(F f) {
     return [f = std::move(f)]() mutable -> std::shared_ptr<void> {
-      if constexpr (std::is_void_v<std::invoke_result_t<F&>>) return f(), nullptr;
-      else return f();
+      if constexpr (std::is_void_v<std::invoke_result_t<F&>>)
+        return f(), nullptr;
+      else
+        return f();
     };
   }
   void push(Entry* e) {
@@ -364,8 +370,8 @@ class GradientState {
   std::vector<Entry*> stack_;
   bool sync_gradients_ = true;
   bool replaying_ = false;
-  bool stopped_ = false;  // a repeated call ended the repeat (stop_repeating)
-  std::atomic<int> recorders_{0};  // registrations that record their steps
+  bool stopped_ = false;            // a repeated call ended the repeat (stop_repeating)
+  std::atomic<int> recorders_{0};   // registrations that record their steps
   std::function<void()> boundary_;  // the step boundary hook (set_step_boundary_hook)
   std::atomic<const void*> boundary_owner_{nullptr};
 };

@@ -54,7 +54,8 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string launcher = "none";  //!< "none", "torchrun", "mpi" (Open MPI, MVAPICH, MPICH, Intel MPI, PMIx), "slurm", "arguments"
+  std::string launcher =
+      "none";  //!< "none", "torchrun", "mpi" (Open MPI, MVAPICH, MPICH, Intel MPI, PMIx), "slurm", "arguments"
   //! torchrun's agent already hosts the rendezvous store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
   //! rank 0 connects to it instead of starting one.
   bool agent_store = false;
@@ -82,8 +83,8 @@ inline int parse_int(std::string_view name, const std::string& value, std::strin
   while (first < last && *first == ' ') ++first;
   auto [p, ec] = std::from_chars(first, last, out);
   if (ec != std::errc() || p != last || first == last)
-    throw InvalidArgument("accel: environment variable " + std::string(name) + "='" + value +
-                          "' is not an integer; " + std::string(hint));
+    throw InvalidArgument("accel: environment variable " + std::string(name) + "='" + value + "' is not an integer; " +
+                          std::string(hint));
   return out;
 }
 
@@ -122,18 +123,60 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
     bool local_rank_defaults_to_rank, needs_master_port, mpi;
   };
   static constexpr Family families[] = {
-      {"torchrun", "RANK", {"WORLD_SIZE"}, {"LOCAL_RANK"}, {"LOCAL_WORLD_SIZE"},
-       "the launcher (accel-launch, torchrun) sets it to a number", true, true, false},
-      {"mpi", "OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_SIZE"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}, {"OMPI_COMM_WORLD_LOCAL_SIZE"},
-       "mpirun sets it to a number", true, false, true},
-      {"mpi", "MV2_COMM_WORLD_RANK", {"MV2_COMM_WORLD_SIZE"}, {"MV2_COMM_WORLD_LOCAL_RANK"}, {"MV2_COMM_WORLD_LOCAL_SIZE"},
-       "MVAPICH's launcher sets it to a number", true, false, true},
-      {"mpi", "PMI_RANK", {"PMI_SIZE"}, {"MPI_LOCALRANKID"}, {"MPI_LOCALNRANKS"},
-       "mpiexec (MPICH, Intel MPI) sets it to a number", true, false, true},
-      {"slurm", "SLURM_PROCID", {"SLURM_NTASKS"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS_PER_NODE"}, "srun sets it to a number",
-       false, false, false},
-      {"mpi", "PMIX_RANK", {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE"}, "the PMIx server sets it to a number", true, false, true},
+      {"torchrun",
+       "RANK",
+       {"WORLD_SIZE"},
+       {"LOCAL_RANK"},
+       {"LOCAL_WORLD_SIZE"},
+       "the launcher (accel-launch, torchrun) sets it to a number",
+       true,
+       true,
+       false},
+      {"mpi",
+       "OMPI_COMM_WORLD_RANK",
+       {"OMPI_COMM_WORLD_SIZE"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE"},
+       "mpirun sets it to a number",
+       true,
+       false,
+       true},
+      {"mpi",
+       "MV2_COMM_WORLD_RANK",
+       {"MV2_COMM_WORLD_SIZE"},
+       {"MV2_COMM_WORLD_LOCAL_RANK"},
+       {"MV2_COMM_WORLD_LOCAL_SIZE"},
+       "MVAPICH's launcher sets it to a number",
+       true,
+       false,
+       true},
+      {"mpi",
+       "PMI_RANK",
+       {"PMI_SIZE"},
+       {"MPI_LOCALRANKID"},
+       {"MPI_LOCALNRANKS"},
+       "mpiexec (MPICH, Intel MPI) sets it to a number",
+       true,
+       false,
+       true},
+      {"slurm",
+       "SLURM_PROCID",
+       {"SLURM_NTASKS"},
+       {"SLURM_LOCALID"},
+       {"SLURM_NTASKS_PER_NODE"},
+       "srun sets it to a number",
+       false,
+       false,
+       false},
+      {"mpi",
+       "PMIX_RANK",
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE"},
+       "the PMIx server sets it to a number",
+       true,
+       false,
+       true},
   };
   auto first_set = [&](const std::array<const char*, 2>& names) -> const char* {
     for (const char* n : names)
@@ -150,16 +193,19 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
     out.rank = get_int(f.rank, f.hint).value_or(0);
     const char* size = first_set(f.size);
     if (!size && std::string_view(f.rank) == "PMIX_RANK")
-      throw InvalidArgument("accel: PMIX_RANK=" + *env(f.rank) + " is set, but no variable gives the number of processes: "
-                            "PMIx exports only the rank and its namespace; export PMIX_SIZE=<number of processes> (and, "
-                            "on several nodes, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE and MASTER_ADDR) to every process, or "
-                            "start the job with Open MPI's mpirun, srun or accel-launch");
+      throw InvalidArgument(
+          "accel: PMIX_RANK=" + *env(f.rank) +
+          " is set, but no variable gives the number of processes: "
+          "PMIx exports only the rank and its namespace; export PMIX_SIZE=<number of processes> (and, "
+          "on several nodes, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE and MASTER_ADDR) to every process, or "
+          "start the job with Open MPI's mpirun, srun or accel-launch");
     out.world_size = size ? get_int(size, f.hint).value_or(1) : 1;
     const char* local_rank = first_set(f.local_rank);
     out.local_rank = local_rank ? *get_int(local_rank, f.hint) : (f.local_rank_defaults_to_rank ? out.rank : 0);
     // SLURM_NTASKS_PER_NODE may read "4(x2)": the leading number is this node's count.
     if (const char* local_size = first_set(f.local_size)) {
-      out.local_world_size = detail::parse_int(local_size, env(local_size)->substr(0, env(local_size)->find('(')), f.hint);
+      out.local_world_size =
+          detail::parse_int(local_size, env(local_size)->substr(0, env(local_size)->find('(')), f.hint);
       local_size_var = local_size;
     } else {
       out.local_world_size = out.world_size;
@@ -171,7 +217,8 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
   }
   if (out.launcher == "slurm") {  // the rendezvous from the job itself, unless given
     if (!env("MASTER_ADDR")) {
-      if (auto nodes = env("SLURM_JOB_NODELIST") ? env("SLURM_JOB_NODELIST") : env("SLURM_NODELIST"); nodes && !nodes->empty())
+      if (auto nodes = env("SLURM_JOB_NODELIST") ? env("SLURM_JOB_NODELIST") : env("SLURM_NODELIST");
+          nodes && !nodes->empty())
         out.master_addr = detail::first_slurm_host(*nodes);
     }
     if (!env("MASTER_PORT")) {
@@ -180,9 +227,11 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
   }
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) out.master_addr = *a;
   if (auto s = env("TORCHELASTIC_USE_AGENT_STORE")) out.agent_store = (*s == "True" || *s == "true" || *s == "1");
-  if (auto r = get_int("TORCHELASTIC_RESTART_COUNT", "the launcher (accel-launch, torchrun) sets it to the restart count"))
+  if (auto r =
+          get_int("TORCHELASTIC_RESTART_COUNT", "the launcher (accel-launch, torchrun) sets it to the restart count"))
     out.restart_count = *r;
-  if (auto p = get_int("MASTER_PORT", "set it to a free TCP port (1-65535) on the master node")) out.master_port = *p;
+  if (auto p = get_int("MASTER_PORT", "set it to a free TCP port (1-65535) on the master node"))
+    out.master_port = *p;
   else if (needs_master_port && out.world_size > 1 && !over.master_port)
     throw InvalidArgument("accel: WORLD_SIZE=" + std::to_string(out.world_size) +
                           " but MASTER_PORT is not set; set MASTER_PORT (and MASTER_ADDR) to the rendezvous "
@@ -190,11 +239,12 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
   const bool several_nodes = out.world_size > 1 && out.local_world_size != out.world_size;
   const bool no_master_addr = !(env("MASTER_ADDR") && !env("MASTER_ADDR")->empty()) && !over.master_addr;
   if (mpi && several_nodes && no_master_addr)
-    throw InvalidArgument("accel: the MPI job spans several nodes (" + size_var + "=" + std::to_string(out.world_size) + ", " +
-                          local_size_var + "=" + std::to_string(out.local_world_size) +
-                          ") but MASTER_ADDR is not set; export MASTER_ADDR=<address of the node running rank 0, reachable "
-                          "from every node> to every process (Open MPI: mpirun -x MASTER_ADDR=...; MPICH, Intel MPI, "
-                          "MVAPICH: mpiexec -genv MASTER_ADDR ...); 127.0.0.1 works only when every process is on one node");
+    throw InvalidArgument(
+        "accel: the MPI job spans several nodes (" + size_var + "=" + std::to_string(out.world_size) + ", " +
+        local_size_var + "=" + std::to_string(out.local_world_size) +
+        ") but MASTER_ADDR is not set; export MASTER_ADDR=<address of the node running rank 0, reachable "
+        "from every node> to every process (Open MPI: mpirun -x MASTER_ADDR=...; MPICH, Intel MPI, "
+        "MVAPICH: mpiexec -genv MASTER_ADDR ...); 127.0.0.1 works only when every process is on one node");
   if (needs_master_port && several_nodes && no_master_addr)
     throw InvalidArgument("accel: the job spans several nodes (WORLD_SIZE=" + std::to_string(out.world_size) +
                           ", LOCAL_WORLD_SIZE=" + std::to_string(out.local_world_size) +
@@ -223,13 +273,13 @@ inline LaunchEnv detect_launch_env(const EnvLookup& env = process_env, const Lau
           "accel: " + rank_var + "=" + std::to_string(out.rank) + " is out of range for " + size_var + "=" +
               std::to_string(out.world_size) + "; ranks go from 0 to " + std::to_string(out.world_size - 1));
   require(out.local_world_size >= 1 && out.local_world_size <= out.world_size,
-          "accel: the local world size (" + std::to_string(out.local_world_size) + ") must be between 1 and " + size_var +
-              " (" + std::to_string(out.world_size) + ")");
+          "accel: the local world size (" + std::to_string(out.local_world_size) + ") must be between 1 and " +
+              size_var + " (" + std::to_string(out.world_size) + ")");
   require(out.local_rank >= 0 && out.local_rank < out.local_world_size,
           "accel: the local rank (" + std::to_string(out.local_rank) + ") is out of range for a local world size of " +
               std::to_string(out.local_world_size));
-  require(out.master_port >= 1 && out.master_port <= 65535,
-          "accel: MASTER_PORT=" + std::to_string(out.master_port) + " is out of range; use a TCP port between 1 and 65535");
+  require(out.master_port >= 1 && out.master_port <= 65535, "accel: MASTER_PORT=" + std::to_string(out.master_port) +
+                                                                " is out of range; use a TCP port between 1 and 65535");
   require(!out.master_addr.empty(), "accel: MASTER_ADDR is empty; set it to the address of the node running rank 0");
   require(out.restart_count >= 0, "accel: TORCHELASTIC_RESTART_COUNT=" + std::to_string(out.restart_count) +
                                       " must be at least 0 (the launcher counts its restarts from 0)");

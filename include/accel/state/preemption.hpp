@@ -35,7 +35,8 @@ struct Preempted : Error {
   Preempted(int signal, std::filesystem::path checkpoint)
       : Error("accel: preempted by signal " + std::to_string(signal) + "; checkpoint saved to " + checkpoint.string() +
               " (resume with load_state())"),
-        signal_(signal), checkpoint_(std::move(checkpoint)) {}
+        signal_(signal),
+        checkpoint_(std::move(checkpoint)) {}
   [[nodiscard]] int signal() const noexcept { return signal_; }
   [[nodiscard]] const std::filesystem::path& checkpoint() const noexcept { return checkpoint_; }
 
@@ -59,7 +60,8 @@ class SignalWatch {
       accel::detail::require(sig > 0 && sig < NSIG && sig != SIGKILL && sig != SIGSTOP,
                              "accel: PreemptionOptions::signals holds " + std::to_string(sig) +
                                  ", which cannot be caught; use SIGTERM, SIGUSR1, SIGUSR2 or SIGINT");
-      struct sigaction sa {}, old{};
+      struct sigaction sa {
+      }, old{};
       sa.sa_handler = on_preemption_signal;
       sigemptyset(&sa.sa_mask);
       sa.sa_flags = SA_RESTART;  // a collective's system calls go on

@@ -44,8 +44,14 @@
 namespace accel {
 
 namespace detail {
-template <class R> struct on_process_result { using type = std::optional<std::decay_t<R>>; };
-template <> struct on_process_result<void> { using type = bool; };
+template <class R>
+struct on_process_result {
+  using type = std::optional<std::decay_t<R>>;
+};
+template <>
+struct on_process_result<void> {
+  using type = bool;
+};
 }  // namespace detail
 //! What `ProcessState::on_main_process` and the other `on_*` helpers return for the callable `F`: `bool`
 //! (whether it ran) when `F` returns nothing, else `std::optional` of its decayed result (empty where it did not run).
@@ -98,7 +104,9 @@ class ProcessState {
   //! 0 on the job's first attempt; after the launcher restarted every process (accel-launch --max-restarts, torchrun),
   //! the restart's number (`TORCHELASTIC_RESTART_COUNT`): a restarted program resumes from its latest checkpoint.
   [[nodiscard]] int restart_count() const noexcept { return s_->env.restart_count; }
-  [[nodiscard]] bool use_distributed() const noexcept { return s_->conn.type != DistributedType::no && num_processes() > 1; }
+  [[nodiscard]] bool use_distributed() const noexcept {
+    return s_->conn.type != DistributedType::no && num_processes() > 1;
+  }
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
   [[nodiscard]] bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
@@ -120,7 +128,10 @@ class ProcessState {
     ~FirstGuard() noexcept(false) {
       if (!first_) return;
       if (std::uncaught_exceptions() > 0) {
-        try { s_.wait_for_everyone(); } catch (...) {}  // already unwinding: do not replace that error
+        try {
+          s_.wait_for_everyone();
+        } catch (...) {
+        }  // already unwinding: do not replace that error
       } else {
         s_.wait_for_everyone();
       }
@@ -169,7 +180,8 @@ class ProcessState {
   //! `on_main_process` for the result). An index outside `[0, local_num_processes())` is an error.
   template <std::invocable F>
   OnProcessResult<F> on_local_process(int local_index, F&& f) const {
-    check_index("on_local_process", "local process", "node", local_index, local_num_processes(), "local_num_processes()");
+    check_index("on_local_process", "local process", "node", local_index, local_num_processes(),
+                "local_num_processes()");
     return run_if(local_process_index() == local_index, std::forward<F>(f));
   }
 
@@ -207,11 +219,13 @@ class ProcessState {
     return at::cat({out, inputs.narrow(0, inputs.size(0) - 1, 1).expand(shape)}, 0);
   }
   template <class K, class V>
-  std::map<K, std::vector<V>> split_between_processes(const std::map<K, std::vector<V>>& inputs, bool apply_padding = false) const {
+  std::map<K, std::vector<V>> split_between_processes(const std::map<K, std::vector<V>>& inputs,
+                                                      bool apply_padding = false) const {
     std::map<K, std::vector<V>> out;
     std::size_t length = inputs.empty() ? 0 : inputs.begin()->second.size();
     for (const auto& [k, v] : inputs) {
-      detail::require(v.size() == length, "accel::split_between_processes: all values of the map must have the same length");
+      detail::require(v.size() == length,
+                      "accel::split_between_processes: all values of the map must have the same length");
       out.emplace(k, split_between_processes(v, apply_padding));
     }
     return out;
@@ -237,11 +251,13 @@ class ProcessState {
       return OnProcessResult<F>(std::invoke(std::forward<F>(f)));
     }
   }
-  static void check_index(const char* helper, const char* what, const char* where, int index, int count, const char* bound) {
+  static void check_index(const char* helper, const char* what, const char* where, int index, int count,
+                          const char* bound) {
     if (index >= 0 && index < count) return;
-    throw InvalidArgument(std::string("accel::") + helper + ": " + what + " index " + std::to_string(index) + " is out of range: this " +
-                          where + " has " + std::to_string(count) + " " + what + (count == 1 ? "" : "es") +
-                          ", so the valid indices are 0 to " + std::to_string(count - 1) + "; pass an index below " + bound);
+    throw InvalidArgument(std::string("accel::") + helper + ": " + what + " index " + std::to_string(index) +
+                          " is out of range: this " + where + " has " + std::to_string(count) + " " + what +
+                          (count == 1 ? "" : "es") + ", so the valid indices are 0 to " + std::to_string(count - 1) +
+                          "; pass an index below " + bound);
   }
 
   // The process is exiting (Note [Exit]): the process state goes now, while every library it uses is whole; a

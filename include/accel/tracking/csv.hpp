@@ -92,8 +92,10 @@ class CsvWriter final : public Writer {
       const char c = all[i];
       if (in_quotes) {
         field += c;
-        if (c == '"' && i + 1 < all.size() && all[i + 1] == '"') field += all[++i];  // an escaped quote
-        else if (c == '"') in_quotes = false;
+        if (c == '"' && i + 1 < all.size() && all[i + 1] == '"')
+          field += all[++i];  // an escaped quote
+        else if (c == '"')
+          in_quotes = false;
       } else if (c == '"') {
         field += c;
         in_quotes = true;
@@ -107,7 +109,8 @@ class CsvWriter final : public Writer {
     if (!field.empty()) records.back().push_back(field);
     if (records.back().empty()) records.pop_back();
     if (records.empty() || records.front().empty() || records.front().front() != "step")
-      throw Error("accel: tracking: " + path_.string() + " is not a metrics table of accel (its header does not start with "
+      throw Error("accel: tracking: " + path_.string() +
+                  " is not a metrics table of accel (its header does not start with "
                   "\"step\"); move it away, or log into another project");
     for (std::size_t c = 1; header && c < records.front().size(); ++c) {
       std::string name = records.front()[c];
@@ -124,13 +127,16 @@ class CsvWriter final : public Writer {
   // Keeps the rows logged before the checkpoint (the first `at.calls`) and the columns they use: a column that only
   // later rows brought is one of the header's last, empty in every row kept.
   void keep_until(std::vector<std::vector<std::string>>& rows, const Position& at) {
-    if (at.calls > 0 && std::int64_t(rows.size()) >= at.calls) {  // the checkpoint's last row: the file must be that run's
+    if (at.calls > 0 &&
+        std::int64_t(rows.size()) >= at.calls) {  // the checkpoint's last row: the file must be that run's
       const auto& last = rows[std::size_t(at.calls - 1)];
       const std::string want = at.last_step ? std::to_string(*at.last_step) : std::string("none");
       if (last.empty() || last.front() != want)
-        throw FileError(path_.string(), "row " + std::to_string(at.calls) + ", the last row logged before the checkpoint, has step " +
-                                            (last.empty() ? std::string("(empty)") : last.front()) + ", the checkpoint's last step is " +
-                                            want + ": the file is not that run's; move it away, or log into another project");
+        throw FileError(path_.string(), "row " + std::to_string(at.calls) +
+                                            ", the last row logged before the checkpoint, has step " +
+                                            (last.empty() ? std::string("(empty)") : last.front()) +
+                                            ", the checkpoint's last step is " + want +
+                                            ": the file is not that run's; move it away, or log into another project");
     }
     if (std::int64_t(rows.size()) > at.calls) rows.resize(std::size_t(at.calls));
     auto used = [&](std::size_t c) {  // column c holds a value in some row kept

@@ -29,13 +29,27 @@ inline void append_json_string(std::string& out, const std::string& s) {
   out += '"';
   for (const unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           constexpr char hex[] = "0123456789abcdef";
@@ -69,7 +83,8 @@ inline void append_json(std::string& out, const Value& v) {
 //! `{"step": s, "name": value, ...}` on one line (`step` first when given), or, `pretty`, one member a line
 //! indented by two spaces. Flat objects only: that is all the trackers write, and it keeps a JSON library's
 //! templates out of every translation unit that includes the Accelerator.
-inline std::string json_object(const Values& values, std::optional<std::int64_t> step = std::nullopt, bool pretty = false) {
+inline std::string json_object(const Values& values, std::optional<std::int64_t> step = std::nullopt,
+                               bool pretty = false) {
   if (values.empty() && !step) return "{}";
   std::string out = "{";
   bool first = true;
@@ -121,10 +136,13 @@ class JsonlWriter final : public Writer {
     if (rows > 0 && rows == at.calls) {  // the checkpoint's last row: the file must be that run's
       const auto step = step_of(last);
       if (!step)
-        throw FileError(path_.string(), "line " + std::to_string(rows) + " is not a row of accel's metrics (it does not start with "
-                                        "{\"step\": and an integer); move the file away, or log into another project");
+        throw FileError(path_.string(),
+                        "line " + std::to_string(rows) +
+                            " is not a row of accel's metrics (it does not start with "
+                            "{\"step\": and an integer); move the file away, or log into another project");
       if (step != at.last_step)
-        throw FileError(path_.string(), "line " + std::to_string(rows) + ", the last row logged before the checkpoint, has step " +
+        throw FileError(path_.string(), "line " + std::to_string(rows) +
+                                            ", the last row logged before the checkpoint, has step " +
                                             std::to_string(*step) + ", the checkpoint's last step is " +
                                             (at.last_step ? std::to_string(*at.last_step) : std::string("none")) +
                                             ": the file is not that run's; move it away, or log into another project");

@@ -69,8 +69,12 @@ inline std::string le_bytes(std::uint64_t v, int n) {
 class Proto {
  public:
   Proto& varint(int field, std::uint64_t v) { return key(field, 0), raw_varint(v), *this; }
-  Proto& fixed64(int field, double v) { return key(field, 1), buf_ += le_bytes(std::bit_cast<std::uint64_t>(v), 8), *this; }
-  Proto& fixed32(int field, float v) { return key(field, 5), buf_ += le_bytes(std::bit_cast<std::uint32_t>(v), 4), *this; }
+  Proto& fixed64(int field, double v) {
+    return key(field, 1), buf_ += le_bytes(std::bit_cast<std::uint64_t>(v), 8), *this;
+  }
+  Proto& fixed32(int field, float v) {
+    return key(field, 5), buf_ += le_bytes(std::bit_cast<std::uint32_t>(v), 4), *this;
+  }
   Proto& bytes(int field, std::string_view s) {
     key(field, 2);
     raw_varint(s.size());
@@ -143,8 +147,7 @@ class TensorBoardWriter final : public Writer {
   void store_config(const Values& config) override {
     if (config.empty() || config_kept_) return;
     std::string table = "| name | value |\n|---|---|\n";
-    for (const auto& [k, v] : config)
-      table += "| " + k + " | " + text(v) + " |\n";
+    for (const auto& [k, v] : config) table += "| " + k + " | " + text(v) + " |\n";
     detail::Proto summary;
     summary.message(1, detail::text_value("config", table));
     // The hparams plugin's view of the same: the experiment (each name and its type) and this session's values.
@@ -154,8 +157,10 @@ class TensorBoardWriter final : public Writer {
       detail::Proto info, entry, value;
       info.bytes(1, k).varint(4, is_text ? 1 : 3);  // HParamInfo{name, type: DATA_TYPE_STRING | DATA_TYPE_FLOAT64}
       experiment.message(4, info);
-      if (is_text) value.bytes(3, std::get<std::string>(v));  // google.protobuf.Value{string_value}
-      else value.fixed64(2, as_double(v));
+      if (is_text)
+        value.bytes(3, std::get<std::string>(v));  // google.protobuf.Value{string_value}
+      else
+        value.fixed64(2, as_double(v));
       entry.bytes(1, k).message(2, value);  // map<string, Value> entry
       session.message(1, entry);
     }
@@ -216,7 +221,8 @@ inline std::vector<std::string> read_records(const std::filesystem::path& path) 
   std::vector<std::string> out;
   for (std::size_t at = 0; at < all.size();) {
     auto fail = [&](const std::string& what) {
-      throw FileError(path.string(), "record " + std::to_string(out.size()) + " at byte " + std::to_string(at) + ": " + what);
+      throw FileError(path.string(),
+                      "record " + std::to_string(out.size()) + " at byte " + std::to_string(at) + ": " + what);
     };
     if (all.size() - at < 12) fail("truncated (fewer than 12 bytes of framing)");
     const std::uint64_t n = u(at, 8);

@@ -46,7 +46,8 @@ class Trackers {
   ACCEL_DECL Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
                       const Start& start);
   //! `continuing`: a resumed job, whose files are continued as they are (no position known).
-  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config, bool continuing = false)
+  Trackers(const std::vector<Tracker>& kinds, const std::filesystem::path& dir, const Values& config,
+           bool continuing = false)
       : Trackers(kinds, dir, config, Start{.continuing = continuing}) {}
   //! A run without writers at `position` (none: not known), what a resumed job holds until `init_trackers`.
   static Trackers at(const std::optional<Position>& position) {

@@ -53,16 +53,24 @@ void collectives(const Args& args) {
   check(again.comm() == comm, "ProcessState is shared");
 
   // gather: rank order, 0-dim becomes 1-dim, nested structures, described structs.
-  check(same(accel::gather(comm, T({r, r})), [&] { std::vector<int64_t> v; for (int i = 0; i < N; ++i) v.insert(v.end(), {i, i}); return T(v); }()),
+  check(same(accel::gather(comm, T({r, r})),
+             [&] {
+               std::vector<int64_t> v;
+               for (int i = 0; i < N; ++i) v.insert(v.end(), {i, i});
+               return T(v);
+             }()),
         "gather 1-d");
-  check(same(accel::gather(comm, at::scalar_tensor(r, at::kLong)), at::arange(N, at::kLong)), "gather of 0-dim tensors");
+  check(same(accel::gather(comm, at::scalar_tensor(r, at::kLong)), at::arange(N, at::kLong)),
+        "gather of 0-dim tensors");
   auto two_d = accel::gather(comm, at::full({1, 2}, r, at::kFloat));
   check(two_d.sizes() == at::IntArrayRef({N, 2}) && two_d[N - 1][1].item<float>() == float(N - 1), "gather 2-d");
   Batch b{T({r}), F({float(r) / 2})};
   auto gb = accel::gather(comm, b);
-  check(same(gb.data, at::arange(N, at::kLong)) && gb.target[N - 1].item<float>() == float(N - 1) / 2, "gather of a described struct");
+  check(same(gb.data, at::arange(N, at::kLong)) && gb.target[N - 1].item<float>() == float(N - 1) / 2,
+        "gather of a described struct");
   check(b.data.item<int64_t>() == r, "gather does not modify its input");
-  std::map<std::string, std::tuple<at::Tensor, std::vector<at::Tensor>>> nested{{"x", {T({r}), {T({10 * r}), T({-r})}}}};
+  std::map<std::string, std::tuple<at::Tensor, std::vector<at::Tensor>>> nested{
+      {"x", {T({r}), {T({10 * r}), T({-r})}}}};
   auto gn = accel::gather(comm, nested);
   check(same(std::get<1>(gn.at("x"))[1], -at::arange(N, at::kLong)), "gather of map/tuple/vector");
 
@@ -100,12 +108,14 @@ void collectives(const Args& args) {
   check(same(first, T(want_first)), "pad_across_processes pad_first");
   check(same(accel::pad_across_processes(comm, mine, 3), mine), "pad_across_processes with a dim out of range");
   auto mat = at::full({2, r + 1}, r, at::kFloat);
-  check(accel::pad_across_processes(comm, mat, -1).sizes() == at::IntArrayRef({2, N}), "pad_across_processes negative dim");
+  check(accel::pad_across_processes(comm, mat, -1).sizes() == at::IntArrayRef({2, N}),
+        "pad_across_processes negative dim");
 
   // Objects: typed serialisation.
   Metrics m{"rank" + std::to_string(r), {1.5 * r, 2.0}, {{"a", r}, {"b", 7}}};
   auto mb = accel::broadcast_object(comm, m, 1);
-  check(mb.name == "rank1" && mb.values == std::vector<double>{1.5, 2.0} && mb.counts.at("a") == 1, "broadcast_object of a struct");
+  check(mb.name == "rank1" && mb.values == std::vector<double>{1.5, 2.0} && mb.counts.at("a") == 1,
+        "broadcast_object of a struct");
   auto all = accel::gather_object(comm, std::string(std::size_t(r + 1), char('a' + r)));
   bool ok = int(all.size()) == N;
   for (int q = 0; ok && q < N; ++q) ok = all[std::size_t(q)] == std::string(std::size_t(q + 1), char('a' + q));
@@ -118,7 +128,8 @@ void collectives(const Args& args) {
   std::vector<int> expect(items.begin() + start, items.begin() + start + q7 + (r < e7 ? 1 : 0));
   check(share == expect, "split_between_processes");
   auto pshare = state.split_between_processes(items, true);
-  check(int(pshare.size()) == (7 + N - 1) / N && (pshare.size() == expect.size() || pshare.back() == 6), "split with padding");
+  check(int(pshare.size()) == (7 + N - 1) / N && (pshare.size() == expect.size() || pshare.back() == 6),
+        "split with padding");
   auto tshare = state.split_between_processes(at::arange(7, at::kLong), true);
   check(tshare.size(0) == (7 + N - 1) / N, "tensor split with padding");
   std::map<std::string, std::vector<int>> dict{{"a", items}, {"b", items}};

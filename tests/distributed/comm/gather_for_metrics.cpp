@@ -59,13 +59,15 @@ void gather_for_metrics(const Args&) {
     for (int q = 0; q < N; ++q) layout.size.push_back(q + 1), layout.real.push_back(q == 0 ? 1 : q);
     auto g = accel::gather_for_metrics(comm, at::full({r + 1}, r, at::kLong), layout);
     std::vector<int64_t> w{0};
-    for (int q = 1; q < N; ++q) for (int i = 0; i < q; ++i) w.push_back(q);
+    for (int q = 1; q < N; ++q)
+      for (int i = 0; i < q; ++i) w.push_back(q);
     check(same(g, T(w)), "gather_for_metrics with different sizes per rank");
     // The same batch as objects: the elements the tensor form keeps, in its order.
     std::vector<std::string> mine(std::size_t(r + 1), std::string(std::size_t(r + 1), char('a' + r)));
     std::vector<std::string> want;
     for (const auto q : w) want.push_back(std::string(std::size_t(q + 1), char('a' + q)));
-    check(accel::gather_for_metrics(comm, mine, layout) == want, "gather_for_metrics of objects with different sizes per rank");
+    check(accel::gather_for_metrics(comm, mine, layout) == want,
+          "gather_for_metrics of objects with different sizes per rank");
   }
 
   state.print("gather_for_metrics on ", N, " processes: checked");

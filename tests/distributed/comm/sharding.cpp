@@ -1,6 +1,6 @@
-// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced, reduce_start) on N real
-// processes, small (the check's slots after the data) and large (a check collective first), value by value; and a
-// reduce-scatter against another collective, which every rank must name.
+// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced, reduce_start)
+// on N real processes, small (the check's slots after the data) and large (a check collective first), value by value;
+// and a reduce-scatter against another collective, which every rank must name.
 #include "../harness.hpp"
 
 #include <accel/comm/communicator.hpp>
@@ -44,7 +44,8 @@ void sharding_collectives(const Args&) {
     const at::Tensor mine = inplace.narrow(0, r * n, n);
     comm->all_gather_into(inplace, mine);
     ok = true;
-    for (int k = 0; k < N; ++k) ok = ok && same(inplace.narrow(0, k * n, n), at::full({n}, std::int64_t(k * 10 + 1), at::kLong));
+    for (int k = 0; k < N; ++k)
+      ok = ok && same(inplace.narrow(0, k * n, n), at::full({n}, std::int64_t(k * 10 + 1), at::kLong));
     check(ok, "all_gather_into in place" + size);
   }
   // reduce_start (ZeRO stage 2's buckets): every root, overlapping (two in flight), with and without check room;
@@ -62,7 +63,8 @@ void sharding_collectives(const Args&) {
       comm->finish(pending[std::size_t(root)]);
       if (root != r) continue;
       const at::Tensor want = at::arange(n, at::kFloat) * float(N * (N + 1) / 2) + float(N * root);
-      check(same(buffers[std::size_t(root)].narrow(0, 0, n), want), "reduce_start: the root holds the sum (" + std::to_string(n) + " elements)");
+      check(same(buffers[std::size_t(root)].narrow(0, 0, n), want),
+            "reduce_start: the root holds the sum (" + std::to_string(n) + " elements)");
     }
   }
   // broadcast_coalesced: several dtypes and shapes, one collective, from rank 0 and from the last rank.
@@ -72,7 +74,8 @@ void sharding_collectives(const Args&) {
     const auto before = comm->sequence();
     comm->broadcast_coalesced(ts, root);
     check(comm->sequence() == before + 1, "broadcast_coalesced is one collective");
-    check(same(ts[0], at::full({3, 2}, float(root), at::kFloat)) && same(ts[1], at::full({4}, std::int64_t(root), at::kLong)) &&
+    check(same(ts[0], at::full({3, 2}, float(root), at::kFloat)) &&
+              same(ts[1], at::full({4}, std::int64_t(root), at::kLong)) &&
               same(ts[2], at::full({2}, double(root) + 0.5, at::kDouble)),
           "broadcast_coalesced from rank " + std::to_string(root));
   }
@@ -82,7 +85,8 @@ void sharding_collectives(const Args&) {
     comm->reduce_scatter(bad, at::ones({3 * N + 1}));
     check(false, "reduce_scatter of an uneven whole is refused");
   } catch (const accel::InvalidArgument& e) {
-    check(std::string(e.what()).find("pad the whole to a multiple of N") != std::string::npos, "uneven whole: the message says the fix");
+    check(std::string(e.what()).find("pad the whole to a multiple of N") != std::string::npos,
+          "uneven whole: the message says the fix");
   }
 }
 

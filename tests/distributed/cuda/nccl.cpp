@@ -10,8 +10,8 @@
 #include <accel/state/process_state.hpp>
 
 #if ACCEL_WITH_CUDA
-#include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
@@ -49,7 +49,8 @@ struct NcclTrainer : accel::Accelerator<accel::dist::nccl, accel::rng::sync<acce
 // The communicator's own operations, each on the GPU, against the values every rank can compute.
 void communicator_ops(accel::comm::Communicator* c, int N, int r) {
   const auto dev = c->device();
-  const auto f = at::TensorOptions().dtype(at::kFloat).device(dev), l = at::TensorOptions().dtype(at::kLong).device(dev);
+  const auto f = at::TensorOptions().dtype(at::kFloat).device(dev),
+             l = at::TensorOptions().dtype(at::kLong).device(dev);
   // all_reduce: sum, max, min, of floats and integers.
   auto s = at::full({1000}, float(r + 1), f);
   c->all_reduce(s);
@@ -92,14 +93,16 @@ void communicator_ops(accel::comm::Communicator* c, int N, int r) {
   std::vector<at::Tensor> mixed{at::full({3}, float(r), f), at::full({2, 2}, int64_t(10 + r), l),
                                 at::full({5}, double(r) / 4, at::TensorOptions().dtype(at::kDouble).device(dev))};
   c->broadcast_coalesced(mixed, 1);
-  check(same(mixed[0].cpu(), at::full({3}, 1.0f, at::kFloat)) && same(mixed[1].cpu(), at::full({2, 2}, int64_t(11), at::kLong)) &&
+  check(same(mixed[0].cpu(), at::full({3}, 1.0f, at::kFloat)) &&
+            same(mixed[1].cpu(), at::full({2, 2}, int64_t(11), at::kLong)) &&
             same(mixed[2].cpu(), at::full({5}, 0.25, at::kDouble)),
         "broadcast_coalesced of float, long and double tensors from rank 1");
   // The gradient-bucket path: an all-reduce started asynchronously on accel's stream, finished later.
   auto bucket = at::arange(1 << 20, f) * float(r + 1);
   auto pending = c->all_reduce_start(bucket);
   c->finish(pending);
-  check(same(bucket.cpu(), at::arange(1 << 20, at::kFloat) * float(N * (N + 1) / 2)), "all_reduce_start / finish of 4 MiB");
+  check(same(bucket.cpu(), at::arange(1 << 20, at::kFloat) * float(N * (N + 1) / 2)),
+        "all_reduce_start / finish of 4 MiB");
   // A CPU tensor is refused with the fix.
   std::string error;
   try {
@@ -108,7 +111,8 @@ void communicator_ops(accel::comm::Communicator* c, int N, int r) {
   } catch (const accel::Error& e) {
     error = e.what();
   }
-  check(error.find("NCCL all_reduce needs CUDA tensors") != std::string::npos, "a CPU tensor is refused, naming the fix: " + error);
+  check(error.find("NCCL all_reduce needs CUDA tensors") != std::string::npos,
+        "a CPU tensor is refused, naming the fix: " + error);
   c->barrier();
 }
 
@@ -132,7 +136,8 @@ void structured_collectives(accel::comm::Communicator* c, int N, int r) {
   std::vector<int64_t> pw;
   for (int i = 0; i < N; ++i) pw.push_back(i <= r ? i : -1);
   check(same(padded.cpu(), T(pw)), "pad_across_processes");
-  check(accel::broadcast_object(c, "from rank " + std::to_string(r), N - 1) == "from rank " + std::to_string(N - 1), "broadcast_object");
+  check(accel::broadcast_object(c, "from rank " + std::to_string(r), N - 1) == "from rank " + std::to_string(N - 1),
+        "broadcast_object");
   auto names = accel::gather_object(c, std::string(std::size_t(r + 1), char('a' + r)));
   bool ok = int(names.size()) == N;
   for (int q = 0; ok && q < N; ++q) ok = names[std::size_t(q)] == std::string(std::size_t(q + 1), char('a' + q));
@@ -144,7 +149,8 @@ void structured_collectives(accel::comm::Communicator* c, int N, int r) {
     layout.real.push_back(q == N - 1 ? 3 : 4);
   }
   auto rows = at::arange(4 * r, 4 * r + 4, at::TensorOptions().dtype(at::kLong).device(dev));
-  check(same(accel::gather_for_metrics(c, rows, layout).cpu(), at::arange(4 * N - 1, at::kLong)), "gather_for_metrics drops the padding");
+  check(same(accel::gather_for_metrics(c, rows, layout).cpu(), at::arange(4 * N - 1, at::kLong)),
+        "gather_for_metrics drops the padding");
 }
 
 // synchronize_rng_states<sync<cuda, torch>> over NCCL: afterwards, this process's CPU generator and its GPU's
@@ -173,7 +179,8 @@ void rng_sync(accel::comm::Communicator* c, const c10::Device& dev, int N, int r
   check(same(state_of(gpu), want_gpu), "the generator of this process's GPU (cuda:" + std::to_string(dev.index()) +
                                            ") holds rank 0's state bytes after synchronize_rng_states");
   // The same numbers on every rank from now on, on the CPU and on the GPU.
-  auto draws = accel::gather(c, at::cat({at::rand({4}).to(dev), at::rand({4}, at::TensorOptions().device(dev))}).unsqueeze(0));
+  auto draws =
+      accel::gather(c, at::cat({at::rand({4}).to(dev), at::rand({4}, at::TensorOptions().device(dev))}).unsqueeze(0));
   bool equal = draws.size(0) == N;
   for (int q = 1; equal && q < N; ++q) equal = same(draws[q].cpu(), draws[0].cpu());
   check(equal, "every rank draws the same numbers after the synchronisation");
@@ -190,8 +197,10 @@ void ddp_training(int N, int r) {
   at::manual_seed(100 + std::uint64_t(r));  // different initial weights on every rank: prepare broadcasts rank 0's
   auto net = make();
   auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.2));
-  auto [model, opt, loader] = acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}));
-  check(net->parameters()[0].device() == acc.device() && acc.device().is_cuda(), "prepare put the model on this process's GPU");
+  auto [model, opt, loader] =
+      acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}));
+  check(net->parameters()[0].device() == acc.device() && acc.device().is_cuda(),
+        "prepare put the model on this process's GPU");
   check(model.distributed().buckets() > 1, "several gradient buckets");
   auto reference = make();  // one process on the CPU: the same start (rank 0's), one step on each N*B consecutive rows
   {
@@ -222,7 +231,8 @@ void ddp_training(int N, int r) {
   double worst = 0;
   auto a = net->parameters(), ref = reference->parameters();
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i].cpu() - ref[i]).abs().max().item<double>());
-  check(worst < 1e-5, "DDP over NCCL equals one process on the concatenated batches (max diff " + std::to_string(worst) + ")");
+  check(worst < 1e-5,
+        "DDP over NCCL equals one process on the concatenated batches (max diff " + std::to_string(worst) + ")");
   auto states = accel::gather_object(acc.comm(), [] {
     auto s = state_of(at::detail::getDefaultCPUGenerator()).contiguous();
     return std::vector<std::uint8_t>(s.data_ptr<std::uint8_t>(), s.data_ptr<std::uint8_t>() + s.numel());

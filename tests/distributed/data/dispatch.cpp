@@ -8,9 +8,9 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <numeric>
 #include <string>
@@ -34,7 +34,8 @@ void dispatch(const Args&) {
   tally.rank = state.process_index();
   const int N = state.num_processes();
   using Dispatch = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;
-  accel::data::DataLoader dl(accel::data::TensorDataset(at::rand({4096, 32}), at::arange(4096)), {.batch_size = 64, .shuffle = true});
+  accel::data::DataLoader dl(accel::data::TensorDataset(at::rand({4096, 32}), at::arange(4096)),
+                             {.batch_size = 64, .shuffle = true});
   auto loader = accel::data::prepare_data_loader<Dispatch>(dl, state);
   std::int64_t rows = 0;
   for (const auto& b : loader) {
@@ -44,7 +45,8 @@ void dispatch(const Args&) {
   const auto [received, broadcast] = loader.transport_bytes();
   const double ratio = double(received) / double(broadcast);
   check(ratio <= 1.0 / N + 1e-9, "dispatched loading receives at most 1/N of a broadcast");
-  check(accel::reduce(state.comm(), at::scalar_tensor(rows, at::kLong), accel::Reduction::sum).item<std::int64_t>() == 4096,
+  check(accel::reduce(state.comm(), at::scalar_tensor(rows, at::kLong), accel::Reduction::sum).item<std::int64_t>() ==
+            4096,
         "the ranks' rows add up to the dataset");
   state.print("dispatch transport: rank 0 received ", received, " bytes, a broadcast of every global batch would send ",
               broadcast, " (ratio ", ratio, " for ", N, " processes)");
@@ -52,7 +54,8 @@ void dispatch(const Args&) {
   std::vector<std::tuple<std::string, at::Tensor>> parts;
   for (int q = 0; q < N; ++q) parts.emplace_back(std::string(std::size_t(q + 1), 'x'), at::full({q + 1}, q, at::kLong));
   auto got = accel::scatter_object(state.comm(), parts, 0);
-  check(std::get<0>(got) == std::string(std::size_t(tally.rank + 1), 'x') && at::equal(std::get<1>(got), at::full({tally.rank + 1}, tally.rank, at::kLong)),
+  check(std::get<0>(got) == std::string(std::size_t(tally.rank + 1), 'x') &&
+            at::equal(std::get<1>(got), at::full({tally.rank + 1}, tally.rank, at::kLong)),
         "scatter_object");
   // A slice function: batches with strings, cut by rank 0 and sent to each rank serialised.
   auto collate_named = [](const std::vector<std::int64_t>& ids) {
@@ -61,21 +64,25 @@ void dispatch(const Args&) {
     return n;
   };
   auto slice = [](const Named& g, std::int64_t begin, std::int64_t size) {
-    return Named{g.x.narrow(0, begin, size), std::vector<std::string>(g.names.begin() + begin, g.names.begin() + begin + size)};
+    return Named{g.x.narrow(0, begin, size),
+                 std::vector<std::string>(g.names.begin() + begin, g.names.begin() + begin + size)};
   };
   std::vector<std::int64_t> ids(26);
   std::iota(ids.begin(), ids.end(), 0);
-  accel::data::DataLoader named(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 4}, collate_named);
+  accel::data::DataLoader named(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 4},
+                                collate_named);
   auto nl = accel::data::prepare_data_loader<Dispatch>(named, state, slice);
   bool consistent = true;
   std::int64_t real_rows = 0;
   for (const auto& b : nl) {
     consistent &= std::int64_t(b.names.size()) == b.x.size(0);
-    for (std::int64_t i = 0; i < b.x.size(0); ++i) consistent &= b.names[std::size_t(i)] == "sample-" + std::to_string(b.x[i].item<std::int64_t>());
+    for (std::int64_t i = 0; i < b.x.size(0); ++i)
+      consistent &= b.names[std::size_t(i)] == "sample-" + std::to_string(b.x[i].item<std::int64_t>());
     real_rows += accel::GradientState::instance().layout().real[std::size_t(tally.rank)];
   }
   check(consistent, "a slice function sends every rank its rows and their names");
-  check(accel::reduce(state.comm(), at::scalar_tensor(real_rows, at::kLong), accel::Reduction::sum).item<std::int64_t>() == 26,
+  check(accel::reduce(state.comm(), at::scalar_tensor(real_rows, at::kLong), accel::Reduction::sum)
+                .item<std::int64_t>() == 26,
         "with a slice function the real rows still add up to the dataset");
   struct Ragged {
     std::int64_t size() const { return 64; }
@@ -102,20 +109,23 @@ void dispatch(const Args&) {
     for (std::size_t i = 0; i < batch.size(); ++i) x[std::int64_t(i)].fill_(batch[i]);
     return torch::data::Example<>{x, at::tensor(batch, at::kLong)};
   };
-  accel::data::DataLoader widths(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 3}, ragged_collate);
+  accel::data::DataLoader widths(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 3},
+                                 ragged_collate);
   auto wl = accel::data::prepare_data_loader<Dispatch>(widths, state);
   bool rows_right = true;
   std::int64_t id_sum = 0;
   for (int epoch = 0; epoch < 3; ++epoch) {
     for (const auto& b : wl) {
       rows_right &= b.data.size(0) == b.target.size(0) && b.data.dim() == 2 && b.data.size(1) >= 1;
-      for (std::int64_t i = 0; i < b.data.size(0); ++i) rows_right &= at::equal(b.data[i], at::full({b.data.size(1)}, b.target[i].item<std::int64_t>(), at::kLong));
+      for (std::int64_t i = 0; i < b.data.size(0); ++i)
+        rows_right &= at::equal(b.data[i], at::full({b.data.size(1)}, b.target[i].item<std::int64_t>(), at::kLong));
       const std::int64_t real = accel::GradientState::instance().layout().real[std::size_t(tally.rank)];
       for (std::int64_t i = 0; i < real; ++i) id_sum += b.target[i].item<std::int64_t>();
     }
   }
   check(rows_right, "dispatched batches whose width changes every step: every rank's rows hold their ids");
-  check(accel::reduce(state.comm(), at::scalar_tensor(id_sum, at::kLong), accel::Reduction::sum).item<std::int64_t>() == 3 * 325,
+  check(accel::reduce(state.comm(), at::scalar_tensor(id_sum, at::kLong), accel::Reduction::sum).item<std::int64_t>() ==
+            3 * 325,
         "dispatched batches whose width changes every step: the real rows are every sample once per epoch");
   // A leaf with no first dimension cannot be cut: every rank stops with rank 0's message (not rank 0 alone).
   accel::data::DataLoader scalar(accel::data::RangeDataset<std::vector<std::int64_t>>(ids), {.batch_size = 2},

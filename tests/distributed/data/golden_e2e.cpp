@@ -35,13 +35,12 @@ void golden_run(const nlohmann::json& c, const accel::ProcessState& state, Loade
   check(loader.size() == batches.size(), "size() of " + what);
 }
 
-
 template <class Config>
 void golden_case(const nlohmann::json& c, const accel::ProcessState& state, bool stream, int workers) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(c.at("n").get<std::int64_t>()));
   std::iota(v.begin(), v.end(), 0);
-  const accel::data::DataLoaderOptions opt{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"),
-                                           .workers = workers, .prefetch = 3};
+  const accel::data::DataLoaderOptions opt{
+      .batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"), .workers = workers, .prefetch = 3};
   if (stream) {  // the same samples as an iterable dataset (a stream: no get(i))
     accel::data::DataLoader dl(std::views::all(v), opt);
     golden_run(c, state, accel::data::prepare_data_loader<Config>(dl, state));
@@ -50,7 +49,6 @@ void golden_case(const nlohmann::json& c, const accel::ProcessState& state, bool
     golden_run(c, state, accel::data::prepare_data_loader<Config>(dl, state));
   }
 }
-
 
 // args: FILE [WORKERS]; `stream`: the dispatched cases read their data as a stream (an iterable dataset).
 void golden(const Args& args, bool stream) {
@@ -70,8 +68,10 @@ void golden(const Args& args, bool stream) {
       // batches (samples lost); accel refuses it (README, differences).
       bool threw = false;
       try {
-        accel::data::DataLoader dl(accel::data::RangeDataset<std::vector<std::int64_t>>(std::vector<std::int64_t>(1)), {.batch_size = bs});
-        (void)accel::data::prepare_data_loader<accel::CheckedConfig<accel::dist::gloo, accel::batches::split>>(dl, state);
+        accel::data::DataLoader dl(accel::data::RangeDataset<std::vector<std::int64_t>>(std::vector<std::int64_t>(1)),
+                                   {.batch_size = bs});
+        (void)accel::data::prepare_data_loader<accel::CheckedConfig<accel::dist::gloo, accel::batches::split>>(dl,
+                                                                                                               state);
       } catch (const accel::InvalidArgument&) {
         threw = true;
       }
@@ -80,15 +80,15 @@ void golden(const Args& args, bool stream) {
       continue;
     }
     // The cell of the policy matrix with this case's flags (dispatching ignores even_batches, as Accelerate does).
-    const bool found = accel_test::with_config<accel_test::LoaderMatrix>(split, even || dispatch, dispatch, [&]<class Config>() {
-      golden_case<Config>(c, state, stream && dispatch, workers);
-    });
+    const bool found = accel_test::with_config<accel_test::LoaderMatrix>(
+        split, even || dispatch, dispatch,
+        [&]<class Config>() { golden_case<Config>(c, state, stream && dispatch, workers); });
     check(found, "a configuration of the policy matrix for " + c.dump().substr(0, 120));
   }
-  state.print(stream ? "stream " : "", "golden ", path.substr(path.find_last_of('/') + 1), " on ", state.num_processes(), " processes, ",
-              workers, " worker(s): ", refused, " configurations refused on purpose");
+  state.print(stream ? "stream " : "", "golden ", path.substr(path.find_last_of('/') + 1), " on ",
+              state.num_processes(), " processes, ", workers, " worker(s): ", refused,
+              " configurations refused on purpose");
 }
-
 
 void golden_e2e(const Args& args) { golden(args, false); }
 void golden_e2e_stream(const Args& args) { golden(args, true); }

@@ -12,8 +12,8 @@
 //   ... window                      with 2-step gradient accumulation (a checkpoint inside a window: resize.sh
 //                                   expects the resume at another size to be refused)
 //   ... zero                        under ZeRO stage 2: every saved partition of the momentum, re-cut at this size
-#include "../harness.hpp"
 #include "../../support/samples.hpp"
+#include "../harness.hpp"
 
 #include <accel/accelerator.hpp>
 #include <accel/checkpoint/checkpointer.hpp>
@@ -49,8 +49,9 @@ using accel_test::iota_vector;
 // `steps` steps of the loader's current epoch (-1: the rest); returns the real samples of every step across the job
 // (gather_for_metrics drops the padding) and this rank's batches as they came (padding included).
 template <class Loader>
-std::pair<std::vector<std::int64_t>, std::vector<std::vector<std::int64_t>>> take(Loader& l, const accel::ProcessState& state,
-                                                                                std::int64_t steps) {
+std::pair<std::vector<std::int64_t>, std::vector<std::vector<std::int64_t>>> take(Loader& l,
+                                                                                  const accel::ProcessState& state,
+                                                                                  std::int64_t steps) {
   std::vector<std::int64_t> real;
   std::vector<std::vector<std::int64_t>> mine;
   if (steps == 0) return {real, mine};
@@ -92,8 +93,10 @@ struct Run {
   template <class Make>
   void loader(const std::string& name, Make make, std::int64_t n, bool ordered, bool fresh_next) {
     auto l = make();
-    ck.add_loader({[l] { return l.state_dict(); }, [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
-                   [l](const data::LoaderState& s) { return l.state_mismatch(s); }});
+    ck.add_loader(
+        {[l] { return l.state_dict(); },
+         [l](const data::LoaderState& s) mutable { l.load_state_dict(s, data::GlobalGenerator::restored_by_caller); },
+         [l](const data::LoaderState& s) { return l.state_mismatch(s); }});
     const auto file = dir / (name + ".consumed");
     if (save) {
       l.set_epoch(0);
@@ -106,15 +109,17 @@ struct Run {
     after_load.push_back([=, this]() mutable {
       const auto s = l.state_dict();
       std::vector<std::int64_t> seen = read_numbers(file);
-      check(l.epoch() == 1 || (l.epoch() == 2 && s.position == 0), name + ": resumes in epoch 1 (or at the start of 2)");
+      check(l.epoch() == 1 || (l.epoch() == 2 && s.position == 0),
+            name + ": resumes in epoch 1 (or at the start of 2)");
       if (l.epoch() == 1) {
         const auto rest = take(l, state, -1).first;
         seen.insert(seen.end(), rest.begin(), rest.end());
       }
       auto sorted = seen;
       std::sort(sorted.begin(), sorted.end());
-      check(sorted == iota_vector(n), name + ": the interrupted epoch's samples over both runs are each seen exactly once (" +
-                                   std::to_string(seen.size()) + " seen of " + std::to_string(n) + ")");
+      check(sorted == iota_vector(n),
+            name + ": the interrupted epoch's samples over both runs are each seen exactly once (" +
+                std::to_string(seen.size()) + " seen of " + std::to_string(n) + ")");
       if (ordered) check(seen == iota_vector(n), name + ": in the epoch's order");
       l.set_epoch(2);
       const auto next = take(l, state, -1).second;
@@ -125,8 +130,8 @@ struct Run {
         (void)take(reference, state, -1);
       }
       reference.set_epoch(2);
-      check(take(reference, state, -1).second == next, name + ": the next epoch is a fresh " + std::to_string(state.num_processes()) +
-                                                           "-process job's");
+      check(take(reference, state, -1).second == next,
+            name + ": the next epoch is a fresh " + std::to_string(state.num_processes()) + "-process job's");
     });
   }
 };
@@ -149,19 +154,44 @@ void resize_loaders(const Args& args) {
   };
   // Shuffled without a seed of its own: one process draws from the global generator, whose next epoch is not a
   // fresh job's (README).
-  run.loader("sharded", seeded(42, [&] { return data::prepare_data_loader<Sharded>(map(37, {.batch_size = 4, .shuffle = true, .workers = 1}), state); }),
+  run.loader("sharded",
+             seeded(42,
+                    [&] {
+                      return data::prepare_data_loader<Sharded>(
+                          map(37, {.batch_size = 4, .shuffle = true, .workers = 1}), state);
+                    }),
              37, false, N > 1);
-  run.loader("split", seeded(43, [&] { return data::prepare_data_loader<Split>(map(37, {.batch_size = 6, .shuffle = true}), state); }), 37,
-             false, N > 1);
+  run.loader(
+      "split",
+      seeded(43, [&] { return data::prepare_data_loader<Split>(map(37, {.batch_size = 6, .shuffle = true}), state); }),
+      37, false, N > 1);
   run.loader("dispatched",
-             seeded(44, [&] { return data::prepare_data_loader<Dispatched>(map(37, {.batch_size = 4, .shuffle = true, .seed = 5}), state); }),
+             seeded(44,
+                    [&] {
+                      return data::prepare_data_loader<Dispatched>(
+                          map(37, {.batch_size = 4, .shuffle = true, .seed = 5}), state);
+                    }),
              37, false, true);
   run.loader("batch-sampler",
-             seeded(45, [&] { return data::prepare_data_loader<Sharded>(map(31, {.batch_sampler = accel_test::bucketed_batches}), state); }), 31, false, true);
-  run.loader("iterable", seeded(46, [&] { return data::prepare_data_loader<Sharded>(data::DataLoader(std::views::all(items), {.batch_size = 3}), state); }),
+             seeded(45,
+                    [&] {
+                      return data::prepare_data_loader<Sharded>(
+                          map(31, {.batch_sampler = accel_test::bucketed_batches}), state);
+                    }),
+             31, false, true);
+  run.loader("iterable",
+             seeded(46,
+                    [&] {
+                      return data::prepare_data_loader<Sharded>(
+                          data::DataLoader(std::views::all(items), {.batch_size = 3}), state);
+                    }),
              29, true, true);
   run.loader("iterable-dispatched",
-             seeded(47, [&] { return data::prepare_data_loader<Dispatched>(data::DataLoader(std::views::all(items), {.batch_size = 3}), state); }),
+             seeded(47,
+                    [&] {
+                      return data::prepare_data_loader<Dispatched>(
+                          data::DataLoader(std::views::all(items), {.batch_size = 3}), state);
+                    }),
              29, true, true);
   const auto ckpt = run.dir / "ckpt";
   if (save) {
@@ -179,13 +209,13 @@ void resize_loaders(const Args& args) {
 // both runs (the padding of an even tail included, as the ranks train on it).
 struct ResizeTrainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_process> {};
 // The same under ZeRO stage 2: the partitions of the optimizer state are re-cut for the new number of processes.
-struct ResizeZeroTrainer : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::gradients> {};
+struct ResizeZeroTrainer
+    : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::gradients> {};
 
 template <class Trainer>
 void resize_training_with(const Args& args) {
   const bool window = arg(args, 3, "") == "window";
-  Trainer acc{accel::Options{.seed = 3, .gradient_accumulation_steps = window ? 2 : 1,
-                                   .comm = options(60000).comm}};
+  Trainer acc{accel::Options{.seed = 3, .gradient_accumulation_steps = window ? 2 : 1, .comm = options(60000).comm}};
   tally.rank = acc.process_index();
   const bool save = arg(args, 0, "") == "save";
   const std::filesystem::path dir = arg(args, 1, ".");
@@ -219,8 +249,8 @@ void resize_training_with(const Args& args) {
       opt.zero_grad();
       if (save && e == 1 && ++steps == stop) {
         acc.save_state(ckpt);
-        acc.print("saved ", ckpt.string(), " with ", acc.num_processes(), " process(es) after ", stop, " steps of epoch 1",
-                  acc.sync_gradients() ? "" : ", inside an accumulation window");
+        acc.print("saved ", ckpt.string(), " with ", acc.num_processes(), " process(es) after ", stop,
+                  " steps of epoch 1", acc.sync_gradients() ? "" : ", inside an accumulation window");
         return;
       }
     }
@@ -242,7 +272,8 @@ void resize_training_with(const Args& args) {
   auto train_steps = [&](int P, std::int64_t from, std::int64_t count) {
     std::vector<accel::plan::BatchPlan> plans;
     for (int r = 0; r < P; ++r)
-      plans.push_back(accel::plan::loader_plan({.batch_size = B, .num_processes = P, .process_index = r}, n, accel::plan::Loading::sharded, from));
+      plans.push_back(accel::plan::loader_plan({.batch_size = B, .num_processes = P, .process_index = r}, n,
+                                               accel::plan::Loading::sharded, from));
     for (std::int64_t j = 0; j < std::min(count, plans[0].size()); ++j) {
       std::vector<std::int64_t> rows;
       for (const auto& p : plans)
@@ -266,13 +297,16 @@ void resize_training_with(const Args& args) {
     worst = std::max(worst, d.item<double>());
   }
   check(worst < 1e-6, "resumed " + std::to_string(N) + " -> " + std::to_string(M) +
-                          " processes: the parameters of one process trained on the same global batches (max diff " + std::to_string(worst) + ")");
+                          " processes: the parameters of one process trained on the same global batches (max diff " +
+                          std::to_string(worst) + ")");
   acc.print("training resumed ", N, " -> ", M, " processes: max parameter difference to one process ", worst);
 }
 
 void resize_training(const Args& args) {
-  if (arg(args, 3, "") == "zero") resize_training_with<ResizeZeroTrainer>(args);
-  else resize_training_with<ResizeTrainer>(args);
+  if (arg(args, 3, "") == "zero")
+    resize_training_with<ResizeZeroTrainer>(args);
+  else
+    resize_training_with<ResizeTrainer>(args);
 }
 
 }  // namespace mp

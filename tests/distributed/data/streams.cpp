@@ -27,7 +27,8 @@ using accel_test::take;
 template <class Config>
 int streams_of(const accel::ProcessState& state, const std::filesystem::path& file, int workers) {
   const int N = state.num_processes();
-  const std::string cell = std::string(Config::split_batches ? "split" : "per_process") + (Config::even_batches ? "/even" : "/uneven") +
+  const std::string cell = std::string(Config::split_batches ? "split" : "per_process") +
+                           (Config::even_batches ? "/even" : "/uneven") +
                            (Config::dispatch ? "/dispatched" : "/sharded") + " workers=" + std::to_string(workers);
   int runs = 0;
   // Whole epochs: the unsized streams equal the sized one.
@@ -38,10 +39,13 @@ int streams_of(const accel::ProcessState& state, const std::filesystem::path& fi
         const auto v = accel_test::iota_vector(n);
         const accel::data::DataLoaderOptions o{.batch_size = batch, .drop_last = drop_last, .workers = workers};
         auto sized = accel::data::prepare_data_loader<Config>(accel::data::DataLoader(std::views::all(v), o), state);
-        auto generated = accel::data::prepare_data_loader<Config>(accel::data::DataLoader(accel_test::Generated{n}, o), state);
-        auto read = accel::data::prepare_data_loader<Config>(accel::data::DataLoader(accel_test::LinesOfFile::written(file, n), o), state);
+        auto generated =
+            accel::data::prepare_data_loader<Config>(accel::data::DataLoader(accel_test::Generated{n}, o), state);
+        auto read = accel::data::prepare_data_loader<Config>(
+            accel::data::DataLoader(accel_test::LinesOfFile::written(file, n), o), state);
         const auto expected = take(sized, -1);
-        const std::string what = cell + " n=" + std::to_string(n) + " batch=" + std::to_string(batch) + " drop_last=" + std::to_string(drop_last);
+        const std::string what = cell + " n=" + std::to_string(n) + " batch=" + std::to_string(batch) +
+                                 " drop_last=" + std::to_string(drop_last);
         check(expected.first.size() == sized.size(), "the sized stream's size(), " + what);
         check(take(generated, -1) == expected, "a range with no size(), " + what);
         check(take(read, -1) == expected, "a file reader, " + what);
@@ -66,7 +70,9 @@ int streams_of(const accel::ProcessState& state, const std::filesystem::path& fi
   {
     const std::int64_t batch = Config::split_batches ? N : 2;
     const accel::data::DataLoaderOptions o{.batch_size = batch, .workers = workers};
-    auto make = [&] { return accel::data::prepare_data_loader<Config>(accel::data::DataLoader(accel_test::Generated{17}, o), state); };
+    auto make = [&] {
+      return accel::data::prepare_data_loader<Config>(accel::data::DataLoader(accel_test::Generated{17}, o), state);
+    };
     Batches reference;
     {
       auto l = make();
@@ -110,7 +116,9 @@ void streams(const Args&) {
                     ("accel_mp_streams_" + std::to_string(::getpid()) + "_" + std::to_string(state.process_index()));
   int runs = 0;
   for (const int workers : {0, 1, 2})
-    [&]<class... Cs>(std::tuple<Cs...>*) { ((runs += stream_tests::streams_of<Cs>(state, file, workers)), ...); }(static_cast<accel_test::LoaderMatrix*>(nullptr));
+    [&]<class... Cs>(std::tuple<Cs...>*) {
+      ((runs += stream_tests::streams_of<Cs>(state, file, workers)), ...);
+    }(static_cast<accel_test::LoaderMatrix*>(nullptr));
   std::filesystem::remove(file);
   state.print("streams of unknown length on ", state.num_processes(), " processes: ", runs, " runs over ",
               std::tuple_size_v<accel_test::LoaderMatrix>, " configurations and 0-2 workers");

@@ -25,8 +25,7 @@ void comm_hooks(const Args&) {
   for (const auto hook : {accel::CommHook::fp16, accel::CommHook::bf16}) {
     const auto wire = hook == accel::CommHook::fp16 ? at::kHalf : at::kBFloat16;
     const std::string what = std::string(hook == accel::CommHook::fp16 ? "fp16" : "bf16") + ": ";
-    Hooked acc{accel::Options{.bucket_bytes = 256, .comm_hook = hook,
-                              .comm = options(60000).comm}};
+    Hooked acc{accel::Options{.bucket_bytes = 256, .comm_hook = hook, .comm = options(60000).comm}};
     tally.rank = acc.process_index();
     const int N = acc.num_processes();
     at::manual_seed(3);

@@ -45,7 +45,8 @@ void distributed_module(const Args&) {
     // accel: two micro-batches per rank, the first one without sync, losses divided by the accumulation steps.
     opt.zero_grad();
     for (int micro = 0; micro < 2; ++micro) {
-      const auto rows = x.narrow(0, (micro * N + tally.rank) * B, B), target = y.narrow(0, (micro * N + tally.rank) * B, B);
+      const auto rows = x.narrow(0, (micro * N + tally.rank) * B, B),
+                 target = y.narrow(0, (micro * N + tally.rank) * B, B);
       auto loss = torch::mse_loss(net->forward(rows), target) / 2;
       if (micro == 0) {
         auto guard = ddp.no_sync();
@@ -63,11 +64,14 @@ void distributed_module(const Args&) {
   double worst = 0;
   auto a = net->parameters(), b = reference->parameters();
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  check(worst < 1e-5, "parameters equal single-process training on the concatenated batches (max diff " + std::to_string(worst) + ")");
+  check(worst < 1e-5, "parameters equal single-process training on the concatenated batches (max diff " +
+                          std::to_string(worst) + ")");
   state.print("DistributedModule on ", N, " processes: max parameter difference to one process ", worst);
   // A parameter that gets no gradient.
   struct TwoHeads : torch::nn::Module {
-    TwoHeads() : used(register_module("used", torch::nn::Linear(4, 1))), unused(register_module("unused", torch::nn::Linear(4, 1))) {}
+    TwoHeads()
+        : used(register_module("used", torch::nn::Linear(4, 1))),
+          unused(register_module("unused", torch::nn::Linear(4, 1))) {}
     torch::nn::Linear used, unused;
   };
   auto heads = std::make_shared<TwoHeads>();

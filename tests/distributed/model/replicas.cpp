@@ -36,7 +36,8 @@ class CaptureStderr {
  public:
   explicit CaptureStderr(int rank)
       : path_((std::filesystem::temp_directory_path() /
-               ("accel_mp_stderr_" + std::to_string(::getpid()) + "_" + std::to_string(rank))).string()) {
+               ("accel_mp_stderr_" + std::to_string(::getpid()) + "_" + std::to_string(rank)))
+                  .string()) {
     std::fflush(stderr);
     saved_ = ::dup(2);
     const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
@@ -66,8 +67,11 @@ class CaptureStderr {
 };
 
 accel::Options options_with(int accumulation, std::int64_t check_every = 0, bool broadcast_buffers = true) {
-  return accel::Options{.seed = 5, .gradient_accumulation_steps = accumulation, .broadcast_buffers = broadcast_buffers,
-                        .comm = options(60000).comm, .check_replicas_every = check_every};
+  return accel::Options{.seed = 5,
+                        .gradient_accumulation_steps = accumulation,
+                        .broadcast_buffers = broadcast_buffers,
+                        .comm = options(60000).comm,
+                        .check_replicas_every = check_every};
 }
 accel::data::TensorDataset toy(std::int64_t n) {
   at::manual_seed(3);  // the same data on every rank
@@ -79,7 +83,8 @@ accel::data::TensorDataset toy(std::int64_t n) {
 void door() {
   for (const int way : {0, 1, 2}) {  // 0: model->forward; 1: model(x); 2: model->forward without broadcast_buffers
     Checked acc{options_with(1, 0, way != 2)};
-    auto net = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+    auto net = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
+                                     torch::nn::Linear(8, 2));
     auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
                                             accel::data::DataLoader(toy(32), {.batch_size = 4}));
     std::string error;
@@ -118,8 +123,10 @@ void raw_optimizer(bool adamw) {
   CaptureStderr err(acc.process_index());
   auto net = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
   std::shared_ptr<torch::optim::Optimizer> raw;
-  if (adamw) raw = std::make_shared<torch::optim::AdamW>(net->parameters(), 0.01);
-  else raw = std::make_shared<torch::optim::SGD>(net->parameters(), 0.1);
+  if (adamw)
+    raw = std::make_shared<torch::optim::AdamW>(net->parameters(), 0.01);
+  else
+    raw = std::make_shared<torch::optim::SGD>(net->parameters(), 0.1);
   auto [model, loader] = acc.prepare(net, accel::data::DataLoader(toy(32), {.batch_size = 4}));
   std::string error;
   try {
@@ -136,16 +143,21 @@ void raw_optimizer(bool adamw) {
   const std::string which = adamw ? "AdamW: " : "SGD: ";
   if (acc.is_main_process()) {
     if (adamw)
-      check(log.find("accel: warning: parameter '0.weight' of prepared model 0 changed inside an accumulation window, where its "
-                     "gradients are this process's alone, but no optimizer that prepare() returned has stepped") != std::string::npos,
+      check(log.find("accel: warning: parameter '0.weight' of prepared model 0 changed inside an accumulation window, "
+                     "where its "
+                     "gradients are this process's alone, but no optimizer that prepare() returned has stepped") !=
+                std::string::npos,
             which + "the main process warns about the optimizer accel did not prepare");
-    check(log.find("accel: warning: the gradient of parameter '0.weight' of prepared model 0 was cleared inside an accumulation "
+    check(log.find("accel: warning: the gradient of parameter '0.weight' of prepared model 0 was cleared inside an "
+                   "accumulation "
                    "window") != std::string::npos,
           which + "the main process warns about the gradients cleared inside the window");
   }
-  check(error.find("the processes' replicas differ after optimizer step 1 (they were equal after step 0): parameter '0.weight' "
-                   "on rank(s) 1") != std::string::npos,
-        which + "every rank stops at the first synchronising step, naming the parameter: " + error);
+  check(
+      error.find(
+          "the processes' replicas differ after optimizer step 1 (they were equal after step 0): parameter '0.weight' "
+          "on rank(s) 1") != std::string::npos,
+      which + "every rank stops at the first synchronising step, naming the parameter: " + error);
 }
 
 // The same job stepping the prepared optimizer: no warning, no divergence, equal replicas at the end; then a change
@@ -154,8 +166,8 @@ void healthy_then_perturbed() {
   Checked acc{options_with(2, 1)};
   CaptureStderr err(acc.process_index());
   auto net = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
-                                          accel::data::DataLoader(toy(48), {.batch_size = 4}));
+  auto [model, opt, loader] =
+      acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1), accel::data::DataLoader(toy(48), {.batch_size = 4}));
   std::string error;
   for (int epoch = 0; epoch < 2; ++epoch) {
     loader.set_epoch(epoch);
@@ -184,8 +196,8 @@ void healthy_then_perturbed() {
   const std::string log = err.text();
   check(log.find("accel: warning") == std::string::npos, "no warning when the prepared optimizer steps");
   const std::string steps = std::to_string(acc.num_processes() == 2 ? 4 : 3);  // 3 or 2 steps an epoch
-  check(error.find("differ after optimizer step " + steps + " (they were equal after step " + std::to_string(std::stoi(steps) - 1)) !=
-            std::string::npos,
+  check(error.find("differ after optimizer step " + steps + " (they were equal after step " +
+                   std::to_string(std::stoi(steps) - 1)) != std::string::npos,
         "the step is named: " + error);
   const std::string last = std::to_string(acc.num_processes() - 1);
   check(error.find("parameter '2.bias' on rank(s) " + last + " differs from rank 0's") != std::string::npos,
@@ -197,16 +209,17 @@ void backward_without_accumulate() {
   Checked acc{options_with(2)};
   CaptureStderr err(acc.process_index());
   auto net = torch::nn::Sequential(torch::nn::Linear(4, 2));
-  auto [model, opt, loader] = acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1),
-                                          accel::data::DataLoader(toy(16), {.batch_size = 4}));
+  auto [model, opt, loader] =
+      acc.prepare(net, torch::optim::SGD(net->parameters(), 0.1), accel::data::DataLoader(toy(16), {.batch_size = 4}));
   for (const auto& b : loader) {
     acc.backward(torch::mse_loss(model(b.data), b.target));
     opt.step();
     opt.zero_grad();
   }
   const std::string log = err.text();
-  const bool warned = log.find("accel: warning: gradient_accumulation_steps is 2 but backward() ran outside an accumulate() scope") !=
-                      std::string::npos;
+  const bool warned =
+      log.find("accel: warning: gradient_accumulation_steps is 2 but backward() ran outside an accumulate() scope") !=
+      std::string::npos;
   check(warned == acc.is_main_process(), "the main process warns, once, that accumulation is off without accumulate()");
 }
 

@@ -48,7 +48,8 @@ void sync_batch_norm(const Args&) {
     reference->bias.copy_(at::randn({C}));
   }
   auto sync = std::static_pointer_cast<accel::SyncBatchNormImpl>(accel::convert_sync_batchnorm(reference));
-  check(sync->options.momentum == 0.3 && at::equal(sync->weight, reference->weight), "conversion keeps the options and weights");
+  check(sync->options.momentum == 0.3 && at::equal(sync->weight, reference->weight),
+        "conversion keeps the options and weights");
   accel::set_communicators(*sync, state.comm());
   for (int round = 0; round < 2; ++round) {  // twice: the running statistics accumulate
     const at::Tensor full = at::cat(xs).requires_grad_(true);
@@ -58,14 +59,16 @@ void sync_batch_norm(const Args&) {
     const at::Tensor out = sync->forward(x);
     (out * ws[std::size_t(me)]).sum().backward();
     const std::string what = "round " + std::to_string(round) + ": ";
-    check(diff(out, out_full.narrow(0, offset, 3 + me)) < 1e-5, what + "output equals BatchNorm on the concatenated batch");
+    check(diff(out, out_full.narrow(0, offset, 3 + me)) < 1e-5,
+          what + "output equals BatchNorm on the concatenated batch");
     check(diff(x.grad(), full.grad().narrow(0, offset, 3 + me)) < 1e-5, what + "input gradient equals BatchNorm's");
     at::Tensor gw = sync->weight.grad().clone(), gb = sync->bias.grad().clone();
     state.comm()->all_reduce(gw);
     state.comm()->all_reduce(gb);
     check(diff(gw, reference->weight.grad()) < 1e-4 && diff(gb, reference->bias.grad()) < 1e-4,
           what + "weight and bias gradients, summed over the ranks, equal BatchNorm's");
-    check(diff(sync->running_mean, reference->running_mean) < 1e-6 && diff(sync->running_var, reference->running_var) < 1e-6,
+    check(diff(sync->running_mean, reference->running_mean) < 1e-6 &&
+              diff(sync->running_var, reference->running_var) < 1e-6,
           what + "running statistics equal BatchNorm's (momentum 0.3, unbiased variance)");
     reference->zero_grad();
     sync->zero_grad();
@@ -75,12 +78,14 @@ void sync_batch_norm(const Args&) {
   reference->eval();
   {
     torch::NoGradGuard g;
-    check(diff(sync->forward(xs[std::size_t(me)]), reference->forward(xs[std::size_t(me)])) < 1e-6, "eval mode: local, with the running statistics");
+    check(diff(sync->forward(xs[std::size_t(me)]), reference->forward(xs[std::size_t(me)])) < 1e-6,
+          "eval mode: local, with the running statistics");
   }
   // Containers are rebuilt with the same modules; a BatchNorm inside a module of one's own is named.
   auto seq = torch::nn::Sequential(torch::nn::Linear(C, C), torch::nn::BatchNorm1d(C), torch::nn::ReLU());
   auto converted = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(accel::convert_sync_batchnorm(seq));
-  check(converted && converted->size() == 3 && converted->ptr(0) == seq->ptr(0) && converted->ptr(1)->as<accel::SyncBatchNormImpl>(),
+  check(converted && converted->size() == 3 && converted->ptr(0) == seq->ptr(0) &&
+            converted->ptr(1)->as<accel::SyncBatchNormImpl>(),
         "Sequential: the BatchNorm becomes a SyncBatchNorm, the rest stays");
   // Through the Accelerator: prepare hands its processes to the SyncBatchNorm, whose statistics are then global
   // (equal on every rank without any buffer broadcast).
@@ -91,7 +96,8 @@ void sync_batch_norm(const Args&) {
   (void)model(at::randn({2 + me, C}) * (me + 1));
   auto& bn = *converted->ptr(1)->as<accel::SyncBatchNormImpl>();
   const auto means = acc.comm()->all_gather(bn.running_mean.contiguous());
-  check(at::equal(means[0], means[std::size_t(N - 1)]), "prepared: the running statistics are global, equal on every rank");
+  check(at::equal(means[0], means[std::size_t(N - 1)]),
+        "prepared: the running statistics are global, equal on every rank");
   // Under uneven tails a SyncBatchNorm is refused at prepare (a rank out of batches could not join its statistics).
   struct Uneven : accel::Accelerator<accel::dist::from_env, accel::tail::uneven> {};
   std::string refused;

@@ -35,8 +35,7 @@ struct Zero1 : accel::Accelerator<accel::dist::from_env, accel::shard::optimizer
 struct Zero2 : accel::Accelerator<accel::dist::from_env, accel::shard::gradients> {};
 
 accel::Options zero_options() {
-  return accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 128,
-                        .comm = options(30000).comm};
+  return accel::Options{.gradient_accumulation_steps = 2, .bucket_bytes = 128, .comm = options(30000).comm};
 }
 torch::nn::Sequential make_net() {
   at::manual_seed(11);
@@ -46,7 +45,8 @@ torch::nn::Sequential make_net() {
 template <class O, class Options>
 std::shared_ptr<O> make_opt(torch::nn::Sequential& net, Options o) {
   std::vector<at::Tensor> weights, biases;
-  for (const auto& p : net->named_parameters()) (p.key().find("bias") != std::string::npos ? biases : weights).push_back(p.value());
+  for (const auto& p : net->named_parameters())
+    (p.key().find("bias") != std::string::npos ? biases : weights).push_back(p.value());
   auto bias_options = std::make_unique<Options>(o);
   bias_options->lr(o.lr() / 10);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -54,8 +54,14 @@ std::shared_ptr<O> make_opt(torch::nn::Sequential& net, Options o) {
   groups.emplace_back(biases, std::move(bias_options));
   return std::make_shared<O>(std::move(groups), o);
 }
-at::Tensor batch_x(int step, int rank) { at::manual_seed(1000 + 10 * step + rank); return at::randn({4, 5}); }
-at::Tensor batch_y(int step, int rank) { at::manual_seed(5000 + 10 * step + rank); return at::randn({4, 3}); }
+at::Tensor batch_x(int step, int rank) {
+  at::manual_seed(1000 + 10 * step + rank);
+  return at::randn({4, 5});
+}
+at::Tensor batch_y(int step, int rank) {
+  at::manual_seed(5000 + 10 * step + rank);
+  return at::randn({4, 3});
+}
 
 // `steps` micro-batches from `first`, clipping on synchronising steps (by norm, and by value where `by_value`).
 // `released`, when given, counts the synchronising steps after which some parameter still held a gradient.
@@ -96,9 +102,11 @@ void exact(std::string name, Options o, const std::string& scratch) {
   int held = 0;
   train(zero, zm, zopt, 0, steps, by_value, &held);
   const double diff = max_diff(ddp_net, zero_net);
-  check(diff < 1e-6, name + ": ZeRO stage " + std::to_string(stage) + " equals DDP within 1e-6 (max diff " + std::to_string(diff) + ")");
+  check(diff < 1e-6, name + ": ZeRO stage " + std::to_string(stage) + " equals DDP within 1e-6 (max diff " +
+                         std::to_string(diff) + ")");
   if (stage == 2) {
-    check(held == 0, name + ": after every synchronising backward the parameters hold no gradient (" + std::to_string(held) + " did)");
+    check(held == 0, name + ": after every synchronising backward the parameters hold no gradient (" +
+                         std::to_string(held) + " did)");
     check(zm.distributed().shards_gradients() && zm.distributed().gradient_bytes() == zopt.sharded()->total_numel() * 4,
           name + ": every gradient element is sent once, to its owner");
   }
@@ -107,8 +115,10 @@ void exact(std::string name, Options o, const std::string& scratch) {
   const auto& sh = *zopt.sharded();
   const std::int64_t mine = sh.state_bytes(), whole = accel::optimizer_state_bytes(dopt.inner());
   const at::Tensor sum = accel::reduce(zero.comm(), at::full({1}, double(mine), at::kDouble), accel::Reduction::sum);
-  check(sum.item<double>() == double(whole) && whole > 0, name + ": the partitions' state adds up to the whole optimizer's");
-  check(mine <= whole / sh.total_numel() * sh.partition_numel(), name + ": this rank holds at most its partition's state");
+  check(sum.item<double>() == double(whole) && whole > 0,
+        name + ": the partitions' state adds up to the whole optimizer's");
+  check(mine <= whole / sh.total_numel() * sh.partition_numel(),
+        name + ": this rank holds at most its partition's state");
   check(accel::optimizer_state_bytes(zopt.inner()) == 0, name + ": the user's optimizer holds no state");
 
   // Consolidated on the last rank: the user's optimizer there holds DDP's state (every parameter, every tensor,
@@ -134,13 +144,15 @@ void exact(std::string name, Options o, const std::string& scratch) {
           if (ta[k].defined() != tb[k].defined()) return 1e9;
           // allclose's rule (atol 1e-6 below, rtol 1e-4): centered RMSprop's momentum (about 10 here) divides by the
           // root of a small variance, so the reductions' float rounding reaches it relative to its size (1.6e-5 seen).
-          if (ta[k].defined()) worst = std::max(worst, ((ta[k] - tb[k]).abs() - 1e-4 * tb[k].abs()).max().item<double>());
+          if (ta[k].defined())
+            worst = std::max(worst, ((ta[k] - tb[k]).abs() - 1e-4 * tb[k].abs()).max().item<double>());
         }
       }
       return worst;
     };
     const double sd = state_diff(zopt.inner(), dopt.inner(), zero_net->parameters(), ddp_net->parameters());
-    check(sd < 1e-6, name + ": the consolidated state equals DDP's optimizer state (max diff beyond 1e-4 relative " + std::to_string(sd) + ")");
+    check(sd < 1e-6, name + ": the consolidated state equals DDP's optimizer state (max diff beyond 1e-4 relative " +
+                         std::to_string(sd) + ")");
     const auto file = std::filesystem::path(scratch) / ("consolidated_" + name + ".pt");
     torch::save(zopt.inner(), file.string());
     auto plain_net = make_net();
@@ -179,7 +191,8 @@ void exact(std::string name, Options o, const std::string& scratch) {
     ddp.load_state(dir);
     check(false, name + ": a sharded checkpoint into an unsharded job is refused");
   } catch (const std::exception& e) {
-    check(std::string(e.what()).find("was sharded (accel::shard::optimizer") != std::string::npos, name + ": the message says why (" + e.what() + ")");
+    check(std::string(e.what()).find("was sharded (accel::shard::optimizer") != std::string::npos,
+          name + ": the message says why (" + e.what() + ")");
   }
 }
 
@@ -194,7 +207,8 @@ void scaled(const std::string& name) {
     for (int s = 0; s < 12; ++s) {
       auto scope = acc.accumulate(net);
       at::Tensor loss = torch::mse_loss(net(batch_x(s, acc.process_index())), batch_y(s, acc.process_index()));
-      if (s == 5 && acc.process_index() == acc.num_processes() - 1) loss = loss * std::numeric_limits<float>::infinity();
+      if (s == 5 && acc.process_index() == acc.num_processes() - 1)
+        loss = loss * std::numeric_limits<float>::infinity();
       acc.backward(scaler.scale(loss));
       if (!acc.sync_gradients()) continue;
       scaler.unscale_(holder);
@@ -207,10 +221,12 @@ void scaled(const std::string& name) {
   };
   auto ddp_net = make_net(), zero_net = make_net();
   Ddp ddp{zero_options()};
-  auto [dm, dopt] = ddp.prepare(ddp_net, std::make_shared<torch::optim::Adam>(ddp_net->parameters(), torch::optim::AdamOptions(0.01)));
+  auto [dm, dopt] = ddp.prepare(
+      ddp_net, std::make_shared<torch::optim::Adam>(ddp_net->parameters(), torch::optim::AdamOptions(0.01)));
   const auto plain = run(ddp, dm, dopt, dopt.inner(), [&] { dopt.inner().step(); });
   Zero zero{zero_options()};
-  auto [zm, zopt] = zero.prepare(zero_net, std::make_shared<torch::optim::Adam>(zero_net->parameters(), torch::optim::AdamOptions(0.01)));
+  auto [zm, zopt] = zero.prepare(
+      zero_net, std::make_shared<torch::optim::Adam>(zero_net->parameters(), torch::optim::AdamOptions(0.01)));
   const auto sharded = run(zero, zm, zopt, zopt.sharded()->gradient_holder(), [&] { zopt.sharded()->step(); });
   check(plain.first == 1 && sharded.first == 1, name + ": the overflow on one rank skips that step on every rank");
   check(plain.second == sharded.second, name + ": the scale follows DDP's (" + std::to_string(sharded.second) + ")");
@@ -223,13 +239,16 @@ void scaled(const std::string& name) {
 // is bound when its optimizer is prepared), and both train as under DDP.
 void two_models() {
   auto run = [](auto& acc, torch::nn::Sequential& a, torch::nn::Sequential& b) {
-    auto [ma, oa] = acc.prepare(a, std::make_shared<torch::optim::Adam>(a->parameters(), torch::optim::AdamOptions(0.01)));
+    auto [ma, oa] =
+        acc.prepare(a, std::make_shared<torch::optim::Adam>(a->parameters(), torch::optim::AdamOptions(0.01)));
     auto mb = acc.prepare(b);
-    auto ob = acc.prepare(std::make_shared<torch::optim::SGD>(b->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
+    auto ob =
+        acc.prepare(std::make_shared<torch::optim::SGD>(b->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
     for (int s = 0; s < 6; ++s) {
       auto scope = acc.accumulate(ma, mb);
       const at::Tensor x = batch_x(s, acc.process_index());
-      acc.backward(torch::mse_loss(mb(at::tanh(ma(x)).narrow(1, 0, 3).repeat({1, 2}).narrow(1, 0, 5)), batch_y(s, acc.process_index())));
+      acc.backward(torch::mse_loss(mb(at::tanh(ma(x)).narrow(1, 0, 3).repeat({1, 2}).narrow(1, 0, 5)),
+                                   batch_y(s, acc.process_index())));
       oa.step(), ob.step();
       oa.zero_grad(), ob.zero_grad();
     }
@@ -242,7 +261,8 @@ void two_models() {
   const auto sharded = run(zero, za, zb);
   check(sharded.first && sharded.second, "two models: both optimizers are sharded");
   const double diff = std::max(max_diff(da, za), max_diff(db, zb));
-  check(diff < 1e-6, "two models, two optimizers, prepared apart: stage 2 equals DDP (max diff " + std::to_string(diff) + ")");
+  check(diff < 1e-6,
+        "two models, two optimizers, prepared apart: stage 2 equals DDP (max diff " + std::to_string(diff) + ")");
 }
 
 // Stage 2 with a 16-bit comm hook: the buckets travel in fp16/bf16 to their owners; training follows DDP with the
@@ -252,14 +272,17 @@ void compressed(accel::CommHook hook, const std::string& name) {
   opts.comm_hook = hook;
   auto ddp_net = make_net(), zero_net = make_net();
   Ddp ddp{opts};
-  auto [dm, dopt] = ddp.prepare(ddp_net, std::make_shared<torch::optim::SGD>(ddp_net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
+  auto [dm, dopt] = ddp.prepare(
+      ddp_net, std::make_shared<torch::optim::SGD>(ddp_net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
   train(ddp, dm, dopt, 0, 8);
   Zero2 zero{opts};
-  auto [zm, zopt] = zero.prepare(zero_net, std::make_shared<torch::optim::SGD>(zero_net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
+  auto [zm, zopt] = zero.prepare(zero_net, std::make_shared<torch::optim::SGD>(
+                                               zero_net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
   train(zero, zm, zopt, 0, 8);
   const double diff = max_diff(ddp_net, zero_net);
   check(diff < 1e-4, name + ": ZeRO stage 2 with the hook follows DDP with it (max diff " + std::to_string(diff) + ")");
-  check(zm.distributed().gradient_bytes() == zopt.sharded()->total_numel() * 2, name + ": 2 bytes per gradient element travel");
+  check(zm.distributed().gradient_bytes() == zopt.sharded()->total_numel() * 2,
+        name + ": 2 bytes per gradient element travel");
 }
 }  // namespace
 
@@ -271,12 +294,14 @@ void zero(const Args& args) {
   exact<Zero1, torch::optim::SGD>("sgd", torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01), scratch);
   exact<Zero1, torch::optim::Adam>("adam", torch::optim::AdamOptions(0.01).amsgrad(true), scratch);
   exact<Zero1, torch::optim::AdamW>("adamw", torch::optim::AdamWOptions(0.01).weight_decay(0.1), scratch);
-  exact<Zero1, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true), scratch);
+  exact<Zero1, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true),
+                                      scratch);
   exact<Zero1, torch::optim::Adagrad>("adagrad", torch::optim::AdagradOptions(0.1), scratch);
   exact<Zero2, torch::optim::SGD>("sgd", torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01), scratch);
   exact<Zero2, torch::optim::Adam>("adam", torch::optim::AdamOptions(0.01).amsgrad(true), scratch);
   exact<Zero2, torch::optim::AdamW>("adamw", torch::optim::AdamWOptions(0.01).weight_decay(0.1), scratch);
-  exact<Zero2, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true), scratch);
+  exact<Zero2, torch::optim::RMSprop>("rmsprop", torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true),
+                                      scratch);
   exact<Zero2, torch::optim::Adagrad>("adagrad", torch::optim::AdagradOptions(0.1), scratch);
   two_models();
   scaled<Zero1>("grad scaler, stage 1");
@@ -290,14 +315,16 @@ void zero(const Args& args) {
       f();
       check(false, what + ": refused");
     } catch (const std::exception& e) {
-      check(std::string(e.what()).find(needle) != std::string::npos, what + ": the message says why (" + e.what() + ")");
+      check(std::string(e.what()).find(needle) != std::string::npos,
+            what + ": the message says why (" + e.what() + ")");
     }
   };
   // A parameter without a gradient at a step.
   {
     auto net = make_net();
     Zero1 acc{zero_options()};
-    auto [m, o] = acc.prepare(net, std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01)));
+    auto [m, o] =
+        acc.prepare(net, std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01)));
     expect_error("a step without gradients", "has no gradient at this step", [&] { o.sharded()->step(); });
   }
   // Stage 2: a trainable parameter of the model in no optimizer (its gradient would have no owner).
@@ -328,14 +355,16 @@ void zero(const Args& args) {
   // Mismatched partitions at load: another parameter space.
   {
     auto net = make_net();
-    accel::ShardedOptimizer a(std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01)), comm);
+    accel::ShardedOptimizer a(std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01)),
+                              comm);
     a.build();
     torch::serialize::OutputArchive out;
     a.save(out);
     const auto file = std::filesystem::path(scratch) / ("partition_rank" + std::to_string(tally.rank) + ".pt");
     out.save_to(file.string());
     auto other = torch::nn::Linear(5, 4);
-    accel::ShardedOptimizer b(std::make_shared<torch::optim::Adam>(other->parameters(), torch::optim::AdamOptions(0.01)), comm);
+    accel::ShardedOptimizer b(
+        std::make_shared<torch::optim::Adam>(other->parameters(), torch::optim::AdamOptions(0.01)), comm);
     b.build();
     torch::serialize::InputArchive in;
     in.load_from(file.string());

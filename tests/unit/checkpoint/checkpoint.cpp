@@ -8,10 +8,10 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
 #include <torch/optim/schedulers/step_lr.h>
-#include <catch2/catch.hpp>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -27,8 +27,9 @@ namespace {
 // Trains Net for `epochs` epochs on `data` (a loader of `options`) with Adam, StepLR and 2-step accumulation.
 // `stop_after` > 0: stop after that many batches overall and save to `save_dir`. `resume_dir`: load first.
 template <class Data>
-std::vector<at::Tensor> train_on(Data data, const accel::data::DataLoaderOptions& options, std::uint64_t seed, int epochs,
-                                 std::int64_t stop_after, const std::string& save_dir, const std::string& resume_dir) {
+std::vector<at::Tensor> train_on(Data data, const accel::data::DataLoaderOptions& options, std::uint64_t seed,
+                                 int epochs, std::int64_t stop_after, const std::string& save_dir,
+                                 const std::string& resume_dir) {
   Solo acc{accel::Options{.seed = seed, .gradient_accumulation_steps = 2}};
   Net net;
   auto adam = std::make_shared<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
@@ -60,8 +61,8 @@ std::vector<at::Tensor> train_toy(std::uint64_t seed, int epochs, std::int64_t s
 }
 
 // The same samples as a stream of unknown length (made one by one, no size()), batch 8, 2 workers.
-std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_t stop_after, const std::string& save_dir,
-                                     const std::string& resume_dir) {
+std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_t stop_after,
+                                     const std::string& save_dir, const std::string& resume_dir) {
   const auto toy = toy_data(70);
   auto stream = Generated{70} | std::views::transform([toy](std::int64_t i) { return toy.get(i); });
   static_assert(accel::data::IterableDataset<decltype(stream)> && !std::ranges::sized_range<decltype(stream)>);
@@ -69,7 +70,8 @@ std::vector<at::Tensor> train_stream(std::uint64_t seed, int epochs, std::int64_
 }
 }  // namespace
 
-TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identical to one that never stopped", "[accelerator][checkpoint]") {
+TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identical to one that never stopped",
+          "[accelerator][checkpoint]") {
   accel::ProcessState::reset();
   const auto dir = std::filesystem::temp_directory_path() / ("accel_resume_" + std::to_string(::getpid()));
   const auto straight = train_toy(11, 4, 0, "", "");
@@ -78,7 +80,8 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
     train_toy(11, 4, cut, dir.string(), "");
     CHECK(std::filesystem::exists(dir / "process_0.pt"));
     CHECK(!std::filesystem::exists(accel::checkpoint::partial_dir(dir)));
-    const auto resumed = train_toy(99, 4, 0, "", dir.string());  // another seed: everything must come from the checkpoint
+    const auto resumed =
+        train_toy(99, 4, 0, "", dir.string());  // another seed: everything must come from the checkpoint
     check_equal(resumed, straight);
   }
   // A job that prepared other objects is told what differs.
@@ -93,7 +96,8 @@ TEST_CASE("resume: a fresh job that loads a mid-epoch checkpoint ends bit-identi
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("resume: a job over a stream of unknown length ends bit-identical to one that never stopped", "[accelerator][checkpoint][stream]") {
+TEST_CASE("resume: a job over a stream of unknown length ends bit-identical to one that never stopped",
+          "[accelerator][checkpoint][stream]") {
   accel::ProcessState::reset();
   const auto dir = std::filesystem::temp_directory_path() / ("accel_resume_stream_" + std::to_string(::getpid()));
   const auto straight = train_stream(11, 3, 0, "", "");
@@ -126,7 +130,8 @@ void load_like_toy(const std::filesystem::path& dir, accel::Options o, accel::Lo
 }
 }  // namespace
 
-TEST_CASE("resume: a checkpoint of other training settings is refused naming both values, unless allowed", "[accelerator][checkpoint]") {
+TEST_CASE("resume: a checkpoint of other training settings is refused naming both values, unless allowed",
+          "[accelerator][checkpoint]") {
   namespace fs = std::filesystem;
   accel::ProcessState::reset();
   const auto dir = fs::temp_directory_path() / ("accel_settings_" + std::to_string(::getpid()));
@@ -162,12 +167,15 @@ TEST_CASE("resume: a checkpoint of other training settings is refused naming bot
       FAIL("loaded a model of another shape");
     } catch (const accel::FileError& e) {
       CHECK(e.path() == other + "/model.pt");
-      CHECK_THAT(e.what(), Catch::Contains("holds weight of shape [3, 4] and dtype Float, the model's is [5, 4] Float"));
+      CHECK_THAT(e.what(),
+                 Catch::Contains("holds weight of shape [3, 4] and dtype Float, the model's is [5, 4] Float"));
     }
-    CHECK_THROWS_WITH(saved(3, true).load(other, one), Catch::Contains("disagree on mixed precision (GradScaler present in one only)"));
+    CHECK_THROWS_WITH(saved(3, true).load(other, one),
+                      Catch::Contains("disagree on mixed precision (GradScaler present in one only)"));
     // A format this accel does not read.
     forge(fs::path(other) / ck::meta_file, "format_version", std::int64_t(99));
-    CHECK_THROWS_WITH(saved(3, false).load(other, one), Catch::Contains("checkpoint format 99, this accel reads formats 2 to 3"));
+    CHECK_THROWS_WITH(saved(3, false).load(other, one),
+                      Catch::Contains("checkpoint format 99, this accel reads formats 2 to 3"));
     fs::remove_all(other);
     // A sharded (ZeRO) optimizer's state, loaded into an unsharded job's optimizer.
     torch::nn::Linear lin(4, 3);
@@ -188,7 +196,8 @@ TEST_CASE("resume: a checkpoint of other training settings is refused naming bot
     for (const auto& [key, value, field] : std::vector<std::tuple<std::string, std::int64_t, std::string>>{
              {"mixed_precision", 7, "'mixed_precision' is 7"},
              {"gradient_accumulation_steps", 0, "'gradient_accumulation_steps' is 0"},
-             {"gradient_accumulation_steps", std::int64_t(1) << 40, "'gradient_accumulation_steps' is 1099511627776"}}) {
+             {"gradient_accumulation_steps", std::int64_t(1) << 40,
+              "'gradient_accumulation_steps' is 1099511627776"}}) {
       INFO(key << " = " << value);
       forge(meta, key, value);
       try {
@@ -210,7 +219,8 @@ void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::p
   std::filesystem::remove_all(to);
   std::filesystem::copy(from, to);
 }
-void overwrite(const std::filesystem::path& file, std::uintmax_t keep, std::optional<std::uintmax_t> flip = std::nullopt) {
+void overwrite(const std::filesystem::path& file, std::uintmax_t keep,
+               std::optional<std::uintmax_t> flip = std::nullopt) {
   std::filesystem::resize_file(file, keep);
   if (flip) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -237,7 +247,8 @@ accel::FileError load_error(const std::filesystem::path& dir) {
 }
 }  // namespace
 
-TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error naming the file", "[accelerator][checkpoint]") {
+TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error naming the file",
+          "[accelerator][checkpoint]") {
   namespace fs = std::filesystem;
   accel::ProcessState::reset();
   const auto base = fs::temp_directory_path() / ("accel_manifest_" + std::to_string(::getpid()));
@@ -262,8 +273,8 @@ TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error 
     overwrite(bad / "model.pt", model_size / 2);
     const auto e = load_error(bad);
     CHECK(e.path() == (bad / "model.pt").string());
-    CHECK_THAT(e.what(), Catch::Contains("size mismatch: " + std::to_string(model_size / 2) + " bytes, the manifest lists " +
-                                         std::to_string(model_size)));
+    CHECK_THAT(e.what(), Catch::Contains("size mismatch: " + std::to_string(model_size / 2) +
+                                         " bytes, the manifest lists " + std::to_string(model_size)));
   }
   SECTION("a flipped bit in the process record: checksum mismatch") {
     copy_checkpoint(good, bad);
@@ -311,8 +322,9 @@ TEST_CASE("manifest: a damaged, truncated or incomplete checkpoint is one error 
   fs::remove_all(base);
 }
 
-TEST_CASE("resume: a scheduler state from elsewhere with a counter out of range is refused naming the file and the field",
-          "[accelerator][checkpoint]") {
+TEST_CASE(
+    "resume: a scheduler state from elsewhere with a counter out of range is refused naming the file and the field",
+    "[accelerator][checkpoint]") {
   namespace fs = std::filesystem;
   namespace ck = accel::checkpoint;
   accel::ProcessState::reset();

@@ -11,9 +11,9 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -58,7 +58,8 @@ torch::nn::Sequential small_net() {
 
 }  // namespace
 
-TEST_CASE("safetensors: every dtype, scalars and empty tensors are written and read back bit for bit", "[safetensors]") {
+TEST_CASE("safetensors: every dtype, scalars and empty tensors are written and read back bit for bit",
+          "[safetensors]") {
   const auto dir = scratch("dtypes");
   at::manual_seed(3);
   const auto f = at::randn({3, 5});
@@ -84,11 +85,15 @@ TEST_CASE("safetensors: every dtype, scalars and empty tensors are written and r
   CHECK(out.at("scalar").dim() == 0);
 }
 
-TEST_CASE("safetensors: the layout is safetensors' (8-byte header, padding, larger dtypes first, then by name)", "[safetensors]") {
+TEST_CASE("safetensors: the layout is safetensors' (8-byte header, padding, larger dtypes first, then by name)",
+          "[safetensors]") {
   const auto dir = scratch("layout");
   ck::write_safetensors(dir / "l.safetensors",
-                        {{"b", at::zeros({3}, at::kByte)}, {"a", at::zeros({1}, at::kByte)}, {"z", at::zeros({2}, at::kLong)},
-                         {"h", at::zeros({1}, at::kHalf)}, {"c", at::zeros({5}, at::kFloat)}},
+                        {{"b", at::zeros({3}, at::kByte)},
+                         {"a", at::zeros({1}, at::kByte)},
+                         {"z", at::zeros({2}, at::kLong)},
+                         {"h", at::zeros({1}, at::kHalf)},
+                         {"c", at::zeros({5}, at::kFloat)}},
                         {});
   const auto bytes = bytes_of(dir / "l.safetensors");
   std::uint64_t n = 0;
@@ -106,8 +111,11 @@ TEST_CASE("safetensors: the layout is safetensors' (8-byte header, padding, larg
 TEST_CASE("safetensors: shards split as huggingface_hub's split_torch_state_dict_into_shards", "[safetensors]") {
   // Sizes (bytes) 40, 40, 120, 40, 40 under 100: 120 is over the limit and goes into a shard of its own as it is
   // met, before the shard being filled ([40 40]), which is closed when the next 40 would take it over 100.
-  std::vector<std::pair<std::string, at::Tensor>> state{{"a", at::zeros({10})}, {"b", at::zeros({10})}, {"big", at::zeros({30})},
-                                                        {"c", at::zeros({10})}, {"d", at::zeros({10})}};
+  std::vector<std::pair<std::string, at::Tensor>> state{{"a", at::zeros({10})},
+                                                        {"b", at::zeros({10})},
+                                                        {"big", at::zeros({30})},
+                                                        {"c", at::zeros({10})},
+                                                        {"d", at::zeros({10})}};
   const auto plan = ck::plan_shards(state, 100);
   REQUIRE(plan.files.size() == 3);
   CHECK(plan.files[0] == std::pair<std::string, std::vector<std::string>>{"model-00001-of-00003.safetensors", {"big"}});
@@ -124,7 +132,8 @@ TEST_CASE("safetensors: shards split as huggingface_hub's split_torch_state_dict
   CHECK_THROWS_WITH(ck::parse_size("12XB"), Catch::Contains("must be one of TB, GB, MB, KB"));
 }
 
-TEST_CASE("safetensors: save_model and load_model by name, sharded or not; stale files of a previous save removed", "[safetensors]") {
+TEST_CASE("safetensors: save_model and load_model by name, sharded or not; stale files of a previous save removed",
+          "[safetensors]") {
   const auto dir = scratch("model");
   at::manual_seed(1);
   auto a = small_net();
@@ -153,7 +162,8 @@ TEST_CASE("safetensors: save_model and load_model by name, sharded or not; stale
   CHECK(same_bytes(c->named_parameters()["2.weight"], a->named_parameters()["2.weight"]));
 }
 
-TEST_CASE("safetensors: load_model refuses a file that does not fit the module, before copying anything", "[safetensors]") {
+TEST_CASE("safetensors: load_model refuses a file that does not fit the module, before copying anything",
+          "[safetensors]") {
   const auto dir = scratch("fit");
   auto net = small_net();
   const auto before = net->named_parameters()["0.weight"].clone();
@@ -201,24 +211,39 @@ TEST_CASE("safetensors: every kind of bad file is one error naming the file and 
              Catch::Contains("long.safetensors: the header length is 4611686018427387904 bytes but only"));
   CHECK_THAT(read_error(raw_file(dir / "cut.safetensors", ok_header, eight, ok_header.size() + 20)),
              Catch::Contains("cut.safetensors: the header length is") && Catch::Contains("but only"));
-  CHECK_THAT(read_error(raw_file(dir / "brace.safetensors", "[1, 2]  ", "")), Catch::Contains("brace.safetensors: the header does not start with '{'"));
-  CHECK_THAT(read_error(raw_file(dir / "json.safetensors", R"({"a": {"dtype": )", "")), Catch::Contains("json.safetensors: the header is not JSON"));
-  CHECK_THAT(read_error(raw_file(dir / "dtype.safetensors", R"({"a":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})", eight)),
+  CHECK_THAT(read_error(raw_file(dir / "brace.safetensors", "[1, 2]  ", "")),
+             Catch::Contains("brace.safetensors: the header does not start with '{'"));
+  CHECK_THAT(read_error(raw_file(dir / "json.safetensors", R"({"a": {"dtype": )", "")),
+             Catch::Contains("json.safetensors: the header is not JSON"));
+  CHECK_THAT(read_error(raw_file(dir / "dtype.safetensors", R"({"a":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})",
+                                 eight)),
              Catch::Contains("dtype.safetensors: tensor 'a': unknown dtype 'F7'"));
-  CHECK_THAT(read_error(raw_file(dir / "span.safetensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
-             Catch::Contains("span.safetensors: tensor 'a': shape [3] of F32 needs 12 bytes but data_offsets [0, 8) span 8"));
-  CHECK_THAT(read_error(raw_file(dir / "huge.safetensors", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight)),
-             Catch::Contains("huge.safetensors: tensor 'a': shape [4294967296, 4294967296] of F32 needs more than 2^64 bytes"));
-  CHECK_THAT(read_error(raw_file(dir / "range.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", eight)),
-             Catch::Contains("range.safetensors: tensor 'a': data_offsets [0, 16) are out of range: the data section has 8 bytes"));
-  CHECK_THAT(read_error(raw_file(dir / "overlap.safetensors",
-                                 R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight)),
-             Catch::Contains("overlap.safetensors: tensor 'b' (bytes 4 to 8) overlaps tensor 'a'"));
-  CHECK_THAT(read_error(raw_file(dir / "gap.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight)),
-             Catch::Contains("gap.safetensors: bytes 0 to 4 of the data section belong to no tensor"));
+  CHECK_THAT(
+      read_error(
+          raw_file(dir / "span.safetensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
+      Catch::Contains("span.safetensors: tensor 'a': shape [3] of F32 needs 12 bytes but data_offsets [0, 8) span 8"));
+  CHECK_THAT(
+      read_error(raw_file(dir / "huge.safetensors",
+                          R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight)),
+      Catch::Contains(
+          "huge.safetensors: tensor 'a': shape [4294967296, 4294967296] of F32 needs more than 2^64 bytes"));
+  CHECK_THAT(read_error(raw_file(dir / "range.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", eight)),
+             Catch::Contains(
+                 "range.safetensors: tensor 'a': data_offsets [0, 16) are out of range: the data section has 8 bytes"));
+  CHECK_THAT(
+      read_error(raw_file(
+          dir / "overlap.safetensors",
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          eight)),
+      Catch::Contains("overlap.safetensors: tensor 'b' (bytes 4 to 8) overlaps tensor 'a'"));
+  CHECK_THAT(
+      read_error(raw_file(dir / "gap.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight)),
+      Catch::Contains("gap.safetensors: bytes 0 to 4 of the data section belong to no tensor"));
   CHECK_THAT(read_error(raw_file(dir / "tail.safetensors", ok_header, eight + "xyz")),
              Catch::Contains("tail.safetensors: the data section has 11 bytes but the tensors cover 8"));
-  CHECK_THAT(read_error(raw_file(dir / "offsets.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})", eight)),
+  CHECK_THAT(read_error(raw_file(dir / "offsets.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})",
+                                 eight)),
              Catch::Contains("offsets.safetensors: tensor 'a': data_offsets is not a pair"));
   CHECK_THAT(read_error(raw_file(dir / "meta.safetensors", R"({"__metadata__":{"format":1}})", "")),
              Catch::Contains("meta.safetensors: __metadata__[\"format\"] is not a string"));
@@ -229,7 +254,8 @@ TEST_CASE("safetensors: every kind of bad file is one error naming the file and 
   auto index = nlohmann::json::parse(std::ifstream(dir / "idx" / ck::safe_weights_index_name));
   index["weight_map"]["0.bias"] = index["weight_map"]["2.weight"];
   std::ofstream(dir / "idx" / ck::safe_weights_index_name) << index.dump();
-  CHECK_THROWS_WITH(ck::load_model(*net, dir / "idx"), Catch::Contains("the index names tensor '0.bias' in this file, which does not hold it"));
+  CHECK_THROWS_WITH(ck::load_model(*net, dir / "idx"),
+                    Catch::Contains("the index names tensor '0.bias' in this file, which does not hold it"));
   index["weight_map"]["0.bias"] = "model-00009-of-00009.safetensors";
   std::ofstream(dir / "idx" / ck::safe_weights_index_name) << index.dump();
   CHECK_THROWS_WITH(ck::load_model(*net, dir / "idx"), Catch::Contains("model-00009-of-00009.safetensors: is missing"));

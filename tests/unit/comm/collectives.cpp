@@ -29,7 +29,8 @@ TEST_CASE("CollectiveId: what every rank must agree on, described, published and
   using accel::comm::ReduceOp;
   const CollectiveId reduce{12, OpKind::all_reduce, ReduceOp::max, c10::ScalarType::Float, 4, 0};
   CHECK(reduce.describe() == "all_reduce(max) of 4 x Float");
-  CHECK(CollectiveId{3, OpKind::broadcast, ReduceOp::sum, c10::ScalarType::Long, 7, 2}.describe() == "broadcast from rank 2 of 7 x Long");
+  CHECK(CollectiveId{3, OpKind::broadcast, ReduceOp::sum, c10::ScalarType::Long, 7, 2}.describe() ==
+        "broadcast from rank 2 of 7 x Long");
   CHECK(CollectiveId{5, OpKind::barrier}.describe() == "barrier");
   // The heartbeat publishes it as text; a garbled entry is not an operation.
   const auto back = CollectiveId::decode(reduce.encode());

@@ -18,13 +18,16 @@ TEST_CASE("one process: gather_for_metrics drops the padding the layout marks", 
                     Catch::Contains("the layout describes 2 ranks, the job has 1"));
 }
 
-TEST_CASE("one process: gather_for_metrics of objects drops the padding the layout marks", "[comm][gather_for_metrics]") {
+TEST_CASE("one process: gather_for_metrics of objects drops the padding the layout marks",
+          "[comm][gather_for_metrics]") {
   const std::vector<std::string> batch{"a", "b", "c", "a"};
-  CHECK((accel::gather_for_metrics(nullptr, batch, {.size = {4}, .real = {3}}) == std::vector<std::string>{"a", "b", "c"}));
+  CHECK((accel::gather_for_metrics(nullptr, batch, {.size = {4}, .real = {3}}) ==
+         std::vector<std::string>{"a", "b", "c"}));
   CHECK((accel::gather_for_metrics(nullptr, batch, {.size = {4}, .real = {4}}) == batch));
   CHECK(accel::gather_for_metrics(nullptr, std::vector<int>{}, {.size = {0}, .real = {0}}).empty());
   CHECK_THROWS_WITH(accel::gather_for_metrics(nullptr, batch, {.size = {4, 4}, .real = {4, 4}}),
                     Catch::Contains("the layout describes 2 ranks, the job has 1"));
-  CHECK_THROWS_WITH(accel::gather_for_metrics(nullptr, batch, {.size = {5}, .real = {5}}),
-                    Catch::Contains("rank 0 passes 4 objects but its batch has 5; pass one object per sample of the batch"));
+  CHECK_THROWS_WITH(
+      accel::gather_for_metrics(nullptr, batch, {.size = {5}, .real = {5}}),
+      Catch::Contains("rank 0 passes 4 objects but its batch has 5; pass one object per sample of the batch"));
 }

@@ -15,7 +15,8 @@ TEST_CASE("the closed-form shard plan equals Accelerate's streaming algorithm", 
     ShardSpec s = random_spec(rng, /*small=*/true);
     const std::int64_t n = std::int64_t(rng() % 60);
     Batches base;
-    for (const auto& b : accel::pipeline::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n), data::IndexOrder::sequential(n))) {
+    for (const auto& b : accel::pipeline::planned_batches(accel::plan::batch_plan(s.batch_size, s.drop_last, n),
+                                                          data::IndexOrder::sequential(n))) {
       std::vector<std::int64_t> v;
       b.indices_into(v);
       base.push_back(v);
@@ -23,8 +24,12 @@ TEST_CASE("the closed-form shard plan equals Accelerate's streaming algorithm", 
     for (int r = 0; r < s.num_processes; ++r) {
       s.process_index = r;
       const auto closed = yield_of(accel::plan::shard_plan(s, n));
-      data::BatchSamplerShard shard(base, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
-                                           .process_index = r, .split_batches = s.split_batches, .even_batches = s.even_batches});
+      data::BatchSamplerShard shard(base, {.batch_size = s.batch_size,
+                                           .drop_last = s.drop_last,
+                                           .num_processes = s.num_processes,
+                                           .process_index = r,
+                                           .split_batches = s.split_batches,
+                                           .even_batches = s.even_batches});
       Batches got;
       std::vector<std::int64_t> real;
       for (const auto& b : shard) {

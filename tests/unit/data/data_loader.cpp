@@ -1,11 +1,12 @@
-// The user's DataLoader (data/data_loader.hpp) unprepared, and LibTorch datasets through TorchDataset (data/dataset.hpp).
+// The user's DataLoader (data/data_loader.hpp) unprepared, and LibTorch datasets through TorchDataset
+// (data/dataset.hpp).
 #include "../support.hpp"
 
-#include <accel/data/loader.hpp>
 #include <ATen/Context.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <torch/data/datasets/base.h>
+#include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
 
 using namespace accel_test;

@@ -4,14 +4,15 @@
 
 #include <accel/data/iterable_shard.hpp>
 #include <accel/data/loader.hpp>
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <ranges>
 
 using namespace accel_test;
 namespace data = accel::data;
 
-TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves back into the stream", "[plan][property]") {
+TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves back into the stream",
+          "[plan][property]") {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 800; ++trial) {
     auto s = random_spec(rng, /*small=*/true);
@@ -23,8 +24,11 @@ TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves 
       const auto closed = yield_of(accel::plan::iterable_plan(s, n));
       std::vector<std::int64_t> flat, flat_closed;
       std::vector<bool> pad, pad_closed;
-      for (const auto& x : data::IterableShard(source, {.batch_size = s.batch_size, .drop_last = s.drop_last, .num_processes = s.num_processes,
-                                                        .process_index = r, .split_batches = s.split_batches})) {
+      for (const auto& x : data::IterableShard(source, {.batch_size = s.batch_size,
+                                                       .drop_last = s.drop_last,
+                                                       .num_processes = s.num_processes,
+                                                       .process_index = r,
+                                                       .split_batches = s.split_batches})) {
         flat.push_back(x.value);
         pad.push_back(x.padding);
       }
@@ -44,13 +48,17 @@ TEST_CASE("iterable shards: the streaming view equals the plan, and interleaves 
     for (std::size_t j = 0; j < all[0].batches.size(); ++j)
       for (const auto& y : all) interleaved.insert(interleaved.end(), y.batches[j].begin(), y.batches[j].end());
     for (std::size_t i = 0; i < interleaved.size(); ++i)
-      if (std::int64_t(i) < n) REQUIRE(interleaved[i] == std::int64_t(i));
-      else REQUIRE(interleaved[i] == (std::int64_t(i) - n) % std::min(n, s.split_batches ? s.batch_size : s.batch_size * s.num_processes));
+      if (std::int64_t(i) < n)
+        REQUIRE(interleaved[i] == std::int64_t(i));
+      else
+        REQUIRE(interleaved[i] ==
+                (std::int64_t(i) - n) % std::min(n, s.split_batches ? s.batch_size : s.batch_size * s.num_processes));
     if (per > 0 && !s.drop_last) REQUIRE(std::int64_t(interleaved.size()) >= n);
   }
 }
 
-TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerate's share, with and without workers", "[loader][iterable]") {
+TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerate's share, with and without workers",
+          "[loader][iterable]") {
   const auto file = accel_test::golden("iterable_dataset_shard.json");
   std::size_t checked = 0;
   for (const auto& c : file.at("cases")) {
@@ -62,30 +70,30 @@ TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerat
     std::iota(stream.begin(), stream.end(), 0);
     auto source = std::views::all(stream);
     for (int workers : {0, 2})  // workers read the stream in order and collate ahead of the loop
-    for (const auto& proc : c.at("processes")) {
-      data::DataLoader loader(source, {.batch_size = bs, .drop_last = dl, .workers = workers});
-      const int r = proc.at("process_index");
-      // Iterable shards know no uneven tail (Accelerate pads every stream): the even cell of split_batches.
-      const bool found = with_config<ShardedMatrix>(split, true, false, [&]<class Config>() {
-        auto l = data::prepare_data_loader<Config>(loader, data::PrepareContext{N, r, nullptr});
-        std::vector<std::int64_t> flat;
-        std::vector<bool> ends;
-        std::size_t batches = 0;
-        for (const auto& b : l) {
-          for (auto x : as_vector(b)) flat.push_back(x);
-          ends.push_back(accel::GradientState::instance().end_of_dataloader());
-          const auto layout = accel::GradientState::instance().layout();
-          REQUIRE(layout.real.size() == std::size_t(N));
-          ++batches;
-        }
-        INFO(c.dump().substr(0, 160) << " rank " << r << ", " << workers << " worker(s)");
-        REQUIRE(flat == proc.at("samples").get<std::vector<std::int64_t>>());
-        REQUIRE(l.size() == batches);
-        if (!ends.empty()) REQUIRE(ends.back());
-        REQUIRE(std::count(ends.begin(), ends.end(), true) == (ends.empty() ? 0 : 1));
-      });
-      REQUIRE(found);
-    }
+      for (const auto& proc : c.at("processes")) {
+        data::DataLoader loader(source, {.batch_size = bs, .drop_last = dl, .workers = workers});
+        const int r = proc.at("process_index");
+        // Iterable shards know no uneven tail (Accelerate pads every stream): the even cell of split_batches.
+        const bool found = with_config<ShardedMatrix>(split, true, false, [&]<class Config>() {
+          auto l = data::prepare_data_loader<Config>(loader, data::PrepareContext{N, r, nullptr});
+          std::vector<std::int64_t> flat;
+          std::vector<bool> ends;
+          std::size_t batches = 0;
+          for (const auto& b : l) {
+            for (auto x : as_vector(b)) flat.push_back(x);
+            ends.push_back(accel::GradientState::instance().end_of_dataloader());
+            const auto layout = accel::GradientState::instance().layout();
+            REQUIRE(layout.real.size() == std::size_t(N));
+            ++batches;
+          }
+          INFO(c.dump().substr(0, 160) << " rank " << r << ", " << workers << " worker(s)");
+          REQUIRE(flat == proc.at("samples").get<std::vector<std::int64_t>>());
+          REQUIRE(l.size() == batches);
+          if (!ends.empty()) REQUIRE(ends.back());
+          REQUIRE(std::count(ends.begin(), ends.end(), true) == (ends.empty() ? 0 : 1));
+        });
+        REQUIRE(found);
+      }
     ++checked;
   }
   CHECK(checked > 500);
@@ -104,6 +112,7 @@ TEST_CASE("iterable datasets: every process reads the stream and keeps Accelerat
   Batches rest;
   for (const auto& b : resumed) rest.push_back(as_vector(b));
   CHECK((as_vector(first) == std::vector<std::int64_t>{3, 4, 5}));
-  CHECK((rest == Batches{{2, 3, 4}}));  // rank 1's second batch: the last chunk [6, 0, 1, 2, 3, 4] padded from the first
+  CHECK(
+      (rest == Batches{{2, 3, 4}}));  // rank 1's second batch: the last chunk [6, 0, 1, 2, 3, 4] padded from the first
   CHECK(!accel::GradientState::instance().in_dataloader());
 }

@@ -2,8 +2,8 @@
 // the policy matrix (ranks simulated, as Accelerate's own tests do), bad input, range composition.
 #include "../support.hpp"
 
-#include <accel/data/loader.hpp>
 #include <ATen/ops/arange.h>
+#include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
@@ -43,8 +43,9 @@ TEMPLATE_LIST_TEST_CASE("ShardedLoader reproduces Accelerate's end-to-end vector
     if (c.at("split_batches") != Config::split_batches || c.at("even_batches") != Config::even_batches) continue;
     if (c.contains("prepare_error")) {
       data::DataLoader dl(indices(c.at("n")), {.batch_size = c.at("batch_size")});
-      CHECK_THROWS_WITH((data::prepare_data_loader<Config>(dl, data::PrepareContext{c.at("num_processes"), 0, nullptr})),
-                        Catch::Contains("must be a round multiple of the number of processes"));
+      CHECK_THROWS_WITH(
+          (data::prepare_data_loader<Config>(dl, data::PrepareContext{c.at("num_processes"), 0, nullptr})),
+          Catch::Contains("must be a round multiple of the number of processes"));
       ++refused;
       continue;
     }
@@ -52,8 +53,10 @@ TEMPLATE_LIST_TEST_CASE("ShardedLoader reproduces Accelerate's end-to-end vector
     ++checked;
   }
   CHECK(checked > 150);  // of about 1200 cases in all
-  if constexpr (Config::split_batches) CHECK(refused > 0);  // only split refuses (an indivisible batch size)
-  else CHECK(refused == 0);
+  if constexpr (Config::split_batches)
+    CHECK(refused > 0);  // only split refuses (an indivisible batch size)
+  else
+    CHECK(refused == 0);
   CHECK(accel::GradientState::instance().active_loaders() == 0);
 }
 
@@ -61,8 +64,9 @@ TEST_CASE("bad input to loaders is a clear error", "[loader][errors]") {
   using Catch::Contains;
   CHECK_THROWS_WITH(data::DataLoader(indices(4), {.batch_size = 0}), Contains("batch_size must be at least 1 (got 0)"));
   data::DataLoader dl(indices(10), {.batch_size = 3});
-  CHECK_THROWS_WITH(data::prepare_data_loader<Split>(dl, data::PrepareContext{2, 0, nullptr}),
-                    Contains("under batches::split the batch size (3) must be a round multiple of the number of processes (2)"));
+  CHECK_THROWS_WITH(
+      data::prepare_data_loader<Split>(dl, data::PrepareContext{2, 0, nullptr}),
+      Contains("under batches::split the batch size (3) must be a round multiple of the number of processes (2)"));
   CHECK_THROWS_WITH(data::prepare_data_loader<Even>(dl, data::PrepareContext{2, 2, nullptr}),
                     Contains("process_index 2 is out of range for 2 processes"));
   struct Ragged {
@@ -70,13 +74,17 @@ TEST_CASE("bad input to loaders is a clear error", "[loader][errors]") {
     at::Tensor get(std::int64_t i) const { return at::arange(i + 1); }
   };
   auto ragged = data::prepare_data_loader<Even>(data::DataLoader(Ragged{}, {.batch_size = 2}), data::PrepareContext{});
-  CHECK_THROWS_WITH(run_epoch(ragged), Contains("loading batch 0 of epoch 0 (first sample 0) failed: stack expects each tensor to be equal size"));
-  CHECK_THROWS_WITH(data::TensorDataset(at::arange(4), at::arange(3)), Contains("must have the same first dimension (got 4 and 3)"));
+  CHECK_THROWS_WITH(
+      run_epoch(ragged),
+      Contains("loading batch 0 of epoch 0 (first sample 0) failed: stack expects each tensor to be equal size"));
+  CHECK_THROWS_WITH(data::TensorDataset(at::arange(4), at::arange(3)),
+                    Contains("must have the same first dimension (got 4 and 3)"));
   auto l = data::prepare_data_loader<Even>(dl, data::PrepareContext{});
   CHECK_THROWS_WITH(l.skip_first_batches(-1), Contains("cannot skip a negative number of batches (-1)"));
 }
 
-TEST_CASE("loaders are ranges: std::views and range-v3 compose; tensor datasets gather whole batches", "[loader][ranges]") {
+TEST_CASE("loaders are ranges: std::views and range-v3 compose; tensor datasets gather whole batches",
+          "[loader][ranges]") {
   data::DataLoader dl(data::TensorDataset(at::arange(20).reshape({10, 2}), at::arange(10)), {.batch_size = 4});
   auto loader = data::prepare_data_loader<Even>(dl, data::PrepareContext{2, 1, nullptr});
   STATIC_REQUIRE(std::ranges::input_range<decltype(loader)>);
@@ -84,12 +92,14 @@ TEST_CASE("loaders are ranges: std::views and range-v3 compose; tensor datasets 
   STATIC_REQUIRE(ranges::input_range<decltype(loader)>);
   std::vector<std::int64_t> firsts;
   using Example = data::TensorDataset::Example;
-  for (auto t : loader | std::views::take(5) | std::views::transform([](const Example& b) { return b.target[0].item<std::int64_t>(); }))
+  for (auto t : loader | std::views::take(5) |
+                    std::views::transform([](const Example& b) { return b.target[0].item<std::int64_t>(); }))
     firsts.push_back(t);
   CHECK((firsts == std::vector<std::int64_t>{4, 2}));  // rank 1 of 2: batch 1 = [4..7], then the padded [2,3,0,1]
   std::vector<std::pair<std::size_t, std::int64_t>> en;
-  for (auto [i, t] : loader | ranges::views::take(2) | ranges::views::transform([](const Example& b) { return b.data.size(0); }) |
-                         ranges::views::enumerate)
+  for (auto [i, t] : loader | ranges::views::take(2) | ranges::views::transform([](const Example& b) {
+                       return b.data.size(0);
+                     }) | ranges::views::enumerate)
     en.emplace_back(i, t);
   CHECK((en == std::vector<std::pair<std::size_t, std::int64_t>>{{0, 4}, {1, 4}}));
   CHECK(loader.total_batch_size() == 8);

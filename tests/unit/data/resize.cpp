@@ -4,8 +4,8 @@
 // the next epoch a fresh M-process job's.
 #include "../support.hpp"
 
-#include <accel/data/loader.hpp>
 #include <ATen/Context.h>
+#include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
 
 #include <optional>
@@ -98,7 +98,8 @@ void check_resize(int N, int M, Make make, bool next_epoch_is_fresh) {
     }
     auto resumed = job(M);
     for (auto& l : resumed) l.load_state_dict(saved);
-    INFO(N << " -> " << M << " processes, stopped after " << k << " of " << whole.size() << " steps (position " << saved.position << ")");
+    INFO(N << " -> " << M << " processes, stopped after " << k << " of " << whole.size() << " steps (position "
+           << saved.position << ")");
     REQUIRE(saved.processes == N);
     REQUIRE(resumed[0].epoch() == saved.epoch);
     if (saved.epoch == 1) take(resumed, -1, after);
@@ -146,12 +147,14 @@ TEST_CASE("a plan that starts at a step boundary is the plan without its first s
         const auto full = plan::loader_plan(spec, n, loading);
         for (std::int64_t k = 0; k <= full.size(); ++k) {
           const auto started = plan::loader_plan(spec, n, loading, std::min(n, k * step));
-          INFO("n " << n << " B " << s.batch_size << " N " << s.num_processes << " r " << r << " split " << s.split_batches << " even "
-                    << s.even_batches << " drop_last " << s.drop_last << " loading " << int(loading) << " k " << k);
+          INFO("n " << n << " B " << s.batch_size << " N " << s.num_processes << " r " << r << " split "
+                    << s.split_batches << " even " << s.even_batches << " drop_last " << s.drop_last << " loading "
+                    << int(loading) << " k " << k);
           const auto a = yield_of(started), b = yield_of(full.skip(k));
           REQUIRE(a.batches == b.batches);
           REQUIRE(a.real == b.real);
-          for (std::int64_t j = 0; j < started.size(); ++j) REQUIRE(started.end_of_dataloader(j) == full.skip(k).end_of_dataloader(j));
+          for (std::int64_t j = 0; j < started.size(); ++j)
+            REQUIRE(started.end_of_dataloader(j) == full.skip(k).end_of_dataloader(j));
           ++checked;
         }
       }
@@ -172,8 +175,12 @@ TEST_CASE("plans resumed at another number of processes cover the rest of the ep
                 if (loading == plan::Loading::dispatched && !even) continue;
                 if (split && (B % N != 0 || B % M != 0)) continue;
                 auto spec = [&](int P, int r) {
-                  return plan::ShardSpec{.batch_size = B, .drop_last = drop_last, .num_processes = P, .process_index = r,
-                                         .split_batches = split, .even_batches = even};
+                  return plan::ShardSpec{.batch_size = B,
+                                         .drop_last = drop_last,
+                                         .num_processes = P,
+                                         .process_index = r,
+                                         .split_batches = split,
+                                         .even_batches = even};
                 };
                 // The N-process job: the positions of its first k steps, every rank; then M processes from there.
                 std::vector<plan::BatchPlan> first;
@@ -186,7 +193,8 @@ TEST_CASE("plans resumed at another number of processes cover the rest of the ep
                   std::vector<std::int64_t> got;
                   for (std::int64_t j = 0; j < k; ++j)
                     for (const auto& p : first)
-                      if (j < p.size()) for (auto x : real_positions(p, j)) got.push_back(x);
+                      if (j < p.size())
+                        for (auto x : real_positions(p, j)) got.push_back(x);
                   const std::int64_t position = std::min(n, k * plan::per_step(spec(N, 0)));
                   REQUIRE(got.size() == std::size_t(position));
                   std::vector<plan::BatchPlan> rest;
@@ -197,9 +205,10 @@ TEST_CASE("plans resumed at another number of processes cover the rest of the ep
                   }
                   for (std::int64_t j = 0; j < more; ++j)
                     for (const auto& p : rest)
-                      if (j < p.size()) for (auto x : real_positions(p, j)) got.push_back(x);
-                  INFO("loading " << int(loading) << " " << N << " -> " << M << " split " << split << " even " << even << " drop_last "
-                                  << drop_last << " n " << n << " B " << B << " k " << k);
+                      if (j < p.size())
+                        for (auto x : real_positions(p, j)) got.push_back(x);
+                  INFO("loading " << int(loading) << " " << N << " -> " << M << " split " << split << " even " << even
+                                  << " drop_last " << drop_last << " n " << n << " B " << B << " k " << k);
                   // Positions 0, 1, 2, ...: each once, in order; all of them unless drop_last drops the M-process tail.
                   for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == std::int64_t(i));
                   if (!drop_last) REQUIRE(got.size() == std::size_t(n));
@@ -209,7 +218,8 @@ TEST_CASE("plans resumed at another number of processes cover the rest of the ep
   CHECK(checked > 1000);
 }
 
-TEMPLATE_LIST_TEST_CASE("a sharded loader stopped mid-epoch resumes at another number of processes", "[loader][resize]", ShardedMatrix) {
+TEMPLATE_LIST_TEST_CASE("a sharded loader stopped mid-epoch resumes at another number of processes", "[loader][resize]",
+                        ShardedMatrix) {
   using Config = TestType;
   for (auto [N, M] : kResizes)
     for (bool shuffle : {false, true})
@@ -218,7 +228,8 @@ TEMPLATE_LIST_TEST_CASE("a sharded loader stopped mid-epoch resumes at another n
         const data::DataLoaderOptions opt{.batch_size = B, .shuffle = shuffle, .workers = n == 23 ? 0 : 2};
         auto make = [&](int P, int r) {
           at::manual_seed(42);
-          return data::prepare_data_loader<Config>(data::DataLoader(indices(n), opt), data::PrepareContext{P, r, nullptr});
+          return data::prepare_data_loader<Config>(data::DataLoader(indices(n), opt),
+                                                   data::PrepareContext{P, r, nullptr});
         };
         // One process draws every epoch from the global generator (PyTorch's rule), which the job's own draws move on:
         // its next epoch follows the restored generator, not a fresh job's (README).
@@ -226,10 +237,13 @@ TEMPLATE_LIST_TEST_CASE("a sharded loader stopped mid-epoch resumes at another n
       }
 }
 
-TEST_CASE("a shuffled loader with a seed or the seedable sampler: the next epoch is a fresh job's at every size", "[loader][resize]") {
+TEST_CASE("a shuffled loader with a seed or the seedable sampler: the next epoch is a fresh job's at every size",
+          "[loader][resize]") {
   for (auto [N, M] : kResizes)
     for (bool seedable : {false, true}) {
-      const data::DataLoaderOptions opt{.batch_size = 3, .shuffle = true, .seedable = seedable,
+      const data::DataLoaderOptions opt{.batch_size = 3,
+                                        .shuffle = true,
+                                        .seedable = seedable,
                                         .seed = seedable ? std::nullopt : std::optional<std::uint64_t>(11)};
       auto make = [&](int P, int r) {
         at::manual_seed(42);
@@ -258,13 +272,18 @@ TEST_CASE("a user's batch sampler resumes at another number of processes, whole 
     for (bool even : {true, false})
       for (bool drop_last : {false, true})
         for (int r = 0; r < N; ++r) {
-          const plan::ShardSpec spec{.batch_size = plan::varying, .drop_last = drop_last, .num_processes = N, .process_index = r,
+          const plan::ShardSpec spec{.batch_size = plan::varying,
+                                     .drop_last = drop_last,
+                                     .num_processes = N,
+                                     .process_index = r,
                                      .even_batches = even};
           std::vector<data::ShardBatch> all;
           for (const auto& b : data::BatchSamplerShard(batches, spec)) all.push_back(b);
           for (std::size_t k = 1; k <= all.size(); ++k) {
-            using Source = accel::pipeline::BatchSamplerSource<Indices, data::DefaultCollate, Even, accel::pipeline::LocalTransport>;
-            const auto from = Source::shard_from(batches, spec, std::min<std::int64_t>(std::int64_t(k) * N, std::int64_t(batches.size())));
+            using Source = accel::pipeline::BatchSamplerSource<Indices, data::DefaultCollate, Even,
+                                                               accel::pipeline::LocalTransport>;
+            const auto from = Source::shard_from(
+                batches, spec, std::min<std::int64_t>(std::int64_t(k) * N, std::int64_t(batches.size())));
             INFO("N " << N << " r " << r << " even " << even << " drop_last " << drop_last << " k " << k);
             const bool same = from == std::vector<data::ShardBatch>(all.begin() + std::ptrdiff_t(k), all.end());
             REQUIRE(same);
@@ -289,25 +308,33 @@ TEST_CASE("a stream resumes at another number of processes: the items it had not
   }
 }
 
-TEST_CASE("a loader state from another dataset, batch size or loading path is refused, naming what differs", "[loader][resize]") {
+TEST_CASE("a loader state from another dataset, batch size or loading path is refused, naming what differs",
+          "[loader][resize]") {
   const data::DataLoaderOptions opt{.batch_size = 4, .shuffle = true};
   auto saved_by = [&](std::int64_t n, std::int64_t batch) {
-    auto l = data::prepare_data_loader<Even>(data::DataLoader(indices(n), {.batch_size = batch, .shuffle = true}), data::PrepareContext{2, 0, nullptr});
+    auto l = data::prepare_data_loader<Even>(data::DataLoader(indices(n), {.batch_size = batch, .shuffle = true}),
+                                             data::PrepareContext{2, 0, nullptr});
     for (const auto& b : l) {
       (void)b;
       break;
     }
     return l.state_dict();
   };
-  auto loader = data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{3, 1, nullptr});
+  auto loader =
+      data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{3, 1, nullptr});
   CHECK_THROWS_WITH(loader.load_state_dict(saved_by(23, 4)),
                     Catch::Contains("was saved for a dataset of 23 samples, this loader's has 20"));
-  CHECK_THROWS_WITH(loader.load_state_dict(saved_by(20, 5)), Catch::Contains("was saved with batch_size 5, this loader's is 4"));
-  auto split = data::prepare_data_loader<Split>(data::DataLoader(indices(20), {.batch_size = 6}), data::PrepareContext{2, 0, nullptr});
-  CHECK(split.state_mismatch(saved_by(20, 4)) == "was saved under batches::per_process, this loader runs under batches::split");
+  CHECK_THROWS_WITH(loader.load_state_dict(saved_by(20, 5)),
+                    Catch::Contains("was saved with batch_size 5, this loader's is 4"));
+  auto split = data::prepare_data_loader<Split>(data::DataLoader(indices(20), {.batch_size = 6}),
+                                                data::PrepareContext{2, 0, nullptr});
+  CHECK(split.state_mismatch(saved_by(20, 4)) ==
+        "was saved under batches::per_process, this loader runs under batches::split");
   std::vector<std::int64_t> items(20);
-  auto stream = data::prepare_data_loader<Even>(data::DataLoader(std::views::all(items), {.batch_size = 4}), data::PrepareContext{2, 0, nullptr});
-  CHECK(stream.state_mismatch(saved_by(20, 4)) == "was saved by loading::sharded, this loader uses an iterable dataset with loading::sharded");
+  auto stream = data::prepare_data_loader<Even>(data::DataLoader(std::views::all(items), {.batch_size = 4}),
+                                                data::PrepareContext{2, 0, nullptr});
+  CHECK(stream.state_mismatch(saved_by(20, 4)) ==
+        "was saved by loading::sharded, this loader uses an iterable dataset with loading::sharded");
   CHECK(loader.state_mismatch(saved_by(20, 4)).empty());
   // A state of checkpoint format 2 (no position, no description) resumes after its batches, as it always did.
   auto old = saved_by(20, 4);
@@ -330,26 +357,30 @@ TEST_CASE("a loader state that no job reaches is refused, naming the field; ever
     }
     return l.state_dict();
   };
-  auto loader = data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{3, 1, nullptr});
+  auto loader =
+      data::prepare_data_loader<Even>(data::DataLoader(indices(20), opt), data::PrepareContext{3, 1, nullptr});
   for (int steps = 1; steps <= 2; ++steps) CHECK(loader.state_unreachable(saved_after(steps)).empty());
   auto changed = [&](auto edit) {
     auto s = saved_after(1);  // position 8 after 1 batch
     edit(s);
     return loader.state_unreachable(s);
   };
-  CHECK_THAT(changed([](auto& s) { s.position = 24; }), Catch::Contains("is at position 24, past the end of its epoch's 20 samples"));
-  CHECK_THAT(changed([](auto& s) { s.position = 3; }), Catch::Contains("is at position 3, which no job of batch_size 4 reaches"));
+  CHECK_THAT(changed([](auto& s) { s.position = 24; }),
+             Catch::Contains("is at position 24, past the end of its epoch's 20 samples"));
+  CHECK_THAT(changed([](auto& s) { s.position = 3; }),
+             Catch::Contains("is at position 3, which no job of batch_size 4 reaches"));
   CHECK_THAT(changed([](auto& s) { s.batches = std::int64_t(1) << 40; }),
              Catch::Contains("after 1099511627776 batches; a job of 2 process(es) reaches it in 1 (8 a step)"));
   CHECK_THAT(changed([](auto& s) { s.batches = 0; }), Catch::Contains("reaches it in 1"));
-  CHECK_THAT(changed([](auto& s) { s.generator_state.clear(); }), Catch::Contains("without a generator state, and this loader shuffles"));
+  CHECK_THAT(changed([](auto& s) { s.generator_state.clear(); }),
+             Catch::Contains("without a generator state, and this loader shuffles"));
   // The end of the epoch (a skip past it) is reachable with more batches; a resized job's position too.
   CHECK(changed([](auto& s) { s.position = 20, s.batches = 7; }).empty());
   CHECK(changed([](auto& s) { s.position = 12, s.batches = 1, s.processes = 3; }).empty());  // 12 samples a step
   CHECK_THROWS_WITH(loader.load_state_dict([&] {
-                      auto s = saved_after(1);
-                      s.position = 3;
-                      return s;
-                    }()),
+    auto s = saved_after(1);
+    s.position = 3;
+    return s;
+  }()),
                     Catch::Contains("position 3") && Catch::Contains("it is damaged, or not this loader's"));
 }

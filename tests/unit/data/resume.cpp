@@ -2,8 +2,8 @@
 // the policy matrix, with and without workers and shuffling; repeated resumes.
 #include "../support.hpp"
 
-#include <accel/data/loader.hpp>
 #include <ATen/Context.h>
+#include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
 #include <optional>
 
@@ -11,26 +11,31 @@ using namespace accel_test;
 namespace data = accel::data;
 
 // Over the policy matrix: the state is a position in the plan, whatever the plan's split or tail rules.
-TEMPLATE_LIST_TEST_CASE("resuming from a loader's state yields exactly the remaining batches, at every cut point", "[loader][resume]",
-                        ShardedMatrix) {
+TEMPLATE_LIST_TEST_CASE("resuming from a loader's state yields exactly the remaining batches, at every cut point",
+                        "[loader][resume]", ShardedMatrix) {
   using Config = TestType;
   struct Setup {
     int N, rank, workers;
     bool shuffle, seedable, drop_last;
     std::int64_t n, batch;
   };
-  const std::vector<Setup> setups{{1, 0, 0, true, false, false, 23, 4}, {1, 0, 2, true, false, true, 23, 4},
-                                  {2, 1, 0, true, false, false, 21, 3}, {2, 0, 3, true, true, false, 17, 2},
+  const std::vector<Setup> setups{{1, 0, 0, true, false, false, 23, 4},  {1, 0, 2, true, false, true, 23, 4},
+                                  {2, 1, 0, true, false, false, 21, 3},  {2, 0, 3, true, true, false, 17, 2},
                                   {3, 2, 1, false, false, false, 19, 4}, {1, 0, 0, true, true, false, 10, 3}};
   int ran = 0;
   for (const auto& s : setups) {
     if (Config::split_batches && s.batch % s.N != 0) continue;  // refused under split (tested in prepared_loader.cpp)
     ++ran;
-    const data::DataLoaderOptions opt{.batch_size = s.batch, .shuffle = s.shuffle, .drop_last = s.drop_last,
-                                      .workers = s.workers, .seedable = s.seedable, .data_seed = s.seedable ? std::optional<std::uint64_t>(7) : std::nullopt};
+    const data::DataLoaderOptions opt{.batch_size = s.batch,
+                                      .shuffle = s.shuffle,
+                                      .drop_last = s.drop_last,
+                                      .workers = s.workers,
+                                      .seedable = s.seedable,
+                                      .data_seed = s.seedable ? std::optional<std::uint64_t>(7) : std::nullopt};
     auto make = [&](std::uint64_t seed) {
       at::manual_seed(seed);
-      return data::prepare_data_loader<Config>(data::DataLoader(indices(s.n), opt), data::PrepareContext{s.N, s.rank, nullptr});
+      return data::prepare_data_loader<Config>(data::DataLoader(indices(s.n), opt),
+                                               data::PrepareContext{s.N, s.rank, nullptr});
     };
     const int epochs = 3;
     Batches reference;
@@ -62,8 +67,8 @@ TEMPLATE_LIST_TEST_CASE("resuming from a loader's state yields exactly the remai
         second.set_epoch(e);
         for (auto& b : run_epoch(second).first) got.push_back(b);
       }
-      INFO("setup n=" << s.n << " N=" << s.N << " workers=" << s.workers << " shuffle=" << s.shuffle << " seedable=" << s.seedable
-                      << " cut=" << cut);
+      INFO("setup n=" << s.n << " N=" << s.N << " workers=" << s.workers << " shuffle=" << s.shuffle
+                      << " seedable=" << s.seedable << " cut=" << cut);
       REQUIRE(got == reference);
     }
   }
@@ -80,7 +85,8 @@ TEST_CASE("repeated resumes: stop, resume, stop again, resume again", "[loader][
   Batches reference;
   {
     auto l = make(5);
-    for (int e = 0; e < 3; ++e) for (auto& b : run_epoch(l).first) reference.push_back(b);
+    for (int e = 0; e < 3; ++e)
+      for (auto& b : run_epoch(l).first) reference.push_back(b);
   }
   for (std::size_t step : {1u, 2u, 5u, 7u}) {
     Batches got;

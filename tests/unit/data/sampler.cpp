@@ -2,9 +2,9 @@
 // explicit sampler seeds, and the user's own samplers and batch samplers through prepared loaders.
 #include "../support.hpp"
 
+#include <ATen/Context.h>
 #include <accel/data/loader.hpp>
 #include <accel/data/sampler.hpp>
-#include <ATen/Context.h>
 #include <catch2/catch.hpp>
 
 using namespace accel_test;
@@ -29,8 +29,12 @@ TEST_CASE("seeded shuffles are bit-identical to Python Accelerate's", "[plan][sh
       // Every rank of a job starts from the job's seed.
       at::manual_seed(c.at("seed").get<std::uint64_t>());
       data::ShuffledOrders orders(n, N, mode, data_seed, opts);
-      const ShardSpec spec{.batch_size = c.at("batch_size"), .drop_last = c.at("drop_last"), .num_processes = N,
-                           .process_index = r, .split_batches = c.at("split_batches"), .even_batches = c.at("even_batches")};
+      const ShardSpec spec{.batch_size = c.at("batch_size"),
+                           .drop_last = c.at("drop_last"),
+                           .num_processes = N,
+                           .process_index = r,
+                           .split_batches = c.at("split_batches"),
+                           .even_batches = c.at("even_batches")};
       const auto& epochs = proc.at("epochs");
       for (std::size_t e = 0; e < epochs.size(); ++e) {
         const auto order = orders.next(static_cast<std::int64_t>(e));
@@ -88,7 +92,8 @@ TEST_CASE("samplers and batch samplers of the user's", "[loader][sampler]") {
     for (std::int64_t i = 9; i >= 0; i -= 2) v.push_back(i - epoch);
     return v;
   };
-  auto sampled = data::prepare_data_loader<Even>(data::DataLoader(indices(10), opt), data::PrepareContext{2, 0, nullptr});
+  auto sampled =
+      data::prepare_data_loader<Even>(data::DataLoader(indices(10), opt), data::PrepareContext{2, 0, nullptr});
   CHECK((run_epoch(sampled).first == Batches{{9, 7}, {1, 9}}));  // rank 0 of 2: batches 0 and 2; the tail padded
   CHECK((run_epoch(sampled).first == Batches{{8, 6}, {0, 8}}));  // epoch 1
   // A batch sampler with varying batch sizes: Accelerate's own expectations, through the loader.
@@ -98,19 +103,22 @@ TEST_CASE("samplers and batch samplers of the user's", "[loader][sampler]") {
     if (e.at("kind") != "batch_sampler_shard_varying") continue;
     const auto in = e.at("batches_in").get<Batches>();
     std::int64_t n = 0;
-    for (const auto& b : in) for (auto i : b) n = std::max(n, i + 1);
+    for (const auto& b : in)
+      for (auto i : b) n = std::max(n, i + 1);
     data::DataLoaderOptions bo{.drop_last = e.at("drop_last")};
     bo.batch_sampler = [in](std::int64_t) { return in; };
     const int N = e.at("num_processes");
     for (int r = 0; r < N; ++r) {
-      const bool found = with_config<ShardedMatrix>(false, e.at("even_batches").get<bool>(), false, [&]<class Config>() {
-        auto l = data::prepare_data_loader<Config>(data::DataLoader(indices(n), bo), data::PrepareContext{N, r, nullptr});
-        CHECK(l.size() == e.at("expected")[std::size_t(r)].size());
-        auto [got, ends] = run_epoch(l);
-        INFO(e.at("source").get<std::string>() << " rank " << r);
-        CHECK(got == e.at("expected")[std::size_t(r)].get<Batches>());
-        if (!ends.empty()) CHECK(ends.back());
-      });
+      const bool found =
+          with_config<ShardedMatrix>(false, e.at("even_batches").get<bool>(), false, [&]<class Config>() {
+            auto l = data::prepare_data_loader<Config>(data::DataLoader(indices(n), bo),
+                                                       data::PrepareContext{N, r, nullptr});
+            CHECK(l.size() == e.at("expected")[std::size_t(r)].size());
+            auto [got, ends] = run_epoch(l);
+            INFO(e.at("source").get<std::string>() << " rank " << r);
+            CHECK(got == e.at("expected")[std::size_t(r)].get<Batches>());
+            if (!ends.empty()) CHECK(ends.back());
+          });
       REQUIRE(found);
     }
     ++checked;
@@ -123,8 +131,9 @@ TEST_CASE("samplers and batch samplers of the user's", "[loader][sampler]") {
                     Catch::Contains("give a sampler or a batch_sampler, not both"));
   data::DataLoaderOptions split{.batch_size = 2};
   split.batch_sampler = [](std::int64_t) { return Batches{{0, 1}}; };
-  CHECK_THROWS_WITH(data::prepare_data_loader<Split>(data::DataLoader(indices(4), split), data::PrepareContext{2, 0, nullptr}),
-                    Catch::Contains("batches::split needs a fixed batch size"));
+  CHECK_THROWS_WITH(
+      data::prepare_data_loader<Split>(data::DataLoader(indices(4), split), data::PrepareContext{2, 0, nullptr}),
+      Catch::Contains("batches::split needs a fixed batch size"));
   data::DataLoaderOptions bad{.batch_size = 2};
   bad.sampler = [](std::int64_t) { return std::vector<std::int64_t>{0, 7}; };
   auto lb = data::prepare_data_loader<Even>(data::DataLoader(indices(4), bad), data::PrepareContext{});

@@ -7,9 +7,9 @@
 
 #include "../../support/streams.hpp"
 
+#include <unistd.h>
 #include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -20,7 +20,9 @@ namespace data = accel::data;
 
 namespace {
 template <class L>
-constexpr bool has_size = requires(const L& l) { l.size(); };
+constexpr bool has_size = requires(const L& l) {
+  l.size();
+};
 
 using Solo = accel::Config<accel::dist::none, accel::place::none, accel::rng::none>;
 using Dispatched = accel::CheckedConfig<accel::dist::gloo, accel::loading::dispatched>;
@@ -40,8 +42,8 @@ TEST_CASE("a stream with no size(): the dataset concepts and the prepared loader
   // that of a sized stream has one. The user's DataLoader has one only for a map-style dataset.
   using Unsized = decltype(data::prepare_data_loader<Solo>(data::DataLoader(Generated{}), data::PrepareContext{}));
   using Endless = decltype(data::prepare_data_loader<Dispatched>(data::DataLoader(endless()), data::PrepareContext{}));
-  using Sized = decltype(data::prepare_data_loader<Even>(data::DataLoader(std::views::all(std::declval<const std::vector<std::int64_t>&>())),
-                                                         data::PrepareContext{}));
+  using Sized = decltype(data::prepare_data_loader<Even>(
+      data::DataLoader(std::views::all(std::declval<const std::vector<std::int64_t>&>())), data::PrepareContext{}));
   static_assert(!has_size<Unsized> && !has_size<Endless> && has_size<Sized>);
   static_assert(!has_size<data::DataLoader<Generated>> && has_size<data::DataLoader<Indices>>);
   // Its state records "a stream of unknown length".
@@ -54,7 +56,8 @@ TEST_CASE("a stream with no size(): the dataset concepts and the prepared loader
 
 // Every sharded cell, every simulated rank of 1 to 4 processes: the unsized streams equal the sized one batch for
 // batch and flag for flag (the sized stream's batches are checked against Accelerate's IterableDatasetShard).
-TEMPLATE_LIST_TEST_CASE("streams with no size() load as the sized stream of the same samples", "[loader][stream]", ShardedMatrix) {
+TEMPLATE_LIST_TEST_CASE("streams with no size() load as the sized stream of the same samples", "[loader][stream]",
+                        ShardedMatrix) {
   using Config = TestType;
   const auto file = scratch("lines");
   int compared = 0;
@@ -73,7 +76,8 @@ TEMPLATE_LIST_TEST_CASE("streams with no size() load as the sized stream of the 
               auto generated = data::prepare_data_loader<Config>(data::DataLoader(Generated{n}, o), ctx);
               auto read = data::prepare_data_loader<Config>(data::DataLoader(lines, o), ctx);
               const auto expected = run_epoch(sized);
-              INFO("n=" << n << " batch=" << batch << " drop_last=" << drop_last << " N=" << N << " rank=" << r << " workers=" << workers);
+              INFO("n=" << n << " batch=" << batch << " drop_last=" << drop_last << " N=" << N << " rank=" << r
+                        << " workers=" << workers);
               REQUIRE(expected.first.size() == sized.size());
               REQUIRE(run_epoch(generated) == expected);
               REQUIRE(run_epoch(read) == expected);
@@ -93,9 +97,12 @@ TEST_CASE("one process, dispatched: the unsized streams equal the sized one", "[
       for (const int workers : {0, 1, 2}) {
         const data::DataLoaderOptions o{.batch_size = 4, .drop_last = drop_last, .workers = workers};
         const auto v = iota_vector(n);
-        auto sized = data::prepare_data_loader<Dispatched>(data::DataLoader(std::views::all(v), o), data::PrepareContext{});
-        auto generated = data::prepare_data_loader<Dispatched>(data::DataLoader(Generated{n}, o), data::PrepareContext{});
-        auto read = data::prepare_data_loader<Dispatched>(data::DataLoader(LinesOfFile::written(file, n), o), data::PrepareContext{});
+        auto sized =
+            data::prepare_data_loader<Dispatched>(data::DataLoader(std::views::all(v), o), data::PrepareContext{});
+        auto generated =
+            data::prepare_data_loader<Dispatched>(data::DataLoader(Generated{n}, o), data::PrepareContext{});
+        auto read = data::prepare_data_loader<Dispatched>(data::DataLoader(LinesOfFile::written(file, n), o),
+                                                          data::PrepareContext{});
         const auto expected = run_epoch(sized);
         INFO("n=" << n << " drop_last=" << drop_last << " workers=" << workers);
         CHECK(run_epoch(generated) == expected);
@@ -130,14 +137,16 @@ TEMPLATE_LIST_TEST_CASE("an endless stream cut by the loop", "[loader][stream]",
 
 // Resumed from its state at every cut: the rest of the epoch and the next one, exactly (the stream is read again
 // and the consumed items dropped), for the unsized streams, sharded and dispatched, with and without workers.
-TEMPLATE_LIST_TEST_CASE("a stream with no size() resumes exactly at every cut", "[loader][stream][resume]", ShardedMatrix) {
+TEMPLATE_LIST_TEST_CASE("a stream with no size() resumes exactly at every cut", "[loader][stream][resume]",
+                        ShardedMatrix) {
   using Config = TestType;
   struct Setup {
     int N, rank, workers;
     bool drop_last;
     std::int64_t n, batch;
   };
-  const std::vector<Setup> setups{{1, 0, 0, false, 23, 4}, {2, 1, 2, false, 21, 2}, {3, 2, 1, true, 19, 3}, {2, 0, 0, false, 9, 4}};
+  const std::vector<Setup> setups{
+      {1, 0, 0, false, 23, 4}, {2, 1, 2, false, 21, 2}, {3, 2, 1, true, 19, 3}, {2, 0, 0, false, 9, 4}};
   const auto file = scratch("lines_resume");
   for (const auto& s : setups) {
     if (Config::split_batches && s.batch % s.N != 0) continue;
@@ -183,10 +192,12 @@ TEMPLATE_LIST_TEST_CASE("a stream with no size() resumes exactly at every cut", 
   }
   std::filesystem::remove(file);
   // A state of a stream of unknown length resumes only into such a stream: the loader says what differs.
-  auto saved = data::prepare_data_loader<Config>(data::DataLoader(Generated{8}, {.batch_size = 2}), data::PrepareContext{2, 0, nullptr});
+  auto saved = data::prepare_data_loader<Config>(data::DataLoader(Generated{8}, {.batch_size = 2}),
+                                                 data::PrepareContext{2, 0, nullptr});
   (void)take(saved, 1);
   const auto v = iota_vector(8);
-  auto other = data::prepare_data_loader<Config>(data::DataLoader(std::views::all(v), {.batch_size = 2}), data::PrepareContext{2, 0, nullptr});
+  auto other = data::prepare_data_loader<Config>(data::DataLoader(std::views::all(v), {.batch_size = 2}),
+                                                 data::PrepareContext{2, 0, nullptr});
   CHECK_THROWS_WITH(other.load_state_dict(saved.state_dict()), Catch::Contains("a stream of unknown length"));
 }
 

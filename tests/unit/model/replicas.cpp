@@ -7,7 +7,8 @@
 #include <cmath>
 #include <vector>
 
-TEST_CASE("replicas: the fingerprint of equal bits is equal; one element one ulp away differs, in every dtype", "[replicas]") {
+TEST_CASE("replicas: the fingerprint of equal bits is equal; one element one ulp away differs, in every dtype",
+          "[replicas]") {
   at::manual_seed(0);
   for (const auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
     INFO(c10::toString(dtype));
@@ -29,7 +30,8 @@ TEST_CASE("replicas: the fingerprint of equal bits is equal; one element one ulp
   }
   // A transposed (non-contiguous) view has the fingerprint of its contiguous copy; one process compares nothing.
   const at::Tensor t = at::randn({4, 6});
-  CHECK(!accel::compare_replicas({accel::replica_fingerprint({t.t()}), accel::replica_fingerprint({t.t().contiguous()})}));
+  CHECK(!accel::compare_replicas(
+      {accel::replica_fingerprint({t.t()}), accel::replica_fingerprint({t.t().contiguous()})}));
   CHECK(!accel::compare_replicas({accel::replica_fingerprint({t})}));
   CHECK(accel::replica_fingerprint({}).size(0) == 0);
 }

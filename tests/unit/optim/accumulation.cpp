@@ -32,7 +32,8 @@ std::vector<Row> accumulation_rows(accel::AccumulationOptions acc_opt, bool spli
   accel::AcceleratedOptimizer<torch::optim::SGD> opt(sgd);
   auto lr = std::make_shared<torch::optim::StepLR>(*sgd, 1, 0.5);
   using Sched = accel::AcceleratedScheduler<torch::optim::StepLR>;
-  Sched sched(lr, {opt.record()}, Sched::Options{.num_processes = 2, .split_batches = split, .step_with_optimizer = step_with_optimizer});
+  Sched sched(lr, {opt.record()},
+              Sched::Options{.num_processes = 2, .split_batches = split, .step_with_optimizer = step_with_optimizer});
   accel::Accumulation acc(acc_opt);
   std::vector<Row> rows;
   for (const auto& b : loader) {
@@ -53,7 +54,7 @@ std::vector<Row> accumulation_rows(accel::AccumulationOptions acc_opt, bool spli
 TEST_CASE("accumulation, optimizer and scheduler follow Accelerate's table", "[optim][accumulate]") {
   const auto rows = accumulation_rows({.steps = 3}, false, true);
   const std::vector<Row> expected{{1, false, false, 0}, {2, false, false, 0}, {3, true, true, 2}, {4, false, false, 2},
-                                  {5, false, false, 2}, {6, true, true, 4}, {0, true, true, 6}};
+                                  {5, false, false, 2}, {6, true, true, 4},   {0, true, true, 6}};
   REQUIRE(rows.size() == expected.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     INFO("batch " << i);
@@ -64,7 +65,8 @@ TEST_CASE("accumulation, optimizer and scheduler follow Accelerate's table", "[o
   }
 }
 
-TEST_CASE("accumulation variants: no sync with the loader, split batches, a scheduler on its own", "[optim][accumulate]") {
+TEST_CASE("accumulation variants: no sync with the loader, split batches, a scheduler on its own",
+          "[optim][accumulate]") {
   const auto carry = accumulation_rows({.steps = 3, .sync_with_dataloader = false}, false, true);
   CHECK(carry.back().step == 7);
   CHECK(!carry.back().sync);
@@ -77,7 +79,8 @@ TEST_CASE("accumulation variants: no sync with the loader, split batches, a sche
   accel::GradientState::instance().set_sync_gradients(false);
   CHECK(each.allow_sync());  // reduce every batch, step every third
   accel::GradientState::instance().set_sync_gradients(true);
-  CHECK_THROWS_WITH(accel::Accumulation({.steps = 0}), Catch::Contains("gradient_accumulation_steps must be at least 1 (got 0)"));
+  CHECK_THROWS_WITH(accel::Accumulation({.steps = 0}),
+                    Catch::Contains("gradient_accumulation_steps must be at least 1 (got 0)"));
 }
 
 TEST_CASE("accumulation over k steps equals one step on k times the data", "[accelerator][accumulate]") {
@@ -87,8 +90,9 @@ TEST_CASE("accumulation over k steps equals one step on k times the data", "[acc
     accel::set_seed(3);
     torch::nn::Linear lin(6, 3);
     Solo acc{accel::Options{.gradient_accumulation_steps = k}};
-    auto [model, opt, loader] = acc.prepare(lin, std::make_shared<torch::optim::SGD>(lin->parameters(), torch::optim::SGDOptions(0.5)),
-                                            accel::data::DataLoader(data, {.batch_size = batch}));
+    auto [model, opt, loader] =
+        acc.prepare(lin, std::make_shared<torch::optim::SGD>(lin->parameters(), torch::optim::SGDOptions(0.5)),
+                    accel::data::DataLoader(data, {.batch_size = batch}));
     int real_steps = 0;
     for (const auto& b : loader) {
       auto step = acc.accumulate(model);

@@ -4,14 +4,14 @@
 
 #include "../training_support.hpp"
 
-#include <accel/optim/accelerated.hpp>
-#include <accel/optim/grad_scaler.hpp>
 #include <ATen/ops/dot.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
+#include <accel/optim/accelerated.hpp>
+#include <accel/optim/grad_scaler.hpp>
 #include <catch2/catch.hpp>
 #include <limits>
 #include <sstream>
@@ -19,12 +19,13 @@
 using namespace accel_test;
 namespace data = accel::data;
 
-TEST_CASE("GradScaler: an injected inf skips the step and the scheduler, halves the scale; good steps unscale and grow it",
-          "[optim][scaler]") {
+TEST_CASE(
+    "GradScaler: an injected inf skips the step and the scheduler, halves the scale; good steps unscale and grow it",
+    "[optim][scaler]") {
   at::Tensor w = at::zeros({2}).set_requires_grad(true);
   auto sgd = std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(1.0));
-  auto scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU), nullptr,
-                                                    accel::GradScalerOptions{.init_scale = 1024.0, .growth_interval = 2});
+  auto scaler = std::make_shared<accel::GradScaler>(
+      c10::Device(c10::kCPU), nullptr, accel::GradScalerOptions{.init_scale = 1024.0, .growth_interval = 2});
   accel::AcceleratedOptimizer<torch::optim::SGD> opt(sgd, scaler);
   using Sched = accel::AcceleratedScheduler<torch::optim::StepLR>;
   Sched sched(std::make_shared<torch::optim::StepLR>(*sgd, 1, 0.5), {opt.record()}, Sched::Options{.num_processes = 1});
@@ -38,8 +39,8 @@ TEST_CASE("GradScaler: an injected inf skips the step and the scheduler, halves 
   opt.step();
   sched.step();
   CHECK(opt.step_was_skipped());
-  CHECK(w[0].item<float>() == 0.0f);   // not stepped
-  CHECK(sched.steps() == 0);           // nor the scheduler
+  CHECK(w[0].item<float>() == 0.0f);    // not stepped
+  CHECK(sched.steps() == 0);            // nor the scheduler
   CHECK(scaler->get_scale() == 512.0);  // backoff
   opt.zero_grad();
 
@@ -62,7 +63,8 @@ TEST_CASE("GradScaler: an injected inf skips the step and the scheduler, halves 
   opt.zero_grad();
   backward(std::numeric_limits<float>::quiet_NaN(), 1.0f);
   scaler->unscale_(*sgd);
-  CHECK_THROWS_WITH(scaler->unscale_(*sgd), Catch::Contains("unscale_() was already called") && Catch::Contains("at most once per step"));
+  CHECK_THROWS_WITH(scaler->unscale_(*sgd),
+                    Catch::Contains("unscale_() was already called") && Catch::Contains("at most once per step"));
   opt.step();
   CHECK(opt.step_was_skipped());
   CHECK(scaler->get_scale() == 512.0);

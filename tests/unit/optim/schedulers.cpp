@@ -142,7 +142,8 @@ struct Built {
   Fixture f;
   std::shared_ptr<accel::ExactScheduler> prior, s;
   explicit Built(const nlohmann::json& c)
-      : f(c.value("optimizer", "sgd")), prior(c.contains("prior") ? make(c["prior"], *f.opt) : nullptr),
+      : f(c.value("optimizer", "sgd")),
+        prior(c.contains("prior") ? make(c["prior"], *f.opt) : nullptr),
         s(make(c, *f.opt)) {}
 };
 
@@ -441,15 +442,18 @@ TEST_CASE("schedulers: a saved state outside what the constructor accepts is ref
   refused(plateau, "num_bad_epochs", std::int64_t(-2), "'num_bad_epochs' is -2");
   auto a = std::make_shared<accel::StepLR>(*g.opt, 2);
   accel::SequentialLR sequence(*g.opt, {a, std::make_shared<accel::StepLR>(*g.opt, 3)}, {4});
-  refused(sequence, "milestones", c10::IValue(std::vector<std::int64_t>{}), "'milestones' has 0 values, this scheduler 1");
+  refused(sequence, "milestones", c10::IValue(std::vector<std::int64_t>{}),
+          "'milestones' has 0 values, this scheduler 1");
   // A valid but different state loads.
   auto other = forged_state(step, "step_size", std::int64_t(7));
   CHECK_NOTHROW(step.load(other));
 }
 
-TEST_CASE("schedulers: LibTorch's scheduler counters are range-checked in the type they are read into", "[schedulers]") {
+TEST_CASE("schedulers: LibTorch's scheduler counters are range-checked in the type they are read into",
+          "[schedulers]") {
   Fixture f("sgd");
-  accel::AcceleratedScheduler<torch::optim::StepLR> wrapped(std::make_shared<torch::optim::StepLR>(*f.opt, 3, 0.5), {}, {});
+  accel::AcceleratedScheduler<torch::optim::StepLR> wrapped(std::make_shared<torch::optim::StepLR>(*f.opt, 3, 0.5), {},
+                                                            {});
   auto refused = [&](const std::string& key, std::int64_t value, const std::string& message) {
     auto in = forged_state(wrapped, key, value);
     CHECK_THROWS_WITH(wrapped.check(in), Catch::Contains(message));

@@ -104,10 +104,12 @@ TEST_CASE("optimizer states: what each LibTorch optimizer reaches itself loads",
   lbfgs.state()[params[0].unsafeGetTensorImpl()] = std::move(state);
   CHECK(accel::optimizer_state_problem(lbfgs).empty());
   held.d(at::zeros({14}));
-  CHECK_THAT(accel::optimizer_state_problem(lbfgs), Catch::Contains("group 0: 'd' is [14] Float on cpu, the parameter's is [15] Float"));
+  CHECK_THAT(accel::optimizer_state_problem(lbfgs),
+             Catch::Contains("group 0: 'd' is [14] Float on cpu, the parameter's is [15] Float"));
   held.d(at::zeros({15}));
   held.ro().clear();
-  CHECK_THAT(accel::optimizer_state_problem(lbfgs), Catch::Contains("'old_dirs', 'old_stps' and 'ro' hold 1, 1 and 0 entries"));
+  CHECK_THAT(accel::optimizer_state_problem(lbfgs),
+             Catch::Contains("'old_dirs', 'old_stps' and 'ro' hold 1, 1 and 0 entries"));
 }
 
 TEST_CASE("optimizer states: a state that does not fit its parameters is refused, naming where, changing nothing",
@@ -119,10 +121,12 @@ TEST_CASE("optimizer states: a state that does not fit its parameters is refused
     Stepped<Adam, AO> s(adam);
     return s.saved([&](Adam& o) { state_of<torch::optim::AdamParamState>(o, 0).exp_avg(t); });
   };
-  refused<Adam>(with_exp_avg(at::zeros({17})), adam, "group 0, parameter 0: 'exp_avg' is [17] Float on cpu, the parameter's is [4, 3] Float");
+  refused<Adam>(with_exp_avg(at::zeros({17})), adam,
+                "group 0, parameter 0: 'exp_avg' is [17] Float on cpu, the parameter's is [4, 3] Float");
   refused<Adam>(with_exp_avg(at::zeros({3, 4})), adam, "'exp_avg' is [3, 4]");
   refused<Adam>(with_exp_avg(at::zeros({})), adam, "'exp_avg' is []");
-  refused<Adam>(with_exp_avg(at::zeros({4, 3}, at::kDouble)), adam, "'exp_avg' is [4, 3] Double on cpu, the parameter's is [4, 3] Float");
+  refused<Adam>(with_exp_avg(at::zeros({4, 3}, at::kDouble)), adam,
+                "'exp_avg' is [4, 3] Double on cpu, the parameter's is [4, 3] Float");
   {
     Stepped<Adam, AO> s(adam);
     refused<Adam>(s.saved([](Adam& o) { state_of<torch::optim::AdamParamState>(o, 1).step(-3); }), adam,
@@ -133,21 +137,21 @@ TEST_CASE("optimizer states: a state that does not fit its parameters is refused
   const SO sgd = SO(0.1).momentum(0.9);
   {
     Stepped<SGD, SO> s(sgd);
-    refused<SGD>(s.saved([](SGD& o) { state_of<torch::optim::SGDParamState>(o, 1).momentum_buffer(at::zeros({1})); }), sgd,
-                 "group 0, parameter 1: 'momentum_buffer' is [1]");
+    refused<SGD>(s.saved([](SGD& o) { state_of<torch::optim::SGDParamState>(o, 1).momentum_buffer(at::zeros({1})); }),
+                 sgd, "group 0, parameter 1: 'momentum_buffer' is [1]");
   }
   {
     Stepped<SGD, SO> s(sgd);
-    refused<SGD>(s.saved([](SGD& o) { state_of<torch::optim::SGDParamState>(o, 0).momentum_buffer(at::Tensor()); }), sgd,
-                 "'momentum_buffer' is missing");
+    refused<SGD>(s.saved([](SGD& o) { state_of<torch::optim::SGDParamState>(o, 0).momentum_buffer(at::Tensor()); }),
+                 sgd, "'momentum_buffer' is missing");
   }
   using RMS = torch::optim::RMSprop;
   using RO = torch::optim::RMSpropOptions;
   const RO centered = RO(0.01).centered(true);
   {
     Stepped<RMS, RO> s(centered);
-    refused<RMS>(s.saved([](RMS& o) { state_of<torch::optim::RMSpropParamState>(o, 0).grad_avg(at::Tensor()); }), centered,
-                 "'grad_avg' is missing");
+    refused<RMS>(s.saved([](RMS& o) { state_of<torch::optim::RMSpropParamState>(o, 0).grad_avg(at::Tensor()); }),
+                 centered, "'grad_avg' is missing");
   }
 }
 
@@ -163,13 +167,16 @@ TEST_CASE("optimizer states: options the constructor refuses are refused, NaN in
   refused<SGD>(sgd_with([](SO& o) { o.lr(std::nan("")); }), sgd, "'lr' is nan");
   refused<SGD>(sgd_with([](SO& o) { o.momentum(-0.5); }), sgd, "'momentum' is -0.5 (0 or more)");
   refused<SGD>(sgd_with([](SO& o) { o.weight_decay(-1); }), sgd, "'weight_decay' is -1 (0 or more)");
-  refused<SGD>(sgd_with([](SO& o) { o.nesterov(true).dampening(0.5); }), sgd, "'nesterov' is true with momentum 0.9 and dampening 0.5");
+  refused<SGD>(sgd_with([](SO& o) { o.nesterov(true).dampening(0.5); }), sgd,
+               "'nesterov' is true with momentum 0.9 and dampening 0.5");
   using Adam = torch::optim::Adam;
   using AO = torch::optim::AdamOptions;
   const AO adam = AO(0.01);
   Stepped<Adam, AO> s(adam);
-  refused<Adam>(s.saved([](Adam& o) { static_cast<AO&>(o.param_groups()[0].options()).betas({0.9, 1.0}); }), adam,
-                "'betas[1]' is 1 (in [0, 1))");
+  refused<Adam>(s.saved([](Adam& o) {
+    static_cast<AO&>(o.param_groups()[0].options()).betas({0.9, 1.0});
+  }),
+                adam, "'betas[1]' is 1 (in [0, 1))");
   // Other values the constructor accepts are a valid, different state.
   Stepped<SGD, SO> other(sgd);
   auto saved = other.saved([](SGD& o) { static_cast<SO&>(o.param_groups()[0].options()).lr(0.5).momentum(0.1); });

@@ -1,8 +1,8 @@
 // Loader workers (pipeline/prefetcher.hpp) through a prepared loader: order, error forwarding, clean stop.
 #include "../support.hpp"
 
-#include <accel/data/loader.hpp>
 #include <ATen/ops/scalar_tensor.h>
+#include <accel/data/loader.hpp>
 #include <catch2/catch.hpp>
 #include <stdexcept>
 
@@ -34,6 +34,8 @@ TEST_CASE("workers prepare batches in order, forward errors, and stop cleanly", 
     CHECK(accel::GradientState::instance().active_loaders() == 0);
     data::DataLoader bad(Flaky{}, {.batch_size = 4, .workers = workers});
     auto lb = data::prepare_data_loader<Even>(bad, data::PrepareContext{});
-    CHECK_THROWS_WITH(run_epoch(lb), Catch::Contains("rank 0: loading batch 4 of epoch 0 (first sample 16) failed: sample 17 is corrupt"));
+    CHECK_THROWS_WITH(
+        run_epoch(lb),
+        Catch::Contains("rank 0: loading batch 4 of epoch 0 (first sample 16) failed: sample 17 is corrupt"));
   }
 }

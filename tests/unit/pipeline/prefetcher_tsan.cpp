@@ -3,8 +3,8 @@
 #include <accel/pipeline/prefetcher.hpp>
 
 #include <atomic>
-#include <optional>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -47,15 +47,15 @@ int main() {
       {  // a stream: unknown length, read in order (InOrder) while the rest of each item runs in parallel
         accel::pipeline::detail::InOrder order;
         std::int64_t cursor = 0;  // the stream's position: only touched in item order
-        accel::pipeline::detail::Prefetcher<std::int64_t> p(accel::pipeline::detail::unknown_count, workers, depth,
-                                                        [&](std::int64_t j) -> std::optional<std::int64_t> {
-          const auto read = order.run(j, [&]() -> std::optional<std::int64_t> {
-            if (cursor == 100) return std::nullopt;
-            return cursor++;
-          });
-          if (!read) return std::nullopt;
-          return *read * 2;
-        });
+        accel::pipeline::detail::Prefetcher<std::int64_t> p(
+            accel::pipeline::detail::unknown_count, workers, depth, [&](std::int64_t j) -> std::optional<std::int64_t> {
+              const auto read = order.run(j, [&]() -> std::optional<std::int64_t> {
+                if (cursor == 100) return std::nullopt;
+                return cursor++;
+              });
+              if (!read) return std::nullopt;
+              return *read * 2;
+            });
         bool ordered = true;
         std::int64_t seen = 0;
         while (auto x = p.next()) ordered &= *x == 2 * seen++;

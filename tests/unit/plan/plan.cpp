@@ -6,10 +6,10 @@
 #include <accel/pipeline/plan_view.hpp>
 #include <accel/plan/plan.hpp>
 #include <catch2/catch.hpp>
+#include <map>
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
 #include <range/v3/view/transform.hpp>
-#include <map>
 #include <ranges>
 
 using namespace accel_test;
@@ -26,8 +26,12 @@ TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
     if (kind == "batch_sampler_shard") {
       const auto& expected = e.at("expected");
       for (int r = 0; r < int(expected.size()); ++r) {
-        const ShardSpec s{.batch_size = e.at("batch_size"), .drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
-                          .process_index = r, .split_batches = e.at("split_batches"), .even_batches = e.at("even_batches")};
+        const ShardSpec s{.batch_size = e.at("batch_size"),
+                          .drop_last = e.at("drop_last"),
+                          .num_processes = e.at("num_processes"),
+                          .process_index = r,
+                          .split_batches = e.at("split_batches"),
+                          .even_batches = e.at("even_batches")};
         const auto p = accel::plan::shard_plan(s, e.at("n"));
         CHECK(batches_of(p) == as_batches(expected[r]));
         if (e.value("len_checked", false)) CHECK(p.size() == std::int64_t(expected[r].size()));
@@ -36,35 +40,47 @@ TEST_CASE("Accelerate's own test expectations", "[plan][golden]") {
       const auto in = as_batches(e.at("batches_in"));
       const auto& expected = e.at("expected");
       for (int r = 0; r < int(expected.size()); ++r) {
-        data::BatchSamplerShard shard(in, {.batch_size = accel::plan::varying, .drop_last = e.at("drop_last"), .num_processes = e.at("num_processes"),
-                                           .process_index = r, .even_batches = e.at("even_batches")});
+        data::BatchSamplerShard shard(in, {.batch_size = accel::plan::varying,
+                                           .drop_last = e.at("drop_last"),
+                                           .num_processes = e.at("num_processes"),
+                                           .process_index = r,
+                                           .even_batches = e.at("even_batches")});
         Batches got;
         for (const auto& b : shard) got.push_back(b.indices);
         CHECK(got == as_batches(expected[r]));
       }
     } else if (kind == "batch_sampler_shard_error") {
       if (e.contains("batches_in")) {
-        CHECK_THROWS_WITH((data::BatchSamplerShard(as_batches(e.at("batches_in")),
-                                                   {.batch_size = accel::plan::varying, .num_processes = e.at("num_processes"), .split_batches = true})),
-                          Catch::Contains("batches::split needs a batch sampler with a fixed batch_size"));
+        CHECK_THROWS_WITH(
+            (data::BatchSamplerShard(
+                as_batches(e.at("batches_in")),
+                {.batch_size = accel::plan::varying, .num_processes = e.at("num_processes"), .split_batches = true})),
+            Catch::Contains("batches::split needs a batch sampler with a fixed batch_size"));
       } else {
-        CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = e.at("batch_size"), .num_processes = e.at("num_processes"),
-                                                   .split_batches = true}, e.at("n")),
-                          Catch::Contains("must be a round multiple of the number of processes"));
+        CHECK_THROWS_WITH(
+            accel::plan::shard_plan(
+                {.batch_size = e.at("batch_size"), .num_processes = e.at("num_processes"), .split_batches = true},
+                e.at("n")),
+            Catch::Contains("must be a round multiple of the number of processes"));
       }
     } else if (kind == "skip_batch_sampler" || kind == "skip_data_loader" || kind == "skip_first_batches") {
-      const auto p = accel::plan::batch_plan(e.at("batch_size"), e.at("drop_last"), e.at("n")).skip(e.at("num_batches"));
+      const auto p =
+          accel::plan::batch_plan(e.at("batch_size"), e.at("drop_last"), e.at("n")).skip(e.at("num_batches"));
       CHECK(batches_of(p) == as_batches(e.at("expected")));
     } else if (kind == "end_of_dataloader_shard" || kind == "end_of_dataloader_dispatcher") {
-      const auto p = accel::plan::loader_plan({.batch_size = e.at("batch_size")}, e.at("n"),
-                                              kind == "end_of_dataloader_shard" ? Loading::sharded : Loading::dispatched);
+      const auto p =
+          accel::plan::loader_plan({.batch_size = e.at("batch_size")}, e.at("n"),
+                                   kind == "end_of_dataloader_shard" ? Loading::sharded : Loading::dispatched);
       std::vector<bool> flags;
       for (std::int64_t j = 0; j < p.size(); ++j) flags.push_back(p.end_of_dataloader(j));
       CHECK(flags == e.at("expected_end_of_dataloader").get<std::vector<bool>>());
     } else if (kind == "batch_sizes_2proc") {
       for (int r = 0; r < 2; ++r) {
-        const auto p = accel::plan::loader_plan({.batch_size = e.at("batch_size"), .num_processes = 2, .process_index = r,
-                                                 .even_batches = e.at("even_batches")}, e.at("n"), Loading::sharded);
+        const auto p = accel::plan::loader_plan({.batch_size = e.at("batch_size"),
+                                                 .num_processes = 2,
+                                                 .process_index = r,
+                                                 .even_batches = e.at("even_batches")},
+                                                e.at("n"), Loading::sharded);
         std::vector<std::int64_t> sizes;
         for (std::int64_t j = 0; j < p.size(); ++j) sizes.push_back(p.span(j).size());
         CHECK(sizes == e.at("expected_batch_sizes")[r].get<std::vector<std::int64_t>>());
@@ -122,7 +138,8 @@ TEST_CASE("plan properties on a randomised grid (n up to 1e5, up to 64 processes
         // ...with drop_last only the tail that does not fill a round is dropped.
         for (auto k : seen) dropped_tail += 1 - k;
         const std::int64_t round = s.split_batches ? s.batch_size : s.batch_size * s.num_processes;
-        REQUIRE(dropped_tail < round + (loading == Loading::sharded && !s.split_batches ? s.batch_size * s.num_processes : 0));
+        REQUIRE(dropped_tail <
+                round + (loading == Loading::sharded && !s.split_batches ? s.batch_size * s.num_processes : 0));
       }
       // Even tails (and every dispatched / iterable epoch) give every process the same number of batches.
       if (s.even_batches || loading != Loading::sharded || s.num_processes == 1 || s.drop_last) {
@@ -136,7 +153,8 @@ TEST_CASE("an empty dataset yields nothing on every path", "[plan]") {
   for (const auto loading : {Loading::sharded, Loading::iterable, Loading::dispatched})
     for (int N : {1, 2, 3})
       for (bool split : {false, true}) {
-        const auto p = accel::plan::loader_plan({.batch_size = 6, .num_processes = N, .process_index = N - 1, .split_batches = split}, 0, loading);
+        const auto p = accel::plan::loader_plan(
+            {.batch_size = 6, .num_processes = N, .process_index = N - 1, .split_batches = split}, 0, loading);
         CHECK(p.size() == 0);
         CHECK(p.empty());
       }
@@ -144,7 +162,8 @@ TEST_CASE("an empty dataset yields nothing on every path", "[plan]") {
 
 TEST_CASE("skipping counts batches of the prepared loader and keeps the padding marks", "[plan][skip]") {
   // n=10, B=3, N=2, rank 1: [3,4,5] [9,0*,1*]; skipping 1 keeps the padding of the last batch (Q8 fixed).
-  const auto p = accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 1}, 10, Loading::sharded);
+  const auto p =
+      accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 1}, 10, Loading::sharded);
   const auto skipped = p.skip(1);
   REQUIRE(skipped.size() == 1);
   CHECK(batches_of(skipped) == Batches{{9, 0, 1}});
@@ -153,15 +172,17 @@ TEST_CASE("skipping counts batches of the prepared loader and keeps the padding 
   CHECK(p.skip(5).size() == 0);
   CHECK(p.skip(0) == p);
   // Dispatched: a skip is a step of the prepared loader, not 1/N of one (Q9 fixed).
-  const auto d = accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 0}, 10, Loading::dispatched);
+  const auto d =
+      accel::plan::loader_plan({.batch_size = 3, .num_processes = 2, .process_index = 0}, 10, Loading::dispatched);
   CHECK(batches_of(d) == Batches{{0, 1, 2}, {6, 7}});
   CHECK(batches_of(d.skip(1)) == Batches{{6, 7}});
 }
 
 TEST_CASE("bad parameters are clear errors", "[plan][errors]") {
   using Catch::Contains;
-  CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 3, .num_processes = 2, .split_batches = true}, 10),
-                    Contains("under batches::split the batch size (3) must be a round multiple of the number of processes (2)"));
+  CHECK_THROWS_WITH(
+      accel::plan::shard_plan({.batch_size = 3, .num_processes = 2, .split_batches = true}, 10),
+      Contains("under batches::split the batch size (3) must be a round multiple of the number of processes (2)"));
   CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 1, .num_processes = 2, .split_batches = true}, 10),
                     Contains("round multiple"));
   CHECK_THROWS_WITH(accel::plan::dispatch_plan({.batch_size = 3, .num_processes = 2, .split_batches = true}, 10),
@@ -174,22 +195,26 @@ TEST_CASE("bad parameters are clear errors", "[plan][errors]") {
                     Contains("process_index -1 is out of range"));
   CHECK_THROWS_WITH(accel::plan::shard_plan({.batch_size = 0}, 10), Contains("batch_size must be at least 1 (got 0)"));
   CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, -1), Contains("dataset length is negative"));
-  CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, 10).skip(-1), Contains("cannot skip a negative number of batches (-1)"));
-  CHECK_THROWS_WITH(accel::pipeline::planned_batches(accel::plan::batch_plan(2, false, 10), data::IndexOrder::sequential(5)),
-                    Contains("the plan covers 10 samples but the order has only 5"));
+  CHECK_THROWS_WITH(accel::plan::batch_plan(2, false, 10).skip(-1),
+                    Contains("cannot skip a negative number of batches (-1)"));
+  CHECK_THROWS_WITH(
+      accel::pipeline::planned_batches(accel::plan::batch_plan(2, false, 10), data::IndexOrder::sequential(5)),
+      Contains("the plan covers 10 samples but the order has only 5"));
   CHECK_THROWS_AS(accel::plan::shard_plan({.batch_size = 3, .num_processes = 0}, 10), accel::InvalidArgument);
 }
 
 TEST_CASE("planned batches compose with std::views and range-v3", "[plan][ranges]") {
   const auto view = accel::pipeline::planned_batches(
-      accel::plan::shard_plan({.batch_size = 3, .num_processes = 3, .process_index = 0}, 10), data::IndexOrder::sequential(10));
+      accel::plan::shard_plan({.batch_size = 3, .num_processes = 3, .process_index = 0}, 10),
+      data::IndexOrder::sequential(10));
   STATIC_REQUIRE(std::ranges::random_access_range<decltype(view)>);
   CHECK(view.size() == 2);
   std::vector<std::int64_t> reals;
   for (const auto& b : view | std::views::take(5)) reals.push_back(b.real());
   CHECK(reals == std::vector<std::int64_t>{3, 1});
   std::vector<std::pair<std::size_t, std::int64_t>> firsts;
-  for (auto [i, first] : view | ranges::views::take(5) | ranges::views::transform([](const accel::pipeline::PlannedBatch& b) { return b[0]; }) |
+  for (auto [i, first] : view | ranges::views::take(5) |
+                             ranges::views::transform([](const accel::pipeline::PlannedBatch& b) { return b[0]; }) |
                              ranges::views::enumerate)
     firsts.emplace_back(i, first);
   CHECK(firsts == std::vector<std::pair<std::size_t, std::int64_t>>{{0, 0}, {1, 9}});

@@ -35,11 +35,15 @@ TEST_CASE("GradientState follows the loops: nested loaders, abandoned loops", "[
   }
   CHECK((outer_ends == std::vector<bool>{false, true}));
   CHECK(!gs.in_dataloader());
-  { auto it = outer.begin(); CHECK(gs.in_dataloader()); }  // abandoned: unregisters with its iterator
+  {
+    auto it = outer.begin();
+    CHECK(gs.in_dataloader());
+  }  // abandoned: unregisters with its iterator
   CHECK(!gs.in_dataloader());
 }
 
-TEST_CASE("joined steps: the last step is repeated for each missing step, until a call stops the repeat", "[gradient_state]") {
+TEST_CASE("joined steps: the last step is repeated for each missing step, until a call stops the repeat",
+          "[gradient_state]") {
   auto& gs = accel::GradientState::instance();
   using Kind = accel::GradientState::CallKind;
   // A rank that lacks 3 steps, with one batch of its own and 3 recorded calls; the second stops the repeat at its
@@ -76,7 +80,8 @@ TEST_CASE("the joined-step door: live calls pass through, repeats are made only 
   using Kind = accel::GradientState::CallKind;
   int made = 0;
   // No loader records: the live call runs and returns its value; the repeat is never made.
-  CHECK(gs.joined(Kind::collective, [] { return 7; }, [&] { return ++made, [] {}; }) == 7);
+  CHECK(gs.joined(
+            Kind::collective, [] { return 7; }, [&] { return ++made, [] {}; }) == 7);
   CHECK(made == 0);
 
   std::string calls;
@@ -89,7 +94,8 @@ TEST_CASE("the joined-step door: live calls pass through, repeats are made only 
   const int out = gs.joined(
       Kind::local,
       [&] {
-        gs.joined(Kind::collective, [] {}, [&] { return ++made, [&] { calls += 'i'; }; });
+        gs.joined(
+            Kind::collective, [] {}, [&] { return ++made, [&] { calls += 'i'; }; });
         seen = 42;
         return 1;
       },
@@ -98,20 +104,23 @@ TEST_CASE("the joined-step door: live calls pass through, repeats are made only 
   CHECK(made == 2);
   // A live call that throws leaves nothing to repeat (its place stays, empty); what a repeat returns lives until
   // the end of the repeated step.
-  CHECK_THROWS_AS(gs.joined(Kind::local, []() -> int { throw std::runtime_error("live"); },
-                            [&] { return ++made, [&] { calls += 'x'; }; }),
+  CHECK_THROWS_AS(gs.joined(
+                      Kind::local, []() -> int { throw std::runtime_error("live"); },
+                      [&] { return ++made, [&] { calls += 'x'; }; }),
                   std::runtime_error);
   CHECK(made == 2);
   struct Probe {  // what a repeated call returns: released when its repeated step ends
     std::string* calls;
     ~Probe() { *calls += 'd'; }
   };
-  gs.joined(Kind::local, [] {}, [&] {
-    return [&] {
-      calls += 'k';
-      return std::make_shared<Probe>(&calls);
-    };
-  });
+  gs.joined(
+      Kind::local, [] {},
+      [&] {
+        return [&] {
+          calls += 'k';
+          return std::make_shared<Probe>(&calls);
+        };
+      });
   CHECK(reg.join());
   CHECK(calls == "oikdoikd");
 }

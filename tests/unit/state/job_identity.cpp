@@ -1,5 +1,5 @@
-// The job's keys and what its launcher writes there (state/rendezvous/job_identity.hpp): the prefix of an attempt, and the rank
-// that ended as a launcher reports it (Note [Ended ranks]), read back exactly or refused.
+// The job's keys and what its launcher writes there (state/rendezvous/job_identity.hpp): the prefix of an attempt, and
+// the rank that ended as a launcher reports it (Note [Ended ranks]), read back exactly or refused.
 #include <accel/state/rendezvous/job_identity.hpp>
 #include <catch2/catch.hpp>
 

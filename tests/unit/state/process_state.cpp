@@ -45,6 +45,7 @@ TEST_CASE("one process: the state works without communicating", "[state][single]
   accel::ProcessState::reset();
   accel::ProcessOptions two;
   two.env = environment({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5000"}});
-  CHECK_THROWS_WITH(accel::ProcessState(two, accel::dist::none{}), Catch::Contains("dist::none runs one process, but the launcher started 2"));
+  CHECK_THROWS_WITH(accel::ProcessState(two, accel::dist::none{}),
+                    Catch::Contains("dist::none runs one process, but the launcher started 2"));
   accel::ProcessState::reset();
 }

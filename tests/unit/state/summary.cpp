@@ -1,6 +1,6 @@
-// The heartbeat's summary (state/rendezvous/summary.hpp) read back exactly or refused, the differences it finds between the
-// ranks' published collectives, and the store requests the heartbeat at scale is built on (state/rendezvous/store.hpp:
-// `rewrite`, `peek`, `try_get_all`), counted, against a real TCPStore on loopback.
+// The heartbeat's summary (state/rendezvous/summary.hpp) read back exactly or refused, the differences it finds between
+// the ranks' published collectives, and the store requests the heartbeat at scale is built on
+// (state/rendezvous/store.hpp: `rewrite`, `peek`, `try_get_all`), counted, against a real TCPStore on loopback.
 #include <accel/state/rendezvous/listen.hpp>
 #include <accel/state/rendezvous/store.hpp>
 #include <accel/state/rendezvous/summary.hpp>
@@ -15,7 +15,9 @@ using accel::comm::CollectiveId;
 using accel::comm::OpKind;
 using accel::rendezvous::Summary;
 
-CollectiveId op(std::uint64_t seq, OpKind kind, std::int64_t numel) { return {seq, kind, accel::comm::ReduceOp::sum, c10::kFloat, numel, 0}; }
+CollectiveId op(std::uint64_t seq, OpKind kind, std::int64_t numel) {
+  return {seq, kind, accel::comm::ReduceOp::sum, c10::kFloat, numel, 0};
+}
 std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace summary_test
@@ -53,10 +55,11 @@ TEST_CASE("the heartbeat's summary reads back exactly, or is refused", "[comm][s
     CHECK((empty->round == 0 && !empty->ended && empty->late.empty() && empty->failed.empty()));
   }
   SECTION("anything else is refused") {
-    for (const std::string bad : {"", "garbage", "S x\n", "S 1\nL 3\n", "S 1\nQ 2\n", "S 1\nM 1 2 3=0\n", "S 1\nF 9-2\n",
-                                  // forged: ranks and ages out of range, never a loop past INT_MAX or an overflow
-                                  "S 1\nF 2147483000-2147483647\n", "S 1\nF -1\n", "S 1\nL -3:5\n", "S 1\nL 3:-5\n",
-                                  "S 1\nL 3:9223372036854775807\n", "S 1\nF 0-16000000,0-16000000\n"})
+    for (const std::string bad :
+         {"", "garbage", "S x\n", "S 1\nL 3\n", "S 1\nQ 2\n", "S 1\nM 1 2 3=0\n", "S 1\nF 9-2\n",
+          // forged: ranks and ages out of range, never a loop past INT_MAX or an overflow
+          "S 1\nF 2147483000-2147483647\n", "S 1\nF -1\n", "S 1\nL -3:5\n", "S 1\nL 3:-5\n",
+          "S 1\nL 3:9223372036854775807\n", "S 1\nF 0-16000000,0-16000000\n"})
       CHECK_FALSE(Summary::decode(bad));
   }
   SECTION("the launcher's text stays on its line") {
@@ -74,7 +77,8 @@ TEST_CASE("the aggregator finds the collectives on which ranks differ", "[comm][
   // Rank 2 issued an all_gather where the others issued an all_reduce as #12; #11 and #13 agree.
   std::vector<std::vector<CollectiveId>> published(4);
   for (int r = 0; r < 4; ++r)
-    published[std::size_t(r)] = {op(11, OpKind::broadcast, 1), op(12, r == 2 ? OpKind::all_gather : OpKind::all_reduce, 4)};
+    published[std::size_t(r)] = {op(11, OpKind::broadcast, 1),
+                                 op(12, r == 2 ? OpKind::all_gather : OpKind::all_reduce, 4)};
   published[1].push_back(op(13, OpKind::barrier, 0));  // ahead of the others: no disagreement
   const auto d = Summary::differences(published);
   REQUIRE(d.size() == 1);
@@ -85,14 +89,16 @@ TEST_CASE("the aggregator finds the collectives on which ranks differ", "[comm][
   }
   SECTION("the earliest few only") {
     std::vector<std::vector<CollectiveId>> many(2);
-    for (std::uint64_t s = 1; s <= 20; ++s) many[0].push_back(op(s, OpKind::all_reduce, 1)), many[1].push_back(op(s, OpKind::broadcast, 1));
+    for (std::uint64_t s = 1; s <= 20; ++s)
+      many[0].push_back(op(s, OpKind::all_reduce, 1)), many[1].push_back(op(s, OpKind::broadcast, 1));
     const auto few = Summary::differences(many);
     REQUIRE(few.size() == Summary::kMismatches);
     CHECK(few.front().front().id.seq == 1);
   }
 }
 
-TEST_CASE("the heartbeat's store requests: one each, counted, and a foreign writer reported", "[comm][summary][store]") {
+TEST_CASE("the heartbeat's store requests: one each, counted, and a foreign writer reported",
+          "[comm][summary][store]") {
   using namespace summary_test;
   using accel::rendezvous::JobStore;
   using accel::rendezvous::StoreTraffic;

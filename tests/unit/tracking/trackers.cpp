@@ -11,9 +11,9 @@
 
 #include <torch/serialize/archive.h>
 
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -106,7 +106,8 @@ TEST_CASE("tracking: JSONL has one object per log call, CSV one row, widened by 
   CHECK(nlohmann::json::parse(jsonl[2])["step"] == 2);
   CHECK(lines_of(dir / "metrics.csv") ==
         std::vector<std::string>{"step,acc,loss,note", "10,3,0.5,", "20,4,0.25,\"a, \"\"b\"\"\"", "2,,0.125,"});
-  CHECK(nlohmann::json::parse(std::ifstream(dir / "config.json")) == nlohmann::json{{"lr", 0.001}, {"optimizer", "adamw"}});
+  CHECK(nlohmann::json::parse(std::ifstream(dir / "config.json")) ==
+        nlohmann::json{{"lr", 0.001}, {"optimizer", "adamw"}});
   CHECK_FALSE(fs::exists(dir / "metrics.csv.tmp"));
 }
 
@@ -128,14 +129,16 @@ TEST_CASE("tracking: TensorBoard records are framed and checksummed, the file ve
   auto damaged = bytes;
   damaged[bytes.size() - 6] ^= 0x10;
   std::ofstream(dir / "damaged", std::ios::binary) << damaged;
-  CHECK_THROWS_WITH(tr::read_records(dir / "damaged"), Catch::Contains("record 7") && Catch::Contains("the data's CRC does not match"));
+  CHECK_THROWS_WITH(tr::read_records(dir / "damaged"),
+                    Catch::Contains("record 7") && Catch::Contains("the data's CRC does not match"));
   std::ofstream(dir / "cut", std::ios::binary) << bytes.substr(0, bytes.size() - 3);
   CHECK_THROWS_WITH(tr::read_records(dir / "cut"), Catch::Contains("truncated"));
 }
 
 TEST_CASE("tracking: the Accelerator's init_trackers, log and end_training", "[tracking][accelerator]") {
   const auto root = tracking_scratch("acc");
-  Solo acc{accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard}, .logging_dir = root}};
+  Solo acc{accel::Options{.log_with = {tr::Tracker::jsonl, tr::Tracker::csv, tr::Tracker::tensorboard},
+                          .logging_dir = root}};
   CHECK_THROWS_WITH(acc.log({{"loss", 1.0}}, 0), Catch::Contains("call init_trackers first"));
   acc.init_trackers("run", {{"batch_size", 16}});
   CHECK_THROWS_WITH(acc.log({{"step", 1.0}}, 0), Catch::Contains("names must be non-empty and not \"step\""));
@@ -152,7 +155,8 @@ TEST_CASE("tracking: the Accelerator's init_trackers, log and end_training", "[t
   CHECK_FALSE(fs::exists(root / "none"));
 }
 
-TEST_CASE("tracking: a resumed job continues its run's JSONL and CSV files; a fresh one starts them anew", "[tracking]") {
+TEST_CASE("tracking: a resumed job continues its run's JSONL and CSV files; a fresh one starts them anew",
+          "[tracking]") {
   const auto dir = tracking_scratch("continued");
   {
     tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {});
@@ -164,8 +168,8 @@ TEST_CASE("tracking: a resumed job continues its run's JSONL and CSV files; a fr
     t.log({{"loss", 0.125}, {"acc", 0.75}}, 3);  // a new column: every earlier row is kept and widened
   }
   CHECK(lines_of(dir / "metrics.jsonl").size() == 3);
-  CHECK(lines_of(dir / "metrics.csv") ==
-        std::vector<std::string>{"step,\"a, \"\"b\"\"\",loss,note,acc", "1,1,0.5,,", "2,,0.25,\"x", "y\",", "3,,0.125,,0.75"});
+  CHECK(lines_of(dir / "metrics.csv") == std::vector<std::string>{"step,\"a, \"\"b\"\"\",loss,note,acc", "1,1,0.5,,",
+                                                                  "2,,0.25,\"x", "y\",", "3,,0.125,,0.75"});
   {
     tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {});
     t.log({{"loss", 1.0}}, 0);
@@ -174,14 +178,19 @@ TEST_CASE("tracking: a resumed job continues its run's JSONL and CSV files; a fr
   CHECK(lines_of(dir / "metrics.csv") == std::vector<std::string>{"step,loss", "0,1"});
   {
     std::ofstream(dir / "metrics.csv") << "epoch,loss\n0,1\n";
-    CHECK_THROWS_WITH(tr::Trackers({tr::Tracker::csv}, dir, {}, true), Catch::Contains("is not a metrics table of accel"));
+    CHECK_THROWS_WITH(tr::Trackers({tr::Tracker::csv}, dir, {}, true),
+                      Catch::Contains("is not a metrics table of accel"));
   }
 }
 
-TEST_CASE("tracking: a job resumed from a checkpoint ends with an uninterrupted job's files (what the stopped one "
-          "logged after its checkpoint dropped)", "[tracking][trackers][accelerator]") {
+TEST_CASE(
+    "tracking: a job resumed from a checkpoint ends with an uninterrupted job's files (what the stopped one "
+    "logged after its checkpoint dropped)",
+    "[tracking][trackers][accelerator]") {
   const auto root = tracking_scratch("resume");
-  auto options = [&](const std::string& where) { return accel::Options{.log_with = every_tracker, .logging_dir = root / where}; };
+  auto options = [&](const std::string& where) {
+    return accel::Options{.log_with = every_tracker, .logging_dir = root / where};
+  };
   const tr::Values config{{"lr", 0.5}};
   {  // uninterrupted: steps 0..9; the files as they are after step 5 are kept aside
     Solo acc{options("straight")};
@@ -228,8 +237,10 @@ TEST_CASE("tracking: a job resumed from a checkpoint ends with an uninterrupted 
   for (int s = 6; s < 10; ++s) CHECK(event_step(second[std::size_t(s - 4)]) == s);
 }
 
-TEST_CASE("tracking: a checkpoint without the trackers' position continues the files as they are; a damaged one is "
-          "an error naming the file and the field", "[tracking][trackers][accelerator]") {
+TEST_CASE(
+    "tracking: a checkpoint without the trackers' position continues the files as they are; a damaged one is "
+    "an error naming the file and the field",
+    "[tracking][trackers][accelerator]") {
   const auto root = tracking_scratch("old_checkpoint");
   const auto ckpt = root / "checkpoint";
   const auto meta_path = ckpt / accel::checkpoint::meta_file;
@@ -264,7 +275,8 @@ TEST_CASE("tracking: a checkpoint without the trackers' position continues the f
   rewrite(tr::Position{-1, std::nullopt});
   CHECK_THAT(load_error(), Catch::Contains(meta_path.string()) && Catch::Contains("'tracker_calls' is -1"));
   rewrite(tr::Position{2, std::nullopt});
-  CHECK_THAT(load_error(), Catch::Contains(meta_path.string()) && Catch::Contains("'tracker_calls' is 2 without a 'tracker_last_step'"));
+  CHECK_THAT(load_error(), Catch::Contains(meta_path.string()) &&
+                               Catch::Contains("'tracker_calls' is 2 without a 'tracker_last_step'"));
   rewrite(tr::Position{0, 4});
   CHECK_THAT(load_error(), Catch::Contains("'tracker_calls' is 0 with a 'tracker_last_step'"));
   rewrite(std::nullopt, "tracker_last_step");
@@ -274,13 +286,15 @@ TEST_CASE("tracking: a checkpoint without the trackers' position continues the f
   {
     Solo acc{accel::Options{.log_with = {tr::Tracker::jsonl}, .logging_dir = root}};
     acc.load_state(ckpt);
-    CHECK_THROWS_WITH(acc.init_trackers("run"), Catch::Contains("metrics.jsonl: line 6, the last row logged before the "
-                                                                "checkpoint, has step 5, the checkpoint's last step is 4"));
+    CHECK_THROWS_WITH(acc.init_trackers("run"),
+                      Catch::Contains("metrics.jsonl: line 6, the last row logged before the "
+                                      "checkpoint, has step 5, the checkpoint's last step is 4"));
   }
   {
     Solo acc{accel::Options{.log_with = {tr::Tracker::csv}, .logging_dir = root}};
     acc.load_state(ckpt);
-    CHECK_THROWS_WITH(acc.init_trackers("run"), Catch::Contains("metrics.csv: row 6, the last row logged before the checkpoint, has step 5"));
+    CHECK_THROWS_WITH(acc.init_trackers("run"),
+                      Catch::Contains("metrics.csv: row 6, the last row logged before the checkpoint, has step 5"));
   }
   // No position recorded: nothing is dropped, the files are appended to (and the position stays unknown).
   rewrite(std::nullopt);
@@ -295,8 +309,10 @@ TEST_CASE("tracking: a checkpoint without the trackers' position continues the f
   CHECK_FALSE(accel::checkpoint::describe(root / "later").trackers.has_value());
 }
 
-TEST_CASE("tracking: resuming drops a line cut by a crash, keeps a file with fewer rows, and starts from a checkpoint "
-          "saved before the first log call", "[tracking][trackers]") {
+TEST_CASE(
+    "tracking: resuming drops a line cut by a crash, keeps a file with fewer rows, and starts from a checkpoint "
+    "saved before the first log call",
+    "[tracking][trackers]") {
   const auto dir = tracking_scratch("cut");
   {
     tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {});
@@ -307,12 +323,13 @@ TEST_CASE("tracking: resuming drops a line cut by a crash, keeps a file with few
   {
     tr::Trackers t({tr::Tracker::jsonl}, dir, {}, tr::Start{.continuing = true, .from = tr::Position{6, 5}});
     CHECK(lines_of(dir / "metrics.jsonl").size() == 4);  // 4 rows of the 6 the checkpoint counted: all kept
-    t.log({{"loss", 0.5}}, std::nullopt);                  // the 7th call: step 6
+    t.log({{"loss", 0.5}}, std::nullopt);                // the 7th call: step 6
     CHECK(t.position() == tr::Position{7, 6});
   }
   CHECK(lines_of(dir / "metrics.jsonl").back() == R"({"step":6,"loss":0.5})");
   {
-    tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {}, tr::Start{.continuing = true, .from = tr::Position{}});
+    tr::Trackers t({tr::Tracker::jsonl, tr::Tracker::csv}, dir, {},
+                   tr::Start{.continuing = true, .from = tr::Position{}});
     CHECK(t.position() == tr::Position{});
   }
   CHECK(lines_of(dir / "metrics.jsonl").empty());

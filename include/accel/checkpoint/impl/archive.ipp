@@ -25,24 +25,29 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
   if (count == 0xFFFF || cd_size == 0xFFFFFFFF || cd_off == 0xFFFFFFFF) {  // zip64: a locator just before
     if (eocd < 20 || le(b, eocd - 20, 4) != 0x07064b50) detail::damaged(path, "bad zip64 locator");
     const auto z = le(b, eocd - 20 + 8, 8);
-    if (z > eocd - 20 || eocd - 20 - z < 56 || le(b, z, 4) != 0x06064b50) detail::damaged(path, "bad zip64 end of central directory");
+    if (z > eocd - 20 || eocd - 20 - z < 56 || le(b, z, 4) != 0x06064b50)
+      detail::damaged(path, "bad zip64 end of central directory");
     count = le(b, z + 32, 8);
     cd_size = le(b, z + 40, 8);
     cd_off = le(b, z + 48, 8);
     cd_end_limit = std::size_t(z);
   }
-  if (cd_off > cd_end_limit || cd_size > cd_end_limit - cd_off) detail::damaged(path, "central directory outside the file");
-  if (count == 0 || count > cd_size / 46) detail::damaged(path, std::to_string(count) + " entries cannot fit the central directory");
+  if (cd_off > cd_end_limit || cd_size > cd_end_limit - cd_off)
+    detail::damaged(path, "central directory outside the file");
+  if (count == 0 || count > cd_size / 46)
+    detail::damaged(path, std::to_string(count) + " entries cannot fit the central directory");
   std::size_t c = std::size_t(cd_off);
   const std::size_t cd_end = std::size_t(cd_off + cd_size);
   std::unordered_map<std::string_view, std::uint64_t> sizes;  // every record's, by name
   std::vector<std::pair<std::string_view, std::span<const std::uint8_t>>> pickles;
   for (std::uint64_t e = 0; e < count; ++e) {
-    if (cd_end - c < 46 || le(b, c, 4) != 0x02014b50) detail::damaged(path, "bad central directory entry " + std::to_string(e));
+    if (cd_end - c < 46 || le(b, c, 4) != 0x02014b50)
+      detail::damaged(path, "bad central directory entry " + std::to_string(e));
     const auto method = le(b, c + 10, 2);
     std::uint64_t comp = le(b, c + 20, 4), size = le(b, c + 24, 4), local = le(b, c + 42, 4);
     const auto name_len = le(b, c + 28, 2), extra_len = le(b, c + 30, 2), comment_len = le(b, c + 32, 2);
-    if (cd_end - c - 46 < name_len + extra_len + comment_len) detail::damaged(path, "central directory entry " + std::to_string(e) + " overruns");
+    if (cd_end - c - 46 < name_len + extra_len + comment_len)
+      detail::damaged(path, "central directory entry " + std::to_string(e) + " overruns");
     const std::string_view name(reinterpret_cast<const char*>(b.data() + c + 46), name_len);
     // zip64 sizes and offset, in this order, for the fields that say 0xFFFFFFFF.
     for (std::size_t x = c + 46 + name_len, x_end = x + extra_len; x + 4 <= x_end;) {
@@ -64,8 +69,9 @@ ACCEL_DECL void check_zip(std::span<const std::uint8_t> b, const std::string& pa
     const bool source = name.find("/code/") != std::string_view::npos || name.starts_with("code/");
     const bool deflated = method == 8 && source && name.ends_with(".py");
     if (!(method == 0 && comp == size) && !(deflated && size <= comp * 1032 && size <= max_source_bytes))
-      detail::damaged(path, std::string(name) + ": compression method " + std::to_string(method) + ", " + std::to_string(comp) +
-                                " bytes declared as " + std::to_string(size) + " (LibTorch stores its records)");
+      detail::damaged(path, std::string(name) + ": compression method " + std::to_string(method) + ", " +
+                                std::to_string(comp) + " bytes declared as " + std::to_string(size) +
+                                " (LibTorch stores its records)");
     if (local > cd_off || cd_off - local < 30 || le(b, std::size_t(local), 4) != 0x04034b50)
       detail::damaged(path, std::string(name) + ": bad local header");
     const auto data = local + 30 + le(b, std::size_t(local) + 26, 2) + le(b, std::size_t(local) + 28, 2);
@@ -98,12 +104,13 @@ ACCEL_DECL void check_layout(const std::string& path, const std::string& what, c
                              const at::Tensor& want) {
   if (got.sizes().equals(want.sizes()) && got.scalar_type() == want.scalar_type()) {
     if (got.is_non_overlapping_and_dense()) return;
-    throw FileError(path, "holds " + what + " of strides " + c10::str(got.strides()) + ", whose elements overlap or leave gaps "
+    throw FileError(path, "holds " + what + " of strides " + c10::str(got.strides()) +
+                              ", whose elements overlap or leave gaps "
                               "(a tensor LibTorch writes is dense)");
   }
   throw FileError(path, "holds " + what + " of shape " + c10::str(got.sizes()) + " and dtype " +
-                            std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " + c10::str(want.sizes()) +
-                            " " + std::string(c10::toString(want.scalar_type())));
+                            std::string(c10::toString(got.scalar_type())) + ", " + whose + " is " +
+                            c10::str(want.sizes()) + " " + std::string(c10::toString(want.scalar_type())));
 }
 
 ACCEL_DECL void check_module(const torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& path,

@@ -8,8 +8,9 @@
 
 namespace accel::checkpoint {
 
-ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step, bool local_gradients,
-                                   const Settings& settings, const std::optional<tracking::Position>& trackers) const {
+ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Process& p, std::int64_t step,
+                                   bool local_gradients, const Settings& settings,
+                                   const std::optional<tracking::Position>& trackers) const {
   const auto tmp = partial_dir(dir);
   const bool main = p.index == 0;
   if (main) {
@@ -18,18 +19,23 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
   }
   p.barrier();
   if (main) {
-    save_one([&](auto& a) {
-      write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
-                     std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
-                     std::int64_t(custom_.size()), trackers, settings});
-    }, tmp / meta_file);
-    for (std::size_t i = 0; i < models_.size(); ++i) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
+    save_one(
+        [&](auto& a) {
+          write_meta(a, {format_version, p.count, std::int64_t(models_.size()), std::int64_t(optimizers_.size()),
+                         std::int64_t(schedulers_.size()), std::int64_t(loaders_.size()), scaler_ ? 1 : 0,
+                         std::int64_t(custom_.size()), trackers, settings});
+        },
+        tmp / meta_file);
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
     for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
     for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / indexed("scheduler", i));
     if (scaler_) save_one(scaler_->save, tmp / scaler_file);
-    for (std::size_t i = 0; i < custom_.size(); ++i) save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
+    for (std::size_t i = 0; i < custom_.size(); ++i)
+      save_one([&](auto& a) { save_custom(custom_[i], a); }, tmp / custom_file(i));
   }
-  for (std::size_t i = 0; i < partitions_.size(); ++i) save_one(partitions_[i].own.save, tmp / partition_file(i, p.index));
+  for (std::size_t i = 0; i < partitions_.size(); ++i)
+    save_one(partitions_[i].own.save, tmp / partition_file(i, p.index));
   {
     ProcessRecord record{step, generator_bytes(at::detail::getDefaultCPUGenerator()), {}, {}, local_gradients};
     if (p.device.is_cuda()) record.rng_device = generator_bytes(at::globalContext().defaultGenerator(p.device));
@@ -52,12 +58,14 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
   p.barrier();
 }
 
-ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p, const Settings& settings,
-                                           bool allow_changed_settings, std::optional<tracking::Position>* trackers) {
+ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p,
+                                           const Settings& settings, bool allow_changed_settings,
+                                           std::optional<tracking::Position>* trackers) {
   // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
   const auto aside = std::filesystem::path(given.string() + ".old");
   const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
-  accel::detail::require(std::filesystem::is_directory(dir), "accel::load_state: " + dir.string() + " is not a checkpoint directory");
+  accel::detail::require(std::filesystem::is_directory(dir),
+                         "accel::load_state: " + dir.string() + " is not a checkpoint directory");
   // Nothing is restored until every file this process reads has matched the manifest and been parsed.
   const auto manifest = Manifest::read(dir);
   manifest.check_sizes(dir);
@@ -71,8 +79,10 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
       return std::any_of(manifest.files.begin(), manifest.files.end(), [&](const auto& e) { return e.name == name; });
     };
     auto missing = [&](const std::string& name) {
-      throw FileError(meta_path, "says " + std::to_string(meta.num_processes) + " process(es) wrote the checkpoint, and its "
-                                 "manifest lists no " + name + " (one of the two files is not this checkpoint's)");
+      throw FileError(meta_path, "says " + std::to_string(meta.num_processes) +
+                                     " process(es) wrote the checkpoint, and its "
+                                     "manifest lists no " +
+                                     name + " (one of the two files is not this checkpoint's)");
     };
     if (std::uint64_t(meta.num_processes) > manifest.files.size()) missing(process_file(int(manifest.files.size())));
     for (std::int64_t r = 0; r < meta.num_processes; ++r) {
@@ -83,15 +93,17 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   }
   const bool resized = meta.num_processes != p.count;
   accel::detail::require(!resized || meta.format_version >= 3,
-                         "accel::load_state: " + dir.string() + " was written by " + std::to_string(meta.num_processes) +
-                             " process(es) in checkpoint format " + std::to_string(meta.format_version) + ", this job has " +
-                             std::to_string(p.count) + "; that format records the loaders' positions per process: resume "
+                         "accel::load_state: " + dir.string() + " was written by " +
+                             std::to_string(meta.num_processes) + " process(es) in checkpoint format " +
+                             std::to_string(meta.format_version) + ", this job has " + std::to_string(p.count) +
+                             "; that format records the loaders' positions per process: resume "
                              "it with the same number of processes");
   expect_count(meta.models, dir, "models", models_.size());
   expect_count(meta.optimizers, dir, "optimizers", optimizers_.size());
   expect_count(meta.schedulers, dir, "schedulers", schedulers_.size());
   expect_count(meta.loaders, dir, "loaders", loaders_.size());
-  expect_count(meta.custom, dir, "custom objects", custom_.size(), "registered", "register_for_checkpointing the same objects");
+  expect_count(meta.custom, dir, "custom objects", custom_.size(), "registered",
+               "register_for_checkpointing the same objects");
   accel::detail::require((meta.scaler != 0) == bool(scaler_),
                          "accel::load_state: " + meta_path + " records " + (meta.scaler ? "a" : "no") +
                              " GradScaler and this job has " + (scaler_ ? "one" : "none") +
@@ -119,8 +131,10 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     models.push_back(open(indexed("model", i), p.device));
     check_module(*models_[i], models.back().archive, models.back().path, "");
   }
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(open_checked(indexed("optimizer", i), optimizers_[i]));
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers.push_back(open_checked(indexed("scheduler", i), schedulers_[i]));
+  for (std::size_t i = 0; i < optimizers_.size(); ++i)
+    optimizers.push_back(open_checked(indexed("optimizer", i), optimizers_[i]));
+  for (std::size_t i = 0; i < schedulers_.size(); ++i)
+    schedulers.push_back(open_checked(indexed("scheduler", i), schedulers_[i]));
   std::optional<Opened> scaler;
   if (scaler_) scaler = open_checked(scaler_file, *scaler_);
   std::vector<Opened> customs;
@@ -135,9 +149,11 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   std::vector<std::vector<torch::serialize::InputArchive>> saved_parts(partitions_.size());
   for (std::size_t i = 0; i < partitions_.size(); ++i) {
     const std::int64_t count = resized ? meta.num_processes : 1;
-    for (std::int64_t k = 0; k < count; ++k) partitions[i].push_back(open(partition_file(i, resized ? int(k) : p.index), p.device));
+    for (std::int64_t k = 0; k < count; ++k)
+      partitions[i].push_back(open(partition_file(i, resized ? int(k) : p.index), p.device));
     if (!resized) {
-      if (partitions_[i].own.check) reading(partitions[i][0].path, [&] { partitions_[i].own.check(partitions[i][0].archive); });
+      if (partitions_[i].own.check)
+        reading(partitions[i][0].path, [&] { partitions_[i].own.check(partitions[i][0].archive); });
       continue;
     }
     for (auto& o : partitions[i]) saved_parts[i].push_back(std::move(o.archive));
@@ -149,8 +165,8 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   auto read_record = [&](Opened& o) {
     auto r = read_process_record(o.archive, o.path, state_bytes, meta.format_version);
     if (r.loaders.size() != loaders_.size())
-      throw FileError(o.path, "holds " + std::to_string(r.loaders.size()) + " loader states, the checkpoint describes " +
-                                  std::to_string(loaders_.size()));
+      throw FileError(o.path, "holds " + std::to_string(r.loaders.size()) +
+                                  " loader states, the checkpoint describes " + std::to_string(loaders_.size()));
     return r;
   };
   Opened lead_file = open(process_file(0), std::nullopt);
@@ -161,8 +177,10 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   Opened& proc = own_file ? *own_file : lead_file;
   accel::detail::require(!resized || !lead.local_gradients,
                          "accel::load_state: " + dir.string() + " was saved inside a gradient-accumulation window by " +
-                             std::to_string(meta.num_processes) + " process(es); its local gradients cannot be shared out "
-                             "among " + std::to_string(p.count) + ": resume it with " + std::to_string(meta.num_processes) +
+                             std::to_string(meta.num_processes) +
+                             " process(es); its local gradients cannot be shared out "
+                             "among " +
+                             std::to_string(p.count) + ": resume it with " + std::to_string(meta.num_processes) +
                              " processes, or save at a step boundary (when sync_gradients() is true)");
   // The loaders' states are rank 0's: each of this loader's path, length and batch size (else a setting differs),
   // and each a state that a job of the saving size reaches (else the file is damaged).
@@ -197,25 +215,31 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   if (const auto& saved = meta.settings; saved && !allow_changed_settings) {
     auto differ = [&](const char* name, const std::string& was, const std::string& is, const char* option) {
       if (was == is) return;
-      throw InvalidArgument("accel::load_state: " + meta_path + " was saved with " + name + " = " + was + ", this job has " + is +
-                            ": resuming would not continue the saved run's trajectory. Use the same Options::" + option +
-                            ", or pass accel::LoadOptions{.allow_changed_settings = true} to load_state to resume with " + is +
-                            " on purpose");
+      throw InvalidArgument(
+          "accel::load_state: " + meta_path + " was saved with " + name + " = " + was + ", this job has " + is +
+          ": resuming would not continue the saved run's trajectory. Use the same Options::" + option +
+          ", or pass accel::LoadOptions{.allow_changed_settings = true} to load_state to resume with " + is +
+          " on purpose");
     };
     differ("mixed_precision", saved->mixed_precision, settings.mixed_precision, "mixed_precision");
     differ("gradient_accumulation_steps", std::to_string(saved->gradient_accumulation_steps),
            std::to_string(settings.gradient_accumulation_steps), "gradient_accumulation_steps");
   }
   // Restoring: an archive of other keys or shapes than the object it is loaded into still names its file.
-  for (std::size_t i = 0; i < models_.size(); ++i) reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
+  for (std::size_t i = 0; i < models_.size(); ++i)
+    reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
+  for (std::size_t i = 0; i < optimizers_.size(); ++i)
+    reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
+  for (std::size_t i = 0; i < schedulers_.size(); ++i)
+    reading(schedulers[i].path, [&] { schedulers_[i].load(schedulers[i].archive); });
   if (scaler) reading(scaler->path, [&] { scaler_->load(scaler->archive); });
   // After the models: a partition puts the loaded parameters back into its flat buffer.
   for (std::size_t i = 0; i < partitions_.size(); ++i)
     reading(partitions[i][0].path, [&] {
-      if (resized) partitions_[i].load_all(saved_parts[i]);
-      else partitions_[i].own.load(partitions[i][0].archive);
+      if (resized)
+        partitions_[i].load_all(saved_parts[i]);
+      else
+        partitions_[i].own.load(partitions[i][0].archive);
     });
   for (auto& restore : restore_custom) restore();
   reading(proc.path, [&] {

@@ -54,8 +54,7 @@ ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const tor
 }
 
 ACCEL_DECL ShardPlan plan_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                                 std::int64_t max_shard_size,
-                                 const std::string& stem, const std::string& extension) {
+                                 std::int64_t max_shard_size, const std::string& stem, const std::string& extension) {
   std::vector<std::vector<std::string>> shards;
   std::vector<std::string> current;
   std::int64_t current_size = 0;
@@ -103,7 +102,8 @@ inline bool is_shard_name(const std::string& f) {
 }  // namespace safetensors_detail
 
 template <class Deferred>
-ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir, const SaveModelOptions& options) {
+ShardPlan save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
+                     const SaveModelOptions& options) {
   using json = typename safetensors_detail::Json<Deferred>::type;
   const std::string where = "accel::save_model: " + dir.string() + ": ";
   accel::detail::require(options.max_shard_size > 0, where + "max_shard_size must be positive");
@@ -152,8 +152,10 @@ void load_model(torch::nn::Module& model, const std::filesystem::path& path, con
   std::map<std::string, fs::path> indexed;
   fs::path index;
   if (fs::is_directory(path)) {
-    if (fs::exists(path / safe_weights_index_name)) index = path / safe_weights_index_name;
-    else if (fs::exists(path / safe_weights_name)) files.push_back(path / safe_weights_name);
+    if (fs::exists(path / safe_weights_index_name))
+      index = path / safe_weights_index_name;
+    else if (fs::exists(path / safe_weights_name))
+      files.push_back(path / safe_weights_name);
     else
       throw SafetensorsError(who + path.string() + " holds neither " + safe_weights_name + " nor " +
                              safe_weights_index_name);
@@ -196,7 +198,8 @@ void load_model(torch::nn::Module& model, const std::filesystem::path& path, con
     headers[i] = safetensors_detail::read_header<Deferred>(files[i], in);
     for (const auto& e : headers[i].entries)
       if (!found.emplace(e.name, Found{i, &e}).second)
-        safetensors_detail::fail(files[i], "tensor '" + e.name + "' is also in " + files[found.at(e.name).file].string());
+        safetensors_detail::fail(files[i],
+                                 "tensor '" + e.name + "' is also in " + files[found.at(e.name).file].string());
   }
   for (const auto& [name, file] : indexed) {
     const auto it = found.find(name);
@@ -210,23 +213,26 @@ void load_model(torch::nn::Module& model, const std::filesystem::path& path, con
     const auto it = found.find(name);
     if (it == found.end())
       throw SafetensorsError(who + path.string() + ": no tensor '" + name + "' for the module's " +
-                             std::string(c10::toString(target.scalar_type())) + " " + safetensors_detail::shape_text(target.sizes().vec()));
+                             std::string(c10::toString(target.scalar_type())) + " " +
+                             safetensors_detail::shape_text(target.sizes().vec()));
     const auto& [file, e] = it->second;
     if (e->shape != target.sizes().vec())
-      safetensors_detail::fail(files[file], "tensor '" + name + "' has shape " + safetensors_detail::shape_text(e->shape) +
-                                    "; the module's is " + safetensors_detail::shape_text(target.sizes().vec()));
+      safetensors_detail::fail(files[file], "tensor '" + name + "' has shape " +
+                                                safetensors_detail::shape_text(e->shape) + "; the module's is " +
+                                                safetensors_detail::shape_text(target.sizes().vec()));
     if (e->dtype->type != target.scalar_type() && !options.allow_cast)
       safetensors_detail::fail(files[file], "tensor '" + name + "' is " + e->dtype->name + "; the module's is " +
-                                    std::string(c10::toString(target.scalar_type())) +
-                                    " (LoadModelOptions::allow_cast converts it)");
+                                                std::string(c10::toString(target.scalar_type())) +
+                                                " (LoadModelOptions::allow_cast converts it)");
     used.insert(name);
     per_file[file].emplace_back(target, e);
   }
   if (options.strict)
     for (const auto& [name, f] : found)
       if (!used.count(name))
-        safetensors_detail::fail(files[f.file], "tensor '" + name + "' matches no parameter or buffer of the module "
-                                    "(LoadModelOptions::strict = false ignores it)");
+        safetensors_detail::fail(files[f.file], "tensor '" + name +
+                                                    "' matches no parameter or buffer of the module "
+                                                    "(LoadModelOptions::strict = false ignores it)");
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < files.size(); ++i) {
     if (per_file[i].empty()) continue;

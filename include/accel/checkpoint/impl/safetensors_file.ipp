@@ -40,11 +40,12 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   };
   std::vector<Item> items;
   for (const auto& [name, t] : tensors) {
-    if (!t.defined()) safetensors_detail::fail(path, "tensor '" + name + "' is undefined; safetensors stores only tensors with data");
+    if (!t.defined())
+      safetensors_detail::fail(path, "tensor '" + name + "' is undefined; safetensors stores only tensors with data");
     const auto* d = safetensors_detail::dtype_of(t.scalar_type());
     if (!d)
       safetensors_detail::fail(path, "tensor '" + name + "' has dtype " + std::string(c10::toString(t.scalar_type())) +
-                             ", which safetensors cannot store");
+                                         ", which safetensors cannot store");
     items.push_back({&name, d, t.to(at::kCPU).contiguous()});
   }
   // safetensors' order: larger alignment first, then by name (bytes compared as unsigned, as Rust's String).
@@ -56,7 +57,8 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   std::uint64_t offset = 0;
   for (const auto& it : items) {
     const std::uint64_t n = it.data.nbytes();
-    header[*it.name] = {{"dtype", it.dtype->name}, {"shape", it.data.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    header[*it.name] = {
+        {"dtype", it.dtype->name}, {"shape", it.data.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -67,7 +69,8 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   if (!out) safetensors_detail::fail(path, "cannot be opened for writing");
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), std::streamsize(text.size()));
-  for (const auto& it : items) out.write(static_cast<const char*>(it.data.data_ptr()), std::streamsize(it.data.nbytes()));
+  for (const auto& it : items)
+    out.write(static_cast<const char*>(it.data.data_ptr()), std::streamsize(it.data.nbytes()));
   out.close();
   if (!out) safetensors_detail::fail(path, "could not be written completely (disk full?)");
 }

@@ -83,8 +83,10 @@ Header read_header(const std::filesystem::path& path, std::ifstream& in) {
       const std::uint64_t x = d.template get<std::uint64_t>();
       if (x > std::uint64_t(INT64_MAX)) fail(path, where + ": dimension " + d.dump() + " is out of range");
       e.shape.push_back(std::int64_t(x));
-      if (x != 0 && bytes > UINT64_MAX / x) too_big = true;
-      else bytes *= x;
+      if (x != 0 && bytes > UINT64_MAX / x)
+        too_big = true;
+      else
+        bytes *= x;
     }
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())

@@ -18,7 +18,8 @@ namespace accel::comm {
 //! Rendezvous at the launcher's address and connect its processes with Gloo. The network interface is
 //! `GLOO_SOCKET_IFNAME` when set (as in PyTorch), else the address that reaches `addr` (loopback jobs stay
 //! on 127.0.0.1).
-ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const rendezvous::RendezvousSpec& spec, const CommOptions& opt) {
+ACCEL_DECL std::unique_ptr<Communicator> make_gloo_communicator(const rendezvous::RendezvousSpec& spec,
+                                                                const CommOptions& opt) {
   const std::string& addr = spec.addr;
   const int rank = spec.rank, size = spec.size;
   auto rdzv = std::make_unique<rendezvous::Rendezvous>(spec, opt);

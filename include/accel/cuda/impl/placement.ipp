@@ -22,8 +22,6 @@ ACCEL_DECL void on_side_stream(c10::Device device, c10::function_ref<void()> cop
   landed.synchronize();  // the hand-off: the batch is on the device before the loop can see it
 }
 
-ACCEL_DECL c10::Stream current_stream(c10::Device device) {
-  return c10::cuda::getCurrentCUDAStream(device.index());
-}
+ACCEL_DECL c10::Stream current_stream(c10::Device device) { return c10::cuda::getCurrentCUDAStream(device.index()); }
 
 }  // namespace accel::cuda

@@ -20,7 +20,8 @@ ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.entered && needs_door(s))
     throw InvalidArgument(
-        "accel: a backward through the prepared model followed a forward that did not go through it (model->forward(x), "
+        "accel: a backward through the prepared model followed a forward that did not go through it "
+        "(model->forward(x), "
         "or a submodule called directly): the prepared model brackets its forward as DDP does, broadcasting rank 0's "
         "buffers (BatchNorm's running statistics) first, and without it the processes' buffers drift apart. Call the "
         "prepared model itself, model(x), for every forward; or set Options::broadcast_buffers = false to keep each "

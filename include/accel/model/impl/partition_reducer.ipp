@@ -8,11 +8,14 @@
 
 namespace accel {
 
-ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string,
-                                              at::Tensor>>& params, GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire) : comm_(comm), layout_(std::move(layout)), wire_(wire) {
+ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm,
+                                              const std::vector<std::pair<std::string, at::Tensor>>& params,
+                                              GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire)
+    : comm_(comm), layout_(std::move(layout)), wire_(wire) {
   const std::int64_t P = layout_.partition;
-  detail::require(P > 0 && layout_.own.defined() && layout_.own.numel() == P,
-                  "accel::PartitionReducer: the gradient partition is not laid out (build the sharded optimizer first)");
+  detail::require(
+      P > 0 && layout_.own.defined() && layout_.own.numel() == P,
+      "accel::PartitionReducer: the gradient partition is not laid out (build the sharded optimizer first)");
   struct Cut {  // a parameter's elements [at, at + numel), at `flat` in the flat space
     std::size_t param;
     std::int64_t at, numel, flat;
@@ -21,10 +24,12 @@ ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm, const st
   for (std::size_t k = 0; k < params.size(); ++k) {
     const auto& [name, t] = params[k];
     const std::int64_t* off = layout_.offset_of(t);
-    detail::require(off != nullptr, "accel::shard::gradients: parameter '" + name + "' of a prepared model is not in the sharded "
-                                    "optimizer that holds the model's other parameters, so its gradient has no owner; under "
-                                    "ZeRO stage 2 a model's trainable parameters belong to one optimizer (use parameter groups "
-                                    "for different options), or freeze it (requires_grad false)");
+    detail::require(off != nullptr,
+                    "accel::shard::gradients: parameter '" + name +
+                        "' of a prepared model is not in the sharded "
+                        "optimizer that holds the model's other parameters, so its gradient has no owner; under "
+                        "ZeRO stage 2 a model's trainable parameters belong to one optimizer (use parameter groups "
+                        "for different options), or freeze it (requires_grad false)");
     params_.push_back({t});
     for (std::int64_t lo = *off, end = *off + t.numel(); lo < end;) {
       const std::int64_t hi = std::min(end, (lo / P + 1) * P);
@@ -36,7 +41,8 @@ ACCEL_DECL PartitionReducer::PartitionReducer(comm::Communicator* comm, const st
   const std::int64_t element = std::int64_t(layout_.own.element_size());
   for (const auto& pc : pieces) {
     const int owner = int(pc.flat / P);
-    if (buckets_.empty() || buckets_.back().owner != owner || (buckets_.back().numel + pc.numel) * element > bucket_bytes)
+    if (buckets_.empty() || buckets_.back().owner != owner ||
+        (buckets_.back().numel + pc.numel) * element > bucket_bytes)
       buckets_.push_back({{}, owner});
     auto& b = buckets_.back();
     b.pieces.push_back({pc.param, pc.at, pc.numel, pc.flat - std::int64_t(owner) * P, b.numel});
@@ -67,13 +73,17 @@ ACCEL_DECL void PartitionReducer::launch(std::size_t i) {
     auto& p = params_[pc.param];
     at::Tensor dst = b.buffer.narrow(0, pc.bucket_at, pc.numel);
     const at::Tensor& g = p.tensor.grad();
-    if (g.defined()) dst.copy_(g.reshape({-1}).narrow(0, pc.at, pc.numel));
-    else dst.zero_();
+    if (g.defined())
+      dst.copy_(g.reshape({-1}).narrow(0, pc.at, pc.numel));
+    else
+      dst.zero_();
     if (--p.pieces == 0) p.tensor.mutable_grad() = at::Tensor();  // sent whole: released
   }
   at::Tensor payload = b.buffer.narrow(0, 0, b.numel);
-  if (wire_ == layout_.own.scalar_type()) payload.mul_(1.0 / double(comm_->size()));  // as DDP's bucket
-  else payload.div_(comm_->size());                                                  // as the compress hooks
+  if (wire_ == layout_.own.scalar_type())
+    payload.mul_(1.0 / double(comm_->size()));  // as DDP's bucket
+  else
+    payload.div_(comm_->size());  // as the compress hooks
   b.pending = comm_->reduce_start(b.buffer, b.numel, b.owner);
   in_flight_.push_back(i);
 }
@@ -84,7 +94,8 @@ ACCEL_DECL void PartitionReducer::finish_oldest() {
   comm_->finish(b.pending);
   if (b.owner == comm_->rank()) {
     c10::AutoGradMode no_grad(false);
-    for (const auto& pc : b.pieces) layout_.own.narrow(0, pc.own_at, pc.numel).add_(b.buffer.narrow(0, pc.bucket_at, pc.numel));
+    for (const auto& pc : b.pieces)
+      layout_.own.narrow(0, pc.own_at, pc.numel).add_(b.buffer.narrow(0, pc.bucket_at, pc.numel));
   }
   b.buffer = at::Tensor();
 }

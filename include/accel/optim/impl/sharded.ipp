@@ -11,9 +11,10 @@ namespace accel {
 ACCEL_DECL void ShardedOptimizer::build() {
   if (inner_) return;
   const int n = processes(), r = rank();
-  detail::require(unstepped(*user_), "accel::ShardedOptimizer: the optimizer already has state (it stepped before "
-                                          "prepare); prepare it before its first step, so that each process builds the state "
-                                          "of its partition only");
+  detail::require(unstepped(*user_),
+                  "accel::ShardedOptimizer: the optimizer already has state (it stepped before "
+                  "prepare); prepare it before its first step, so that each process builds the state "
+                  "of its partition only");
   std::unordered_set<const void*> seen;
   const auto& groups = user_->param_groups();
   std::vector<std::int64_t> group_begin, group_end;
@@ -21,14 +22,19 @@ ACCEL_DECL void ShardedOptimizer::build() {
     group_begin.push_back(total_);
     for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
       const at::Tensor& p = groups[g].params()[k];
-      const std::string where = "parameter " + std::to_string(k) + " of group " + std::to_string(g) + " (" + describe(p) + ")";
-      detail::require(p.requires_grad(), "accel::ShardedOptimizer: " + where + " does not require a gradient; ZeRO steps a flat "
-                                         "partition of every parameter: leave frozen parameters out of the optimizer");
-      detail::require(seen.insert(p.unsafeGetTensorImpl()).second, "accel::ShardedOptimizer: " + where + " is listed twice");
+      const std::string where =
+          "parameter " + std::to_string(k) + " of group " + std::to_string(g) + " (" + describe(p) + ")";
+      detail::require(p.requires_grad(),
+                      "accel::ShardedOptimizer: " + where +
+                          " does not require a gradient; ZeRO steps a flat "
+                          "partition of every parameter: leave frozen parameters out of the optimizer");
+      detail::require(seen.insert(p.unsafeGetTensorImpl()).second,
+                      "accel::ShardedOptimizer: " + where + " is listed twice");
       if (!slots_.empty())
-        detail::require(p.scalar_type() == slots_.front().param.scalar_type() && p.device() == slots_.front().param.device(),
-                        "accel::ShardedOptimizer: " + where + " differs in dtype or device from the first parameter (" +
-                            describe(slots_.front().param) + "); ZeRO keeps one flat buffer: use one dtype and one device");
+        detail::require(
+            p.scalar_type() == slots_.front().param.scalar_type() && p.device() == slots_.front().param.device(),
+            "accel::ShardedOptimizer: " + where + " differs in dtype or device from the first parameter (" +
+                describe(slots_.front().param) + "); ZeRO keeps one flat buffer: use one dtype and one device");
       slots_.push_back({p, where, total_, p.numel()});
       total_ += p.numel();
     }
@@ -97,9 +103,11 @@ ACCEL_DECL std::vector<at::Tensor> ShardedOptimizer::owned_gradients(const std::
 ACCEL_DECL void ShardedOptimizer::take_gradients() {
   for (const auto& s : slots_)
     if (!s.param.grad().defined())
-      throw InvalidArgument("accel::ShardedOptimizer: " + s.name + " has no gradient at this step; ZeRO steps every "
-                            "parameter's partition: use every parameter in the loss (or set Options::find_unused_parameters, "
-                            "which gives unused ones zero gradients), or leave it out of the optimizer");
+      throw InvalidArgument(
+          "accel::ShardedOptimizer: " + s.name +
+          " has no gradient at this step; ZeRO steps every "
+          "parameter's partition: use every parameter in the loss (or set Options::find_unused_parameters, "
+          "which gives unused ones zero gradients), or leave it out of the optimizer");
   for (const auto& s : slots_) {
     const std::int64_t lo = std::max(s.offset, begin_), hi = std::min(s.offset + s.numel, end_);
     if (lo >= hi) continue;
@@ -119,22 +127,25 @@ ACCEL_DECL void ShardedOptimizer::save(torch::serialize::OutputArchive& a) const
 
 ACCEL_DECL void ShardedOptimizer::consolidate(int to) {
   detail::require(inner_ != nullptr, "accel::ShardedOptimizer: consolidate() before build()");
-  detail::require(bool(consolidate_), "accel::ShardedOptimizer: consolidate() needs the optimizer's type (construct the "
-                                      "ShardedOptimizer from a std::shared_ptr of one of the types with ShardTraits)");
-  detail::require(to >= 0 && to < processes(), "accel::ShardedOptimizer: consolidate(" + std::to_string(to) + "): no such rank among " +
-                                                   std::to_string(processes()));
+  detail::require(bool(consolidate_),
+                  "accel::ShardedOptimizer: consolidate() needs the optimizer's type (construct the "
+                  "ShardedOptimizer from a std::shared_ptr of one of the types with ShardTraits)");
+  detail::require(to >= 0 && to < processes(), "accel::ShardedOptimizer: consolidate(" + std::to_string(to) +
+                                                   "): no such rank among " + std::to_string(processes()));
   consolidate_(to);
 }
 
 ACCEL_DECL void ShardedOptimizer::check_resharded(std::vector<torch::serialize::InputArchive>& parts) const {
-  detail::require(bool(reshard_), "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
-                                  "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
+  detail::require(bool(reshard_),
+                  "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
+                  "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
   for (std::size_t k = 0; k < parts.size(); ++k) {
     const auto [stage, procs, r, total] = layout_of(parts[k]);
     if ((stage != 1 && stage != 2) || procs != std::int64_t(parts.size()) || r != std::int64_t(k) || total != total_)
-      throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: partition file " + std::to_string(k) + " of " +
-                            std::to_string(parts.size()) + " holds rank " + std::to_string(r) + "'s partition of " + std::to_string(procs) +
-                            " processes over " + std::to_string(total) + " elements, this optimizer has " + std::to_string(total_) +
+      throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: partition file " + std::to_string(k) +
+                            " of " + std::to_string(parts.size()) + " holds rank " + std::to_string(r) +
+                            "'s partition of " + std::to_string(procs) + " processes over " + std::to_string(total) +
+                            " elements, this optimizer has " + std::to_string(total_) +
                             "; resume with the same model and optimizer");
   }
 }
@@ -143,12 +154,14 @@ ACCEL_DECL void ShardedOptimizer::check(torch::serialize::InputArchive& a) const
   const auto [stage, procs, r, total] = layout_of(a);
   // Stages 1 and 2 keep the same partition of the state: either resumes the other.
   if ((stage != 1 && stage != 2) || procs != processes() || r != rank() || total != total_)
-    throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " + std::to_string(r) + "'s partition of " +
-                          std::to_string(procs) + " processes over " + std::to_string(total) + " elements, this is rank " +
-                          std::to_string(rank()) + " of " + std::to_string(processes()) + " over " + std::to_string(total_) +
+    throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " +
+                          std::to_string(r) + "'s partition of " + std::to_string(procs) + " processes over " +
+                          std::to_string(total) + " elements, this is rank " + std::to_string(rank()) + " of " +
+                          std::to_string(processes()) + " over " + std::to_string(total_) +
                           "; resume with the same number of processes and the same optimizer");
   // The partition's state itself, as an optimizer over this rank's shards holds it once loaded (Note [An
-  // optimizer's state from elsewhere]): loaded into the inner optimizer, checked, and the inner optimizer's own put back.
+  // optimizer's state from elsewhere]): loaded into the inner optimizer, checked, and the inner optimizer's own
+  // put back.
   if (!inner_) return;
   torch::serialize::InputArchive part;
   a.read("partition", part);
@@ -160,9 +173,12 @@ ACCEL_DECL std::array<std::int64_t, 4> ShardedOptimizer::layout_of(torch::serial
   auto read = [&](const char* key) {
     c10::IValue v;
     if (!a.try_read(key, v))
-      throw InvalidArgument(std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
-                                        "(no '") + key + "'); it was saved without accel::shard::optimizer or shard::gradients: "
-                                        "resume with the configuration that saved it");
+      throw InvalidArgument(
+          std::string("accel::ShardedOptimizer: the checkpoint's optimizer state is not a ZeRO partition "
+                      "(no '") +
+          key +
+          "'); it was saved without accel::shard::optimizer or shard::gradients: "
+          "resume with the configuration that saved it");
     return v.toInt();
   };
   return {read("zero_stage"), read("zero_processes"), read("zero_rank"), read("zero_total")};

@@ -1,9 +1,9 @@
 #pragma once
 //! \file
-//! The definitions behind state/engine.hpp, included at its end: `visible_gpus` and `use_gpu` (the CUDA runtime) and the engines
-//! themselves (comm/gloo.hpp, cuda/nccl.hpp: c10d, Gloo, NCCL), whose factories state/engine.hpp calls. Header-only,
-//! every translation unit that includes state/engine.hpp compiles them; under ACCEL_SEPARATE_COMPILATION only the one
-//! of <accel/src.hpp> does (detail/linkage.hpp, Note [Separate compilation]).
+//! The definitions behind state/engine.hpp, included at its end: `visible_gpus` and `use_gpu` (the CUDA runtime) and
+//! the engines themselves (comm/gloo.hpp, cuda/nccl.hpp: c10d, Gloo, NCCL), whose factories state/engine.hpp calls.
+//! Header-only, every translation unit that includes state/engine.hpp compiles them; under ACCEL_SEPARATE_COMPILATION
+//! only the one of <accel/src.hpp> does (detail/linkage.hpp, Note [Separate compilation]).
 
 #include <accel/comm/gloo.hpp>
 #include <accel/state/engine.hpp>

@@ -2,8 +2,8 @@
 //! \file
 //! The heartbeat of a `Rendezvous` (state/rendezvous/rendezvous.hpp): the thread that writes this rank's beat key (its
 //! count, its failure, its last collectives), on ranks 0 and 1 aggregates every rank's into a summary, reads the
-//! summary while someone waits, looks for a rank that ended (Note [Ended ranks] in state/rendezvous/job_identity.hpp), and
-//! repairs this rank's one-shot keys until the engine is connected, and the snapshot it shares with the other
+//! summary while someone waits, looks for a rank that ended (Note [Ended ranks] in state/rendezvous/job_identity.hpp),
+//! and repairs this rank's one-shot keys until the engine is connected, and the snapshot it shares with the other
 //! threads.
 //!
 //! The heartbeat is the only thread that talks to the store after the rendezvous, on a connection of its own:
@@ -18,9 +18,9 @@
 //! - every rank writes its beat key once a heartbeat, in one compare-and-set against what it wrote last (a foreign
 //!   writer is found by the same request: `JobStore::rewrite`);
 //! - rank 0, the aggregator, reads every rank's beat key in one check and one multi-get a heartbeat, and publishes
-//!   `summary/0` (`Summary`, state/rendezvous/summary.hpp): the ranks whose beat has not changed for two heartbeats and for how
-//!   long (the 64 oldest), the ranks that failed, the collectives on which ranks differ (the earliest 16), and the
-//!   rank its launcher reported ended;
+//!   `summary/0` (`Summary`, state/rendezvous/summary.hpp): the ranks whose beat has not changed for two heartbeats and
+//!   for how long (the 64 oldest), the ranks that failed, the collectives on which ranks differ (the earliest 16), and
+//!   the rank its launcher reported ended;
 //! - a rank that watches or waits reads the summary once a heartbeat, in one request that never blocks
 //!   (`JobStore::peek`), and judges from it: a rank late by more than the peer timeout is frozen (Note [Frozen
 //!   peers]), a failed rank ends the wait, a differing collective is a mismatch;
@@ -88,18 +88,20 @@ struct Heartbeat {
     comm::Clock::time_point ended_seen{};  // when this heartbeat found it
     // the others, as the aggregators' summaries say, read every beat while `watchers` or `waiters` > 0
     int watchers = 0;
-    std::uint64_t epoch = 0;   // bumped when watching starts: changes are measured from then
+    std::uint64_t epoch = 0;  // bumped when watching starts: changes are measured from then
     comm::Clock::time_point watch_began{};
-    std::uint64_t rounds = 0;  // completed reads of the summaries
+    std::uint64_t rounds = 0;           // completed reads of the summaries
     comm::Clock::time_point last_ok{};  // the last beat the store answered
-    struct Source {            // one aggregator's summary
+    struct Source {                     // one aggregator's summary
       bool seen = false;
       Summary summary;
       // When its round last changed, as this rank saw it (measured afresh after a gap in the reads: a summary is
       // only known stale from continuous reads), and when it was last read.
       comm::Clock::time_point advanced{}, read{};
       //! Whether it was read within two heartbeats of `now`: what it says is current.
-      [[nodiscard]] bool recent(comm::Clock::time_point now, comm::Clock::duration interval) const { return seen && now - read <= interval * 2; }
+      [[nodiscard]] bool recent(comm::Clock::time_point now, comm::Clock::duration interval) const {
+        return seen && now - read <= interval * 2;
+      }
     };
     std::array<Source, kAggregators> from;
 
@@ -131,7 +133,8 @@ struct Heartbeat {
               out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(ranks[i]) + " issued " + v.id.describe());
             if (ranks.size() > kNamed)
               out += "; " + std::to_string(ranks.size() - kNamed) + " more ranks (" +
-                     Summary::ranks_text(std::vector<int>(ranks.begin() + kNamed, ranks.end())) + ") issued " + v.id.describe();
+                     Summary::ranks_text(std::vector<int>(ranks.begin() + kNamed, ranks.end())) + ") issued " +
+                     v.id.describe();
           }
       }
       return out;
@@ -142,13 +145,15 @@ struct Heartbeat {
       if (a == rank || size < 2) return false;
       if (a == 0) return true;
       const auto now = comm::Clock::now();
-      return rank >= 2 && from[0].recent(now, opt.heartbeat_interval) && now - from[0].advanced > opt.heartbeat_interval * 3;
+      return rank >= 2 && from[0].recent(now, opt.heartbeat_interval) &&
+             now - from[0].advanced > opt.heartbeat_interval * 3;
     }
     // When aggregator `a`'s summary last advanced, as this rank's continuous reads saw it (else when the watch began);
     // the deputy's counts from two heartbeats after it was due to take over at the earliest.
     [[nodiscard]] comm::Clock::time_point since(int a) const {
       const auto& s = from[std::size_t(a)];
-      const auto seen = s.recent(comm::Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
+      const auto seen =
+          s.recent(comm::Clock::now(), opt.heartbeat_interval) ? s.advanced : std::max(s.advanced, watch_began);
       return a == 0 ? seen : std::max(seen, from[0].advanced + opt.heartbeat_interval * 5);
     }
     // The ranks silent for the peer timeout and those that failed, as the summaries say ("rank 2, rank 5").
@@ -162,7 +167,8 @@ struct Heartbeat {
         // advancing says nothing new).
         const auto extra = std::min<comm::Clock::duration>(now - cur->read, opt.heartbeat_interval);
         for (const auto& l : cur->summary.late)
-          if (l.rank != rank && l.rank < size && std::chrono::milliseconds(l.age_ms) + extra > opt.peer_timeout) silent.insert(l.rank);
+          if (l.rank != rank && l.rank < size && std::chrono::milliseconds(l.age_ms) + extra > opt.peer_timeout)
+            silent.insert(l.rank);
       }
       for (int a = 0; a < kAggregators && a < size; ++a)
         if (aggregator_expected(a) && now - since(a) > opt.peer_timeout) silent.insert(a);
@@ -197,8 +203,8 @@ struct Heartbeat {
   };
 
   //! One beat of an aggregator: every rank's beat key in one multi-get, and the summary of them.
-  static Summary aggregate(JobStore& store, const Beat& b, const std::vector<std::string>& keys, std::vector<Peer>& peers,
-                           std::uint64_t round, const std::optional<EndedRank>& ended) {
+  static Summary aggregate(JobStore& store, const Beat& b, const std::vector<std::string>& keys,
+                           std::vector<Peer>& peers, std::uint64_t round, const std::optional<EndedRank>& ended) {
     const auto values = store.try_get_all(keys);
     const auto now = comm::Clock::now();
     Summary s;
@@ -255,9 +261,9 @@ struct Heartbeat {
     std::vector<std::string> beat_keys;  // every rank's beat key, for an aggregator (made once, read every beat)
     for (int r = 0; r < int(peers.size()); ++r) beat_keys.push_back(b->key("beat", r));
     std::int64_t beats = 0;
-    std::string published;  // the collectives last encoded
+    std::string published;                               // the collectives last encoded
     std::vector<std::uint8_t> written, summary_written;  // the keys' bytes as last written (sealed)
-    bool full = true;  // a beat; otherwise a quick look at the ended key alone
+    bool full = true;                                    // a beat; otherwise a quick look at the ended key alone
     // Quick looks while someone waits: from 5 ms, doubling up to `quick_look()`; with many ranks no more often
     // than every `size` x 0.5 ms, so that the job's looks stay near 2,000 a second (at 1,024 ranks: a heartbeat).
     const auto floor = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::microseconds(500) * b->size);
@@ -274,7 +280,8 @@ struct Heartbeat {
       const bool look = !b->ended.has_value();
       // The deputy aggregates while rank 0's summary has not advanced for three heartbeats.
       const auto stale = b->opt.heartbeat_interval * 3;
-      const bool aggregating = lead || (deputy && comm::Clock::now() - (b->from[0].seen ? b->from[0].advanced : started) > stale);
+      const bool aggregating =
+          lead || (deputy && comm::Clock::now() - (b->from[0].seen ? b->from[0].advanced : started) > stale);
       lock.unlock();
       std::optional<EndedRank> ended;
       std::optional<Summary> got[kAggregators];
@@ -283,7 +290,8 @@ struct Heartbeat {
         // so what is read next is its last word (a mismatch it published, its failure).
         if (look && (aggregating || !full))
           if (const auto v = own->try_get(ended_key))
-            if ((ended = EndedRank::decode(std::string(v->begin(), v->end()))) && (ended->rank == b->rank || ended->rank >= b->size))
+            if ((ended = EndedRank::decode(std::string(v->begin(), v->end()))) &&
+                (ended->rank == b->rank || ended->rank >= b->size))
               ended.reset();
         if (full) {
           // A compare-and-set: a foreign writer is reported, even when nobody reads the key before it is written again.
@@ -305,7 +313,8 @@ struct Heartbeat {
             lock.unlock();
             for (int a = 0; a < kAggregators; ++a)
               if (a != b->rank && (a == 0 || want1))
-                if (const auto v = own->peek(b->key("summary", a))) got[a] = Summary::decode(std::string(v->begin(), v->end()));
+                if (const auto v = own->peek(b->key("summary", a)))
+                  got[a] = Summary::decode(std::string(v->begin(), v->end()));
           }
         }
       } catch (const std::exception&) {
@@ -340,8 +349,8 @@ struct Heartbeat {
       const auto until = hurried ? std::min(b->next_beat, now + step) : b->next_beat;
       step = hurried ? std::min(step * 2, last_look) : first_look;
       b->cv.wait_until(lock, until, [&] {
-        return b->stop || b->epoch != e || (b->failed && !b->failed_written) || (!hurried && b->waiters > 0 && !b->ended &&
-                                                                                 first_look < b->opt.heartbeat_interval);
+        return b->stop || b->epoch != e || (b->failed && !b->failed_written) ||
+               (!hurried && b->waiters > 0 && !b->ended && first_look < b->opt.heartbeat_interval);
       });
       if (b->epoch != e) step = first_look;  // a census, or a watch, begins: look soon again
       // A beat when it is due, or when someone starts watching or fails; a quick look otherwise.

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! Who a job is on its rendezvous store (state/rendezvous/store.hpp): its id, which every key lives under, and its secret,
-//! which every value is sealed with (`JobIdentity`, from the environment or the scheduler's variables), and the
+//! Who a job is on its rendezvous store (state/rendezvous/store.hpp): its id, which every key lives under, and its
+//! secret, which every value is sealed with (`JobIdentity`, from the environment or the scheduler's variables), and the
 //! random ids and secrets accel-launch generates.
 //!
 //! Note [Job keys]
@@ -18,10 +18,10 @@
 //! `CommOptions::peer_timeout`. So the launcher writes the first process of a generation that ended abnormally to
 //! `accel/<job id>/<generation>/ended` ("<rank> <signal> <what>", e.g. "1 9 was killed by signal 9 (Killed)"; a
 //! compare-and-set: the first one stays), sealed with the job's secret like every value (Note [Authenticated keys]
-//! in state/rendezvous/store.hpp). Every process's heartbeat reads it (state/rendezvous/heartbeat.hpp): every beat, and from 5 ms to a
-//! tenth of a heartbeat apart while a collective of its own waits or a census runs. A rank killed by a signal
-//! died without a word: a collective waiting for it is abandoned at once, and the census after a failed collective
-//! names it without waiting three heartbeats (Note [Dead peers] in comm/communicator.hpp), so a restart
+//! in state/rendezvous/store.hpp). Every process's heartbeat reads it (state/rendezvous/heartbeat.hpp): every beat, and
+//! from 5 ms to a tenth of a heartbeat apart while a collective of its own waits or a census runs. A rank killed by a
+//! signal died without a word: a collective waiting for it is abandoned at once, and the census after a failed
+//! collective names it without waiting three heartbeats (Note [Dead peers] in comm/communicator.hpp), so a restart
 //! (`--max-restarts`) starts within milliseconds. A rank that exited with a code said why itself, perhaps because
 //! of another rank (a survivor ending on a frozen peer): the others' own findings go first, and its report ends a
 //! wait only two heartbeats after it arrived.
@@ -55,10 +55,12 @@ struct JobIdentity {
 
 //! Checks a job id: letters, digits, `.`, `_`, `-`, at most 128 characters (it becomes part of every key).
 inline void check_job_id(const std::string& id, const std::string& source) {
-  const bool ok = !id.empty() && id.size() <= 128 &&
-                  std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
+  const bool ok = !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
   if (!ok)
-    throw InvalidArgument("accel: the job id " + source + "='" + id + "' is not usable in store keys; use 1-128 letters, "
+    throw InvalidArgument("accel: the job id " + source + "='" + id +
+                          "' is not usable in store keys; use 1-128 letters, "
                           "digits, '.', '_' or '-'");
 }
 
@@ -66,10 +68,15 @@ inline void check_job_id(const std::string& id, const std::string& source) {
 inline std::string read_secret_file(const std::string& path) {
   struct ::stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    throw InvalidArgument("accel: the job secret file '" + path + "' (ACCEL_JOB_SECRET_FILE) cannot be read: " + std::strerror(errno));
+    throw InvalidArgument("accel: the job secret file '" + path +
+                          "' (ACCEL_JOB_SECRET_FILE) cannot be read: " + std::strerror(errno));
   if (st.st_mode & 077)
     throw InvalidArgument("accel: the job secret file '" + path + "' may be read by others than its owner (mode " +
-                          [&] { char b[8]; std::snprintf(b, sizeof b, "%03o", unsigned(st.st_mode & 0777)); return std::string(b); }() +
+                          [&] {
+                            char b[8];
+                            std::snprintf(b, sizeof b, "%03o", unsigned(st.st_mode & 0777));
+                            return std::string(b);
+                          }() +
                           "); chmod 600 it");
   if (st.st_size > 4096)
     throw InvalidArgument("accel: the job secret file '" + path + "' is " + std::to_string(st.st_size) +

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! Where the job's rendezvous store (state/rendezvous/store.hpp) listens, and its connections: the address a store for a
-//! master address listens on (`listen_address`), the socket accel binds for it (`listen_on`), the store hosted
-//! there (`host_store`) and a client of it (`connect_store`).
+//! Where the job's rendezvous store (state/rendezvous/store.hpp) listens, and its connections: the address a store for
+//! a master address listens on (`listen_address`), the socket accel binds for it (`listen_on`), the store hosted there
+//! (`host_store`) and a client of it (`connect_store`).
 //!
 //! Note [Listening surface]
 //! ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -63,8 +63,11 @@ inline std::vector<std::string> resolve(const std::string& host) {
 //! Whether `addr` (a name or a numeric address) stays on this host: 127.0.0.0/8, ::1, or a name that resolves
 //! (to `resolved`) only to those.
 inline bool is_loopback(const std::string& addr, const std::vector<std::string>& resolved) {
-  auto numeric_loopback = [](const std::string& a) { return a.rfind("127.", 0) == 0 || a == "::1" || a == "::ffff:127.0.0.1"; };
-  return numeric_loopback(addr) || (!resolved.empty() && std::all_of(resolved.begin(), resolved.end(), numeric_loopback));
+  auto numeric_loopback = [](const std::string& a) {
+    return a.rfind("127.", 0) == 0 || a == "::1" || a == "::ffff:127.0.0.1";
+  };
+  return numeric_loopback(addr) ||
+         (!resolved.empty() && std::all_of(resolved.begin(), resolved.end(), numeric_loopback));
 }
 
 //! The numeric addresses of this host's interfaces.
@@ -85,17 +88,21 @@ inline std::string listen_address(const std::string& addr) {
   const auto resolved = net::resolve(addr);
   if (is_loopback(addr, resolved)) {
     if (addr.rfind("127.", 0) == 0) return addr;
-    return std::find(resolved.begin(), resolved.end(), "127.0.0.1") != resolved.end() || resolved.empty() ? "127.0.0.1" : resolved.front();
+    return std::find(resolved.begin(), resolved.end(), "127.0.0.1") != resolved.end() || resolved.empty()
+               ? "127.0.0.1"
+               : resolved.front();
   }
   if (resolved.empty())
-    throw InvalidArgument("accel: the master address '" + addr + "' (MASTER_ADDR / --master-addr) does not resolve; give "
+    throw InvalidArgument("accel: the master address '" + addr +
+                          "' (MASTER_ADDR / --master-addr) does not resolve; give "
                           "the address or name of the host that runs rank 0 (or node 0's accel-launch)");
   const auto mine = local_addresses();
   for (const auto& r : resolved)
     if (std::find(mine.begin(), mine.end(), r) != mine.end()) return r;
   std::string list;
   for (const auto& r : resolved) list += (list.empty() ? "" : ", ") + r;
-  throw InvalidArgument("accel: this process hosts the rendezvous store, but the master address '" + addr + "' (" + list +
+  throw InvalidArgument("accel: this process hosts the rendezvous store, but the master address '" + addr + "' (" +
+                        list +
                         ") is not an address of this host, and the store listens only on the master address (never "
                         "on every interface); run rank 0 (or node 0's accel-launch) on that host, or set MASTER_ADDR "
                         "to one of this host's addresses (127.0.0.1 for a job on one host)");
@@ -125,7 +132,8 @@ inline ListenSocket listen_on(const std::string& addr, int port) {
     ::close(fd);
     throw CommunicationError("accel: cannot listen on " + addr + ":" + service + ": " + std::strerror(err) +
                              (err == EADDRINUSE ? " (another job, or a store left over, holds the port: choose another "
-                                                  "MASTER_PORT / --master-port)" : ""));
+                                                  "MASTER_PORT / --master-port)"
+                                                : ""));
   }
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
@@ -137,7 +145,8 @@ inline ListenSocket listen_on(const std::string& addr, int port) {
 
 //! Hosts the job's store for master address `addr` on `port` (0: a free one): the server listens where
 //! `listen_address` says; the returned client of this process talks to it there.
-inline c10::intrusive_ptr<c10d::TCPStore> host_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+inline c10::intrusive_ptr<c10d::TCPStore> host_store(const std::string& addr, int port,
+                                                     std::chrono::milliseconds timeout) {
   const std::string at = listen_address(addr);
   const ListenSocket s = listen_on(at, port);
   c10d::TCPStoreOptions o;
@@ -155,7 +164,8 @@ inline c10::intrusive_ptr<c10d::TCPStore> host_store(const std::string& addr, in
 }
 
 //! Connects to the job's store at `addr:port`.
-inline c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+inline c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& addr, int port,
+                                                        std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = false;

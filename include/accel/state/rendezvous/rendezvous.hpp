@@ -10,8 +10,8 @@
 //!
 //! The keys, under `accel/<job id>/<generation>/`: `arrived/<rank>` (written once), `beat/<rank>` (every beat:
 //! "<beats> <failed>" and the last collectives), `summary/0` and `summary/1` (the aggregator's and its deputy's:
-//! Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), `job/...` (the engines' own: Gloo's addresses, NCCL's id),
-//! and `ended` (written by the launcher: Note [Ended ranks] in state/rendezvous/job_identity.hpp).
+//! Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp), `job/...` (the engines' own: Gloo's addresses,
+//! NCCL's id), and `ended` (written by the launcher: Note [Ended ranks] in state/rendezvous/job_identity.hpp).
 //!
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are state/rendezvous/heartbeat.hpp.
 //!
@@ -27,8 +27,8 @@
 //!    threads joined, the heartbeat stopped and joined, the store left) while every library is whole.
 //! 2. The rendezvous' handler, registered after OpenSSL's (the job's `Seal` initialises OpenSSL first), stops and joins
 //!    every heartbeat still running (a process state someone still holds; joined, because a thread still ending
-//!    while OpenSSL cleans up frees OpenSSL's per-thread state twice) and closes the seal (state/rendezvous/store.hpp): a
-//!    heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
+//!    while OpenSSL cleans up frees OpenSSL's per-thread state twice) and closes the seal (state/rendezvous/store.hpp):
+//!    a heartbeat left behind on a frozen store refuses to sign after that and ends its loop.
 //! An exception that leaves `main` ends the process through `std::terminate` and `abort`: no destructor runs,
 //! nothing is freed, and the terminate handler publishes the failure (`Rendezvous::on_terminate`); preemption's
 //! `std::_Exit` likewise runs nothing. Checked by `example.train.exit_soak.*` (the example stopped and resumed many
@@ -70,8 +70,13 @@ class Rendezvous final : public comm::Monitor {
 
  public:
   Rendezvous(const RendezvousSpec& spec, const comm::CommOptions& opt)
-      : addr_(spec.addr), port_(spec.port), rank_(spec.rank), size_(spec.size), host_(spec.host_store),
-        prefix_(job_prefix(spec.job.id, spec.generation)), opt_(opt) {
+      : addr_(spec.addr),
+        port_(spec.port),
+        rank_(spec.rank),
+        size_(spec.size),
+        host_(spec.host_store),
+        prefix_(job_prefix(spec.job.id, spec.generation)),
+        opt_(opt) {
     check_job_id(spec.job.id, "of the job");
     const int rank = rank_;
     const auto t0 = comm::Clock::now();
@@ -81,9 +86,11 @@ class Rendezvous final : public comm::Monitor {
     } catch (const InvalidArgument&) {
       throw;
     } catch (const std::exception& e) {
-      throw CommunicationError("accel: rank " + std::to_string(rank) + ": could not reach the rendezvous store at " + where() +
-                               " within " + seconds(opt.rendezvous_timeout) + " (" + host() + " hosts it: is it running, "
-                               "and are MASTER_ADDR/MASTER_PORT the same on every process?): " + e.what());
+      throw CommunicationError("accel: rank " + std::to_string(rank) + ": could not reach the rendezvous store at " +
+                               where() + " within " + seconds(opt.rendezvous_timeout) + " (" + host() +
+                               " hosts it: is it running, "
+                               "and are MASTER_ADDR/MASTER_PORT the same on every process?): " +
+                               e.what());
     }
     kv_ = c10::make_intrusive<JobStore>(raw_, spec.job.secret, "rank " + std::to_string(rank));
     store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "job", kv_);
@@ -141,17 +148,21 @@ class Rendezvous final : public comm::Monitor {
     beat_->cv.notify_all();
     // A heartbeat blocked on a frozen store never returns: wait a little, then leave it behind.
     std::unique_lock<std::mutex> lock(beat_->mu);
-    const bool ended = beat_->cv.wait_for(lock, opt_.heartbeat_interval * 2 + std::chrono::seconds(1), [this] { return beat_->exited; });
+    const bool ended = beat_->cv.wait_for(lock, opt_.heartbeat_interval * 2 + std::chrono::seconds(1),
+                                          [this] { return beat_->exited; });
     lock.unlock();
-    if (ended) heartbeat_.join();
-    else heartbeat_.detach();
+    if (ended)
+      heartbeat_.join();
+    else
+      heartbeat_.detach();
   }
 
   // Every rank's arrival key, authentic (with a secret): a rank whose values all fail is named and refused.
   void await_arrivals(comm::Clock::time_point t0) {
     const auto left = [&] {
-      return std::max(std::chrono::milliseconds(1),
-                      opt_.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(comm::Clock::now() - t0));
+      return std::max(
+          std::chrono::milliseconds(1),
+          opt_.rendezvous_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(comm::Clock::now() - t0));
     };
     std::vector<std::string> keys;
     for (int r = 0; r < size_; ++r) keys.push_back(arrived_key(r));
@@ -161,13 +172,16 @@ class Rendezvous final : public comm::Monitor {
       std::string missing;
       int arrived = 0;
       for (int r = 0; r < size_; ++r) {
-        if (raw_->check({arrived_key(r)})) ++arrived;
-        else missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (raw_->check({arrived_key(r)}))
+          ++arrived;
+        else
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
       throw CommunicationError("accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": only " +
                                std::to_string(arrived) + " of " + std::to_string(size_) + " processes arrived within " +
-                               seconds(opt_.rendezvous_timeout) + "; missing rank(s): " + missing +
-                               ". Start all " + std::to_string(size_) + " processes (accel-launch --nproc-per-node), or "
+                               seconds(opt_.rendezvous_timeout) + "; missing rank(s): " + missing + ". Start all " +
+                               std::to_string(size_) +
+                               " processes (accel-launch --nproc-per-node), or "
                                "check WORLD_SIZE");
     }
     if (!kv_->authenticated()) return;
@@ -176,7 +190,8 @@ class Rendezvous final : public comm::Monitor {
     // fail for good: wait this long before calling it so.
     const auto grace = std::max<comm::Clock::duration>(std::chrono::seconds(3), opt_.heartbeat_interval * 6);
     const auto since = comm::Clock::now();
-    std::vector<bool> seen(std::size_t(size_), false), forged(std::size_t(size_), false);  // forged: failed, none passed yet
+    std::vector<bool> seen(std::size_t(size_), false),
+        forged(std::size_t(size_), false);  // forged: failed, none passed yet
     const auto failing = [&] {
       std::string out;
       for (int r = 0; r < size_; ++r)
@@ -193,13 +208,17 @@ class Rendezvous final : public comm::Monitor {
         const auto values = kv_->try_get_all(keys);
         for (std::size_t i = 0; i < who.size(); ++i) {
           const int r = who[i];
-          if (values[i]) seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
-          else if (r == rank_) kv_->set(arrived_key(r), std::vector<uint8_t>{1});  // ours, replaced: again
-          else forged[std::size_t(r)] = true;
+          if (values[i])
+            seen[std::size_t(r)] = true, forged[std::size_t(r)] = false;
+          else if (r == rank_)
+            kv_->set(arrived_key(r), std::vector<uint8_t>{1});  // ours, replaced: again
+          else
+            forged[std::size_t(r)] = true;
         }
       } catch (const std::exception& e) {
-        if (failing().empty()) throw CommunicationError("accel: rank " + std::to_string(rank_) + ": lost the rendezvous store at " +
-                                                        where() + " while the processes arrived: " + e.what());
+        if (failing().empty())
+          throw CommunicationError("accel: rank " + std::to_string(rank_) + ": lost the rendezvous store at " +
+                                   where() + " while the processes arrived: " + e.what());
         break;  // the others gave up on us first
       }
       if (std::all_of(seen.begin(), seen.end(), [](bool b) { return b; })) return;
@@ -208,15 +227,14 @@ class Rendezvous final : public comm::Monitor {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     throw CommunicationError(
-        "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " + failing() +
-        " fails authentication with this process's job secret (for " + seconds(comm::Clock::now() - since) +
+        "accel: rank " + std::to_string(rank_) + ": rendezvous at " + where() + ": the arrival of rank(s) " +
+        failing() + " fails authentication with this process's job secret (for " + seconds(comm::Clock::now() - since) +
         "): the processes do not share one secret. Give every process the same ACCEL_JOB_SECRET or "
         "ACCEL_JOB_SECRET_FILE (accel-launch passes its own to the processes it starts; on several nodes, export "
         "the same secret to every node's accel-launch)");
   }
 
  public:
-
   // ---- Monitor ------------------------------------------------------------------------------------------
 
   void issued(const comm::CollectiveId& id) noexcept override {
@@ -230,7 +248,7 @@ class Rendezvous final : public comm::Monitor {
       std::lock_guard<std::mutex> lock(beat_->mu);
       if (beat_->watchers++ == 0) ++beat_->epoch, beat_->watch_began = comm::Clock::now();
     }
-    beat_->cv.notify_all();  // read the others now, not at the next beat
+    beat_->cv.notify_all();                                         // read the others now, not at the next beat
     return std::shared_ptr<void>(beat_.get(), [b = beat_](void*) {  // not null: a guard that tests true
       std::lock_guard<std::mutex> lock(b->mu);
       --b->watchers;
@@ -272,15 +290,18 @@ class Rendezvous final : public comm::Monitor {
     std::lock_guard<std::mutex> lock(beat_->mu);
     const auto now = comm::Clock::now();
     if (now - beat_->last_ok > opt_.peer_timeout)
-      return {K::silent, "the rendezvous store at " + where() + " has not answered for " + seconds(now - beat_->last_ok) +
-                             " (peer timeout " + seconds(opt_.peer_timeout) + "): not responding: " + host()};
+      return {K::silent, "the rendezvous store at " + where() + " has not answered for " +
+                             seconds(now - beat_->last_ok) + " (peer timeout " + seconds(opt_.peer_timeout) +
+                             "): not responding: " + host()};
     if (std::string others = beat_->differing(id); !others.empty()) return {K::mismatch, others};
     if (beat_->ended && beat_->ended->signal && ended_now_locked()) return {K::ended, ended_locked()};
     const auto [silent, failed] = beat_->others(now);
     if (!failed.empty()) return {K::failed, "failed (its error says why): " + failed};
     if (!silent.empty())
-      return {K::silent, "not responding for " + seconds(opt_.peer_timeout) + " (the peer timeout; its heartbeat stopped: "
-                         "frozen, stopped or starved): " + silent};
+      return {K::silent, "not responding for " + seconds(opt_.peer_timeout) +
+                             " (the peer timeout; its heartbeat stopped: "
+                             "frozen, stopped or starved): " +
+                             silent};
     if (ended_now_locked()) return {K::ended, ended_locked()};  // one that exited with a code, after its grace
     return {};
   }
@@ -299,7 +320,8 @@ class Rendezvous final : public comm::Monitor {
       const auto began = comm::Clock::now();
       beat_->cv.wait_for(lock, interval * 3, [&] { return beat_->rounds > r0; });
       if (beat_->rounds == r0)
-        return {K::silent, host_ ? (rank_ == 0 ? "the rendezvous store is gone" : "not responding: rank 0 (it hosts the rendezvous store)")
+        return {K::silent, host_ ? (rank_ == 0 ? "the rendezvous store is gone"
+                                               : "not responding: rank 0 (it hosts the rendezvous store)")
                                  : "the rendezvous store at " + where() + " is gone (the launcher hosting it ended)"};
       std::uint64_t before[kAggregators];
       for (int a = 0; a < kAggregators; ++a) before[a] = beat_->from[std::size_t(a)].summary.round;
@@ -331,7 +353,8 @@ class Rendezvous final : public comm::Monitor {
       for (int r : failing)
         if (!skip(r)) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(r);
       for (int r : stopped)
-        if (!skip(r) && !failing.count(r) && !killed()) dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
+        if (!skip(r) && !failing.count(r) && !killed())
+          dead += (dead.empty() ? "rank " : ", rank ") + std::to_string(r);
       std::string out = killed()       ? ended_locked()
                         : dead.empty() ? "no rank stopped responding (a timeout, or ranks in different operations?)"
                                        : "not responding: " + dead;
@@ -376,8 +399,10 @@ class Rendezvous final : public comm::Monitor {
     (void)registered;
     std::lock_guard<std::mutex> lock(exit_mutex());
     auto& all = living();
-    if (alive) all.push_back(r);
-    else std::erase(all, r);
+    if (alive)
+      all.push_back(r);
+    else
+      std::erase(all, r);
   }
   // Stops and joins every heartbeat still running (one stuck on a frozen store is left behind after two beats and
   // a second), then closes the seal. Joined, not only stopped: a thread that is still ending while OpenSSL cleans up
@@ -400,13 +425,15 @@ class Rendezvous final : public comm::Monitor {
   // exited with a code "rank 2 ended: its launcher reports that it exited with code 1" (the lock held).
   [[nodiscard]] std::string ended_locked() const {
     const auto& e = *beat_->ended;
-    return (e.signal ? "not responding: rank " + std::to_string(e.rank) + ";" : "rank " + std::to_string(e.rank) + " ended:") +
+    return (e.signal ? "not responding: rank " + std::to_string(e.rank) + ";"
+                     : "rank " + std::to_string(e.rank) + " ended:") +
            " its launcher reports that it " + e.what;
   }
   // Whether the reported rank ends a wait now: one killed by a signal at once, one that exited with a code two
   // heartbeats after its report arrived (Note [Ended ranks]; the lock held).
   [[nodiscard]] bool ended_now_locked() const {
-    return beat_->ended && (beat_->ended->signal || comm::Clock::now() - beat_->ended_seen >= opt_.heartbeat_interval * 2);
+    return beat_->ended &&
+           (beat_->ended->signal || comm::Clock::now() - beat_->ended_seen >= opt_.heartbeat_interval * 2);
   }
   static std::atomic<Rendezvous*>& active() {
     static std::atomic<Rendezvous*> r{nullptr};
@@ -429,8 +456,9 @@ class Rendezvous final : public comm::Monitor {
     lock.lock();
     beat_->cv.wait_for(lock, opt_.heartbeat_interval * 2, [&] { return beat_->failed_written || beat_->exited; });
     if (any)
-      std::fprintf(stderr, "accel: rank %d: the process is ending abnormally in collective #%llu (%s); if the engine's "
-                           "message speaks of a size mismatch, the ranks issued different collectives there\n",
+      std::fprintf(stderr,
+                   "accel: rank %d: the process is ending abnormally in collective #%llu (%s); if the engine's "
+                   "message speaks of a size mismatch, the ranks issued different collectives there\n",
                    rank_, static_cast<unsigned long long>(last.seq), last.describe().c_str());
   }
   static std::string seconds(comm::Clock::duration d) {

@@ -16,7 +16,8 @@ struct RendezvousSpec {
   int port = 29500;
   int rank = 0;
   int size = 1;
-  bool host_store = true;  //!< rank 0 starts the store (false: the launcher, accel-launch or torchrun's agent, hosts it)
+  bool host_store =
+      true;  //!< rank 0 starts the store (false: the launcher, accel-launch or torchrun's agent, hosts it)
   //! The restart generation (torchrun's and accel-launch's `TORCHELASTIC_RESTART_COUNT`): every key this job
   //! writes is scoped by it, so that a stale key of an earlier attempt can never satisfy the arrival check, the
   //! Gloo rendezvous or the NCCL id exchange of a restarted one.

@@ -1,10 +1,10 @@
 #pragma once
 //! \file
 //! The job's rendezvous store made safe to expose: where it listens, which keys are the job's, and who may
-//! write them. Used by the rendezvous (state/rendezvous/rendezvous.hpp) and by accel-launch, which hosts the store of its jobs.
-//! Where it listens and its connections are in state/rendezvous/listen.hpp (Note [Listening surface]), the job's id and
-//! secret in state/rendezvous/job_identity.hpp (Note [Job keys]); this header holds the authenticated store (`Seal`,
-//! `JobStore`) and includes both.
+//! write them. Used by the rendezvous (state/rendezvous/rendezvous.hpp) and by accel-launch, which hosts the store of
+//! its jobs. Where it listens and its connections are in state/rendezvous/listen.hpp (Note [Listening surface]), the
+//! job's id and secret in state/rendezvous/job_identity.hpp (Note [Job keys]); this header holds the authenticated
+//! store (`Seal`, `JobStore`) and includes both.
 //!
 //! Note [Authenticated keys]
 //! ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -18,9 +18,9 @@
 //! cannot carry a tag: accel decides nothing on a counter. A process whose secret differs from the others'
 //! sees every other rank's values fail, and the others see its: the rendezvous names it and stops.
 
+#include <accel/error.hpp>
 #include <accel/state/rendezvous/job_identity.hpp>
 #include <accel/state/rendezvous/listen.hpp>
-#include <accel/error.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -48,8 +48,8 @@ namespace accel::rendezvous {
 // ---- authenticated values (Note [Authenticated keys]) -------------------------------------------------------
 
 //! HMAC-SHA256 of a key and its value under the job secret: `seal` appends the tag, `open` checks and strips it.
-//! After `close_for_exit` (Note [Exit] in state/rendezvous/rendezvous.hpp) every tag is refused with an `Error`: OpenSSL frees
-//! its state in its own exit handler, and a thread still running then must not call into it.
+//! After `close_for_exit` (Note [Exit] in state/rendezvous/rendezvous.hpp) every tag is refused with an `Error`:
+//! OpenSSL frees its state in its own exit handler, and a thread still running then must not call into it.
 class Seal {
  public:
   static constexpr std::size_t tag_size = 32;
@@ -71,7 +71,8 @@ class Seal {
     tag(key, value.data(), value.size(), out.data() + value.size());
     return out;
   }
-  [[nodiscard]] std::optional<std::vector<std::uint8_t>> open(const std::string& key, const std::vector<std::uint8_t>& sealed) const {
+  [[nodiscard]] std::optional<std::vector<std::uint8_t>> open(const std::string& key,
+                                                              const std::vector<std::uint8_t>& sealed) const {
     if (sealed.size() < tag_size) return std::nullopt;
     const std::size_t n = sealed.size() - tag_size;
     unsigned char expect[tag_size];
@@ -142,17 +143,21 @@ class JobStore final : public c10d::Store {
     std::mutex mu;
     std::set<std::string> reported;
     std::map<std::string, std::vector<std::uint8_t>> ledger;  // key -> sealed value, while repairing
-    bool repairing = false;                                    // from the first write with a secret to `settled`
+    bool repairing = false;                                   // from the first write with a secret to `settled`
   };
 
   //! `secret` empty: values are not sealed.
   JobStore(c10::intrusive_ptr<c10d::Store> inner, const std::string& secret, std::string who)
-      : JobStore(std::move(inner), secret.empty() ? nullptr : std::make_shared<const Seal>(secret), std::make_shared<Shared>()) {
+      : JobStore(std::move(inner), secret.empty() ? nullptr : std::make_shared<const Seal>(secret),
+                 std::make_shared<Shared>()) {
     shared_->who = std::move(who);
     shared_->repairing = bool(seal_);
   }
   JobStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<const Seal> seal, std::shared_ptr<Shared> shared)
-      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)), seal_(std::move(seal)), shared_(std::move(shared)) {}
+      : c10d::Store(inner->getTimeout()),
+        inner_(std::move(inner)),
+        seal_(std::move(seal)),
+        shared_(std::move(shared)) {}
 
   //! Another connection of the same process: the same secret, report and ledger.
   [[nodiscard]] c10::intrusive_ptr<JobStore> sharing(c10::intrusive_ptr<c10d::Store> inner) const {
@@ -191,7 +196,7 @@ class JobStore final : public c10d::Store {
 
   std::vector<std::uint8_t> get(const std::string& key) override {
     if (auto o = open_or_report(key, req()->get(key))) return std::move(*o);  // waits for the key to exist
-    return authentic(key, Clock::now() + timeout_);                          // a forged value: wait for an authentic one
+    return authentic(key, Clock::now() + timeout_);  // a forged value: wait for an authentic one
   }
   //! The authentic value of `key`, or nothing when it is absent or fails (reported); never blocks on absence.
   std::optional<std::vector<std::uint8_t>> try_get(const std::string& key) {
@@ -297,8 +302,9 @@ class JobStore final : public c10d::Store {
   std::optional<std::vector<std::uint8_t>> open_or_report(const std::string& key, const std::vector<std::uint8_t>& v) {
     if (!seal_) return v;
     if (auto o = seal_->open(key, v)) return o;
-    report(key, "fails authentication (not written by a process of this job: a foreign client, or a process with "
-                "another ACCEL_JOB_SECRET); ignored");
+    report(key,
+           "fails authentication (not written by a process of this job: a foreign client, or a process with "
+           "another ACCEL_JOB_SECRET); ignored");
     return std::nullopt;
   }
   // The first authentic value of an existing `key` before `deadline` (a waiting reader outlasts a foreign writer).
@@ -323,11 +329,15 @@ class JobStore final : public c10d::Store {
   void report(const std::string& key, const std::string& what) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     if (!shared_->reported.insert(key + what).second) return;
-    std::fprintf(stderr, "accel: %s: the rendezvous store's key '%s' %s\n", shared_->who.c_str(), key.c_str(), what.c_str());
+    std::fprintf(stderr, "accel: %s: the rendezvous store's key '%s' %s\n", shared_->who.c_str(), key.c_str(),
+                 what.c_str());
   }
   [[nodiscard]] CommunicationError forged_for(const std::string& key) const {
-    return CommunicationError("accel: " + shared_->who + ": the rendezvous store's key '" + key + "' held no authentic "
-                              "value within " + std::to_string(timeout_.count()) + " ms, only values that fail "
+    return CommunicationError("accel: " + shared_->who + ": the rendezvous store's key '" + key +
+                              "' held no authentic "
+                              "value within " +
+                              std::to_string(timeout_.count()) +
+                              " ms, only values that fail "
                               "authentication: the process that writes it has another job secret (give every process "
                               "the same ACCEL_JOB_SECRET or ACCEL_JOB_SECRET_FILE; accel-launch passes its own to the "
                               "processes it starts), or a client outside the job keeps overwriting it");

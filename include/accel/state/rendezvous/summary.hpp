@@ -33,10 +33,10 @@ struct Summary {
   static constexpr std::size_t kLate = 64;        //!< late ranks listed, the oldest beats first
   static constexpr int kMaxRank = 1 << 24;        //!< ranks beyond are refused (a forged value)
 
-  std::uint64_t round = 0;            //!< the aggregator's beat count: a summary that stops advancing is its silence
-  std::optional<EndedRank> ended;     //!< the launcher's report (Note [Ended ranks])
-  std::vector<Late> late;             //!< in rank order
-  std::vector<int> failed;            //!< ranks whose beat says they failed
+  std::uint64_t round = 0;         //!< the aggregator's beat count: a summary that stops advancing is its silence
+  std::optional<EndedRank> ended;  //!< the launcher's report (Note [Ended ranks])
+  std::vector<Late> late;          //!< in rank order
+  std::vector<int> failed;         //!< ranks whose beat says they failed
   std::vector<std::vector<Variant>> mismatches;  //!< per collective number with two variants or more
 
   //! "S <round>", "E <ended>", "L <rank>:<ms> ...", "F <ranks>", then "M <id>=<ranks>|<id>=<ranks>" per mismatch.
@@ -49,7 +49,8 @@ struct Summary {
       out.append(e);
     }
     out.append("\nL");
-    for (const auto& l : late) out.append(" ").append(std::to_string(l.rank)).append(":").append(std::to_string(l.age_ms));
+    for (const auto& l : late)
+      out.append(" ").append(std::to_string(l.rank)).append(":").append(std::to_string(l.age_ms));
     out.append("\nF ").append(ranks_text(failed)).append("\n");
     for (const auto& m : mismatches) {
       out.append("M ");
@@ -72,8 +73,12 @@ struct Summary {
         if (line.size() < 1) continue;
         const std::string body = line.size() > 2 ? line.substr(2) : "";
         switch (line[0]) {
-          case 'S': s.round = std::stoull(body), head = true; break;
-          case 'E': if (!body.empty()) s.ended = EndedRank::decode(body); break;
+          case 'S':
+            s.round = std::stoull(body), head = true;
+            break;
+          case 'E':
+            if (!body.empty()) s.ended = EndedRank::decode(body);
+            break;
           case 'L': {
             std::istringstream l(line.substr(1));
             std::string item;
@@ -82,12 +87,15 @@ struct Summary {
               if (colon == std::string::npos) return std::nullopt;
               const int r = std::stoi(item.substr(0, colon));
               const long long age = std::stoll(item.substr(colon + 1));
-              if (r < 0 || r >= kMaxRank || age < 0 || age > 1000000000LL) return std::nullopt;  // a day and more: forged
+              if (r < 0 || r >= kMaxRank || age < 0 || age > 1000000000LL)
+                return std::nullopt;  // a day and more: forged
               s.late.push_back({r, age});
             }
             break;
           }
-          case 'F': s.failed = ranks_of(body); break;
+          case 'F':
+            s.failed = ranks_of(body);
+            break;
           case 'M': {
             std::vector<Variant> m;
             std::size_t start = 0;
@@ -104,7 +112,8 @@ struct Summary {
             s.mismatches.push_back(std::move(m));
             break;
           }
-          default: return std::nullopt;
+          default:
+            return std::nullopt;
         }
       }
     } catch (const std::exception&) {
@@ -115,7 +124,8 @@ struct Summary {
   }
 
   //! The collectives of `published[r]` (each rank's last ones) on which two ranks differ, the earliest first.
-  [[nodiscard]] static std::vector<std::vector<Variant>> differences(const std::vector<std::vector<comm::CollectiveId>>& published) {
+  [[nodiscard]] static std::vector<std::vector<Variant>> differences(
+      const std::vector<std::vector<comm::CollectiveId>>& published) {
     std::map<std::uint64_t, std::map<std::string, Variant>> by_seq;
     for (int r = 0; r < int(published.size()); ++r)
       for (const auto& c : published[std::size_t(r)]) {
@@ -154,7 +164,8 @@ struct Summary {
     while (std::getline(in, part, ',')) {
       if (part.empty()) continue;
       const auto dash = part.find('-');
-      const long long a = std::stoll(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoll(part.substr(dash + 1));
+      const long long a = std::stoll(part.substr(0, dash)),
+                      b = dash == std::string::npos ? a : std::stoll(part.substr(dash + 1));
       if (a < 0 || b < a || b >= kMaxRank || out.size() + std::size_t(b - a + 1) > std::size_t(kMaxRank))
         throw std::out_of_range("a range of ranks");
       for (long long r = a; r <= b; ++r) out.push_back(int(r));

@@ -22,9 +22,12 @@ ACCEL_DECL Trackers::Trackers(const std::vector<Tracker>& kinds, const std::file
   if (kinds.empty()) return;
   std::filesystem::create_directories(dir);
   for (const auto k : kinds) {
-    if (k == Tracker::jsonl) writers_.push_back(std::make_unique<JsonlWriter>(dir, start));
-    else if (k == Tracker::csv) writers_.push_back(std::make_unique<CsvWriter>(dir, start));
-    else writers_.push_back(std::make_unique<TensorBoardWriter>(dir, start));
+    if (k == Tracker::jsonl)
+      writers_.push_back(std::make_unique<JsonlWriter>(dir, start));
+    else if (k == Tracker::csv)
+      writers_.push_back(std::make_unique<CsvWriter>(dir, start));
+    else
+      writers_.push_back(std::make_unique<TensorBoardWriter>(dir, start));
   }
   write_file_atomically(dir / config_file, detail::json_object(config, std::nullopt, /*pretty=*/true) + "\n");
   for (auto& w : writers_) w->store_config(config);
