@@ -43,10 +43,13 @@ class AccelConan(ConanFile):
         copy(self, "accelDependencies.cmake", os.path.join(self.source_folder, "cmake"), cmake_dir)
         # The build module does on the consumer's side what the installed accelConfig.cmake does: find LibTorch
         # (its pip wheel needs link fixes), range-v3, Boost.Hana and nlohmann_json, and set ACCEL_WITH_CUDA from the option.
-        with open(os.path.join(cmake_dir, "accel-conan.cmake"), "w") as f:
-            f.write("set(ACCEL_WITH_CUDA %s)\n" % ("ON" if self.options.with_cuda else "OFF"))
-            f.write("include(${CMAKE_CURRENT_LIST_DIR}/accelDependencies.cmake)\n")
-            f.write("accel_link_dependencies(accel::accel)\n")
+        # One module per value of with_cuda, chosen in package_info: the package of a header library is the same for
+        # both (auto_header_only clears the options from its id), so the option must not be written into it.
+        for name, value in (("accel-conan-cuda.cmake", "ON"), ("accel-conan-cpu.cmake", "OFF")):
+            with open(os.path.join(cmake_dir, name), "w") as f:
+                f.write("set(ACCEL_WITH_CUDA %s)\n" % value)
+                f.write("include(${CMAKE_CURRENT_LIST_DIR}/accelDependencies.cmake)\n")
+                f.write("accel_link_dependencies(accel::accel)\n")
 
     def package_info(self):
         self.cpp_info.bindirs = []
@@ -54,5 +57,6 @@ class AccelConan(ConanFile):
         self.cpp_info.set_property("cmake_file_name", "accel")
         self.cpp_info.set_property("cmake_target_name", "accel::accel")
         # ACCEL_WITH_CUDA is defined by the build module, from the with_cuda option.
-        self.cpp_info.set_property("cmake_build_modules", [os.path.join("lib", "cmake", "accel", "accel-conan.cmake")])
+        module = "accel-conan-cuda.cmake" if self.options.with_cuda else "accel-conan-cpu.cmake"
+        self.cpp_info.set_property("cmake_build_modules", [os.path.join("lib", "cmake", "accel", module)])
         self.cpp_info.builddirs = [os.path.join("lib", "cmake", "accel")]

@@ -7,6 +7,29 @@ if(NOT DEFINED ACCEL_WITH_CUDA)
   set(ACCEL_WITH_CUDA AUTO)
 endif()
 
+# ACCEL_CPU_ONLY: a CPU build with a CUDA LibTorch (the pip wheel), on a machine with or without a CUDA toolkit.
+# LibTorch's CMake config looks for the toolkit and enables the CUDA language when it finds one (Caffe2's
+# public/cuda.cmake), which a CPU build needs neither of, and warns ("pytorch is not compatible with
+# `CMAKE_CUDA_ARCHITECTURES`"). That file returns at once when the target torch::cudart exists: defined here first,
+# empty, LibTorch skips its CUDA search. Programs still link libtorch_cuda (libtorch.so needs it), which loads the
+# CUDA runtime of its wheel by itself. And kineto is linked into libtorch_cpu, but TorchConfig.cmake still looks for
+# a library of its own and warns "library kineto not found": the name `torch` stands in for it.
+if(NOT DEFINED ACCEL_CPU_ONLY)
+  set(ACCEL_CPU_ONLY OFF)
+endif()
+if(ACCEL_CPU_ONLY)
+  if(ACCEL_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "accel: ACCEL_CPU_ONLY=ON and ACCEL_WITH_CUDA=ON contradict each other; drop one")
+  endif()
+  set(ACCEL_WITH_CUDA OFF)
+  if(NOT TARGET torch::cudart AND NOT TARGET torch)
+    add_library(torch::cudart INTERFACE IMPORTED)
+  endif()
+  if(NOT DEFINED kineto_LIBRARY)
+    set(kineto_LIBRARY torch CACHE INTERNAL "kineto is inside libtorch_cpu (ACCEL_CPU_ONLY)")
+  endif()
+endif()
+
 # LibTorch. The pinned torch wheel carries the C++ headers, the libraries and this CMake config; point
 # CMAKE_PREFIX_PATH at `python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'`.
 find_dependency(Torch 2)
@@ -66,7 +89,8 @@ if(_accel_wheel_cudart AND TARGET torch::cudart)
   list(GET _accel_wheel_cudart 0 _accel_cudart)
   set_property(TARGET torch::cudart PROPERTY INTERFACE_LINK_LIBRARIES "${_accel_cudart}")
 endif()
-message(STATUS "accel: LibTorch ${Torch_VERSION} (CUDA build: ${_accel_torch_cuda}); ACCEL_WITH_CUDA=${ACCEL_CUDA_ENABLED}")
+message(STATUS "accel: LibTorch ${Torch_VERSION} (CUDA build: ${_accel_torch_cuda}); ACCEL_WITH_CUDA=${ACCEL_CUDA_ENABLED}"
+               "; ACCEL_CPU_ONLY=${ACCEL_CPU_ONLY}")
 
 # Attaches the dependencies to `target`. In the project's own build they are wrapped in BUILD_INTERFACE, so
 # the exported target carries no machine paths; the installed config attaches them again on the consumer's side.

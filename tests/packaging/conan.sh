@@ -15,3 +15,15 @@ for cuda in False True; do
   "$conan" create "$src" -pr:a "$src/conan/profiles/system" -o "accel/*:with_cuda=$cuda" -tf "$test_folder" \
            --build=missing -nr
 done
+# The with_cuda=False package of a consumer configured CPU only (-DACCEL_CPU_ONLY=ON, README "CPU only"), after the
+# package was last created with with_cuda=True (one package serves both): no LibTorch CUDA search, no warning from it.
+log="$build/packaging/conan-cpu-only.log"
+"$conan" test "$test_folder" accel/0.1.0 -pr:a "$src/conan/profiles/system" -o "accel/*:with_cuda=False" -nr \
+         -c "tools.cmake.cmaketoolchain:extra_variables={'ACCEL_CPU_ONLY': 'ON'}" >"$log" 2>&1 || { cat "$log"; exit 1; }
+if grep -E "CUDA_ARCHITECTURES|kineto not found|PyTorch: CUDA" "$log"; then
+  echo "ACCEL_CPU_ONLY=ON through Conan: LibTorch's CUDA search at configure time (above)" >&2
+  exit 1
+fi
+grep -q "ACCEL_WITH_CUDA=OFF; ACCEL_CPU_ONLY=ON" "$log"
+grep "accel test_package:" "$log"
+grep -q "ACCEL_WITH_CUDA=0" "$log"

@@ -17,3 +17,16 @@ cmake -S "$src/tests/packaging/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD
 cmake --build "$work/build"
 "$work/build/accel_consumer"
 "$work/build/accel_consumer_separate"
+# CPU only (README, "CPU only"): the same package with -DACCEL_CPU_ONLY=ON configures without LibTorch's CUDA search
+# and its warnings (the machine may have a CUDA toolkit), and the header-only program builds and runs.
+cmake -S "$src/tests/packaging/consumer" -B "$work/build-cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCEL_CPU_ONLY=ON \
+      -DCMAKE_PREFIX_PATH="$work/install;$torch_prefix" >"$work/configure-cpu.log" 2>&1
+if grep -E "CMake Warning|CUDA_ARCHITECTURES|kineto|PyTorch: CUDA" "$work/configure-cpu.log"; then
+  echo "ACCEL_CPU_ONLY=ON: LibTorch's CUDA search or a warning at configure time (above)" >&2
+  exit 1
+fi
+grep -q "ACCEL_WITH_CUDA=OFF; ACCEL_CPU_ONLY=ON" "$work/configure-cpu.log"
+cmake --build "$work/build-cpu" --target accel_consumer
+out=$("$work/build-cpu/accel_consumer")
+echo "$out"
+grep -q "ACCEL_WITH_CUDA=0" <<<"$out"
