@@ -84,6 +84,8 @@ def lambda_of(spec):
                        num_training_steps=spec["total"], num_cycles=spec["num_cycles"])
     if kind == "mult":  # MultiplicativeLR's factors: 0.95 (first group), 1 - 1 / (10 + epoch) (second)
         return [lambda e: 0.95, lambda e: 1.0 - 1.0 / (10.0 + e)]
+    if kind == "mult_one":  # one function for every group: 0.8 every third epoch, else 1
+        return lambda e: 0.8 if e % 3 == 0 else 1.0
     if kind == "power":  # a plain lambda: base * 0.97^epoch (first group) or 1 / (1 + epoch) (second)
         return [lambda e: 0.97 ** e, lambda e: 1.0 / (1.0 + e)]
     raise ValueError(kind)
@@ -224,6 +226,7 @@ def cases():
     for factor, n in ((1 / 3, 5), (0.5, 12), (0.1, 1), (1.0, 3)):
         out.append({"kind": "ConstantLR", "params": {"factor": factor, "total_iters": n}, "steps": 30})
     out.append({"kind": "MultiplicativeLR", "params": {"fn": "mult"}, "steps": 40})
+    out.append({"kind": "MultiplicativeLR", "params": {"fn": "mult_one"}, "steps": 30})
     for n, power in ((5, 1.0), (30, 2.0), (17, 0.5), (40, 3.0)):
         out.append({"kind": "PolynomialLR", "params": {"total_iters": n, "power": power}, "steps": 50})
     for t0, tmult, eta_min in ((10, 1, 0.0), (5, 2, 1e-3), (3, 3, 0.0), (7, 1, 0.005)):

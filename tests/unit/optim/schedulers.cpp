@@ -66,8 +66,10 @@ struct Fixture {
 };
 
 //! The generator's plain lambdas ("power"): 0.97^epoch for the first group, 1 / (1 + epoch) for the second.
-//! For MultiplicativeLR ("mult"): 0.95 for the first group, 1 - 1 / (10 + epoch) for the second.
+//! For MultiplicativeLR ("mult"): 0.95 for the first group, 1 - 1 / (10 + epoch) for the second; "mult_one": one
+//! function for both groups, 0.8 every third epoch.
 accel::LambdaLR::Fn lambda_of(const nlohmann::json& p, std::size_t group) {
+  if (p["fn"] == "mult_one") return [](std::int64_t e) { return e % 3 == 0 ? 0.8 : 1.0; };
   if (p["fn"] == "mult") {
     if (group == 0) return [](std::int64_t) { return 0.95; };
     return [](std::int64_t e) { return 1.0 - 1.0 / (10.0 + double(e)); };
@@ -156,6 +158,7 @@ std::shared_ptr<accel::ExactScheduler> make(const nlohmann::json& spec, torch::o
            .timescale = p["timescale"].is_null() ? std::nullopt
                                                  : std::optional<std::int64_t>(p["timescale"].get<std::int64_t>())});
     accel::LrLambdas fns{lambda_of(p, 0), lambda_of(p, 1)};
+    if (fn == "mult_one") fns = lambda_of(p, 0);  // one function, repeated for every group
     if (k == "MultiplicativeLR")
       return std::make_shared<accel::MultiplicativeLR>(opt, accel::MultiplicativeLROptions{.lr_lambda = fns});
     return std::make_shared<accel::LambdaLR>(opt, accel::LambdaLROptions{.lr_lambda = fns});
