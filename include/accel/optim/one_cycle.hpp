@@ -22,10 +22,24 @@ struct OneCycleLROptions {
   double final_div_factor = 1e4;
   bool three_phase = false;
 };
-using OneCycleOptions = OneCycleLROptions;  //!< the former name
+//! The options of the positional spelling `OneCycleLR(opt, max_lr, OneCycleOptions{...})` of earlier versions:
+//! `OneCycleLROptions` without `max_lr`, the fields in their former order (so `OneCycleOptions{100}` still sets
+//! `total_steps`).
+struct OneCycleOptions {
+  std::int64_t total_steps = 0;
+  std::int64_t epochs = 0;
+  std::int64_t steps_per_epoch = 0;
+  double pct_start = 0.3;
+  Anneal anneal_strategy = Anneal::cos;
+  bool cycle_momentum = true;
+  std::vector<double> base_momentum{0.85};
+  std::vector<double> max_momentum{0.95};
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+};
 
-//! The groups' initial rates become `max_lr / div_factor` (PyTorch
-//! overwrites `initial_lr`), whatever they were.
+//! The groups' initial rates become `max_lr / div_factor` (PyTorch overwrites `initial_lr`), whatever they were.
 class OneCycleLR : public ExactScheduler {
  public:
   using Options = OneCycleLROptions;
@@ -49,6 +63,23 @@ class OneCycleLR : public ExactScheduler {
     }
     initial_step();
   }
+  //! The positional spelling of earlier versions (optim/schedulers.hpp): `max_lr` (one value, or one per group)
+  //! apart. A template only so that a braced `{...}` second argument alone is the options form's.
+  template <class MaxLr = std::vector<double>>
+  requires std::same_as<MaxLr, std::vector<double>> OneCycleLR(torch::optim::Optimizer& opt, const MaxLr& max_lr,
+                                                               const OneCycleOptions& o = {})
+      : OneCycleLR(opt, Options{.max_lr = max_lr,
+                                .total_steps = o.total_steps,
+                                .epochs = o.epochs,
+                                .steps_per_epoch = o.steps_per_epoch,
+                                .pct_start = o.pct_start,
+                                .anneal_strategy = o.anneal_strategy,
+                                .cycle_momentum = o.cycle_momentum,
+                                .base_momentum = o.base_momentum,
+                                .max_momentum = o.max_momentum,
+                                .div_factor = o.div_factor,
+                                .final_div_factor = o.final_div_factor,
+                                .three_phase = o.three_phase}) {}
   [[nodiscard]] std::int64_t total_steps() const noexcept { return o_.total_steps; }
 
  protected:

@@ -17,30 +17,46 @@
 //! constructor cannot use is an `InvalidArgument` naming it. transformers' schedules are functions of the same shape
 //! returning the `LambdaLR` transformers returns: `cosine_schedule_with_warmup(opt, {.num_warmup_steps = ...})`.
 //!
-//! | accel (`Options` fields)                                             | PyTorch / transformers                 |
-//! |----------------------------------------------------------------------|----------------------------------------|
-//! | `StepLR{step_size, gamma}`                                           | `lr_scheduler.StepLR`                  |
-//! | `MultiStepLR{milestones, gamma}` (a repeated milestone: gamma^count) | `lr_scheduler.MultiStepLR`             |
-//! | `ConstantLR{factor, total_iters}`                                    | `lr_scheduler.ConstantLR`              |
-//! | `LinearLR{start_factor, end_factor, total_iters}`                    | `lr_scheduler.LinearLR`                |
-//! | `ExponentialLR{gamma}`                                               | `lr_scheduler.ExponentialLR`           |
-//! | `PolynomialLR{total_iters, power}`                                   | `lr_scheduler.PolynomialLR`            |
-//! | `CosineAnnealingLR{T_max, eta_min}`                                  | `lr_scheduler.CosineAnnealingLR`       |
-//! | `CosineAnnealingWarmRestarts{T_0, T_mult, eta_min}`                  | `lr_scheduler.CosineAnnealingWarmRestarts`
-//! | | `CyclicLR{base_lr, max_lr, step_size_up, step_size_down, mode, gamma, cycle_momentum, base_momentum, |
-//! max_momentum}` (momentum: SGD/RMSprop momentum, Adam/AdamW beta1)  | `lr_scheduler.CyclicLR`                | |
-//! `OneCycleLR{max_lr, total_steps, ..., three_phase}`                  | `lr_scheduler.OneCycleLR`              | |
-//! `LambdaLR{lr_lambda}`, `MultiplicativeLR{lr_lambda}` (one function, or one per group) | `LambdaLR`,
-//! `MultiplicativeLR` | | `SequentialLR{schedulers, milestones}`, `ChainedScheduler{schedulers}` | `SequentialLR`,
-//! `ChainedScheduler`   | | `ReduceLROnPlateau{mode, factor, patience, ...}`, `step(metric)`     |
-//! `lr_scheduler.ReduceLROnPlateau`       | | `constant_schedule_with_warmup{num_warmup_steps}`                    |
-//! `transformers.get_constant_schedule_with_warmup` | | `linear_schedule_with_warmup{num_warmup_steps,
-//! num_training_steps}`  | `transformers.get_linear_schedule_with_warmup` | | `cosine_schedule_with_warmup{...,
-//! num_cycles}`                       | `transformers.get_cosine_schedule_with_warmup` | |
-//! `cosine_with_hard_restarts_schedule_with_warmup{..., num_cycles}`    |
-//! `transformers.get_cosine_with_hard_restarts_schedule_with_warmup` | | `polynomial_decay_schedule_with_warmup{...,
-//! lr_end, power}`          | `transformers.get_polynomial_decay_schedule_with_warmup` | |
-//! `inverse_sqrt_schedule{num_warmup_steps, timescale}`                 | `transformers.get_inverse_sqrt_schedule` |
+//! PyTorch's schedulers keep their `torch.optim.lr_scheduler` names; the options struct of `X` is `XOptions`:
+//!
+//! | scheduler                     | options fields                                                              |
+//! |-------------------------------|-----------------------------------------------------------------------------|
+//! | `StepLR`                      | `step_size`, `gamma`                                                        |
+//! | `MultiStepLR`                 | `milestones`, `gamma` (a repeated milestone decays by gamma^count)          |
+//! | `ConstantLR`                  | `factor`, `total_iters`                                                     |
+//! | `LinearLR`                    | `start_factor`, `end_factor`, `total_iters`                                 |
+//! | `ExponentialLR`               | `gamma`                                                                     |
+//! | `PolynomialLR`                | `total_iters`, `power`                                                      |
+//! | `CosineAnnealingLR`           | `T_max`, `eta_min`                                                          |
+//! | `CosineAnnealingWarmRestarts` | `T_0`, `T_mult`, `eta_min`                                                  |
+//! | `CyclicLR`                    | `base_lr`, `max_lr`, `step_size_up`, `step_size_down`, `mode`, `gamma`, (*) |
+//! | `OneCycleLR`                  | `max_lr`, `total_steps`, ..., `three_phase`, (*)                            |
+//! | `LambdaLR`                    | `lr_lambda` (one function, or one per group)                                |
+//! | `MultiplicativeLR`            | `lr_lambda` (one function, or one per group)                                |
+//! | `SequentialLR`                | `schedulers`, `milestones`                                                  |
+//! | `ChainedScheduler`            | `schedulers`                                                                |
+//! | `ReduceLROnPlateau`           | `mode`, `factor`, `patience`, ...; stepped with `step(metric)`              |
+//!
+//! (*) also `cycle_momentum`, `base_momentum`, `max_momentum` (SGD's and RMSprop's momentum, Adam's and AdamW's beta1).
+//!
+//! transformers' schedules drop the `get_` of their names; the options struct of `x_y` is `XYOptions`:
+//!
+//! | function                                         | options fields                                              |
+//! |--------------------------------------------------|-------------------------------------------------------------|
+//! | `constant_schedule_with_warmup`                  | `num_warmup_steps`                                          |
+//! | `linear_schedule_with_warmup`                    | `num_warmup_steps`, `num_training_steps`                    |
+//! | `cosine_schedule_with_warmup`                    | `num_warmup_steps`, `num_training_steps`, `num_cycles`      |
+//! | `cosine_with_hard_restarts_schedule_with_warmup` | `num_warmup_steps`, `num_training_steps`, `num_cycles`      |
+//! | `polynomial_decay_schedule_with_warmup`          | `num_warmup_steps`, `num_training_steps`, `lr_end`, `power` |
+//! | `inverse_sqrt_schedule`                          | `num_warmup_steps`, `timescale`                             |
+//!
+//! **Positional spellings.** `StepLR(opt, step_size, gamma)`, `MultiStepLR(opt, milestones, gamma)`,
+//! `ExponentialLR(opt, gamma)`, `LinearLR(opt, start, end, total_iters)`, `CosineAnnealingLR(opt, T_max, eta_min)`,
+//! `OneCycleLR(opt, max_lr, OneCycleOptions{...})`, `LambdaLR(opt, fn)`, `LambdaLR(opt, {fn0, fn1})`,
+//! `SequentialLR(opt, {s0, s1}, milestones)`, `constant_schedule_with_warmup(opt, warmup)`,
+//! `linear_schedule_with_warmup(opt, warmup, total)` and `cosine_schedule_with_warmup(opt, warmup, total, cycles)`
+//! are the positional spellings of earlier versions, kept so existing code compiles; new code uses the options
+//! form. A braced second argument alone (`LinearLR(opt, {})`, `LambdaLR(opt, {fn})`) is the options form.
 //!
 //! Each derives from `torch::optim::LRScheduler` (so `Accelerator::prepare` takes a `std::shared_ptr` of it as it
 //! takes LibTorch's), and `save`/`load` its whole state as PyTorch's `state_dict` does; `save_state` uses them. The
@@ -83,6 +99,9 @@ class StepLR : public ExactScheduler {
                     "accel::StepLR: step_size must be positive (it is " + std::to_string(o.step_size) + ")");
     initial_step();
   }
+  //! The positional spelling of earlier versions (see the file's comment).
+  StepLR(torch::optim::Optimizer& opt, std::int64_t step_size, double gamma = 0.1, std::int64_t last_epoch = -1)
+      : StepLR(opt, Options{.step_size = step_size, .gamma = gamma, .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -117,6 +136,12 @@ class MultiStepLR : public ExactScheduler {
     std::ranges::sort(milestones_);  // PyTorch keeps a Counter: order does not matter, repeats do
     initial_step();
   }
+  //! The positional spelling of earlier versions (a template only so that `MultiStepLR(opt, {})` is the options form).
+  template <class Milestones = std::vector<std::int64_t>>
+  requires std::same_as<Milestones, std::vector<std::int64_t>> MultiStepLR(torch::optim::Optimizer& opt,
+                                                                           Milestones milestones, double gamma = 0.1,
+                                                                           std::int64_t last_epoch = -1)
+      : MultiStepLR(opt, Options{.milestones = std::move(milestones), .gamma = gamma, .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -190,6 +215,9 @@ class ExponentialLR : public ExactScheduler {
   ExponentialLR(torch::optim::Optimizer& opt, Options o) : ExactScheduler(opt, o.last_epoch), gamma_(o.gamma) {
     initial_step();
   }
+  //! The positional spelling of earlier versions.
+  ExponentialLR(torch::optim::Optimizer& opt, double gamma, std::int64_t last_epoch = -1)
+      : ExponentialLR(opt, Options{.gamma = gamma, .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -224,6 +252,17 @@ class LinearLR : public ExactScheduler {
     detail::require(end_ >= 0 && end_ <= 1, "accel::LinearLR: end_factor must be in [0, 1]");
     initial_step();
   }
+  //! The positional spellings of earlier versions (a template only so that `LinearLR(opt, {})` is the options form,
+  //! PyTorch's defaults, not a `start_factor` of 0).
+  explicit LinearLR(torch::optim::Optimizer& opt) : LinearLR(opt, Options{}) {}
+  template <class Start>
+  requires std::is_arithmetic_v<Start> LinearLR(torch::optim::Optimizer& opt, Start start_factor,
+                                                double end_factor = 1.0, std::int64_t total_iters = 5,
+                                                std::int64_t last_epoch = -1)
+      : LinearLR(opt, Options{.start_factor = double(start_factor),
+                              .end_factor = end_factor,
+                              .total_iters = total_iters,
+                              .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -299,6 +338,10 @@ class CosineAnnealingLR : public ExactScheduler {
     detail::require(o.T_max > 0, "accel::CosineAnnealingLR: T_max must be positive");
     initial_step();
   }
+  //! The positional spelling of earlier versions.
+  CosineAnnealingLR(torch::optim::Optimizer& opt, std::int64_t T_max,  // NOLINT(readability-identifier-naming)
+                    double eta_min = 0.0, std::int64_t last_epoch = -1)
+      : CosineAnnealingLR(opt, Options{.T_max = T_max, .eta_min = eta_min, .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -544,6 +587,16 @@ class LambdaLR : public ExactScheduler {
       : ExactScheduler(opt, o.last_epoch), fns_(o.lr_lambda.per_group(opt.param_groups().size(), "accel::LambdaLR")) {
     initial_step();
   }
+  //! The positional spellings of earlier versions: one function for every group, or one per group (templates only
+  //! so that a braced `{...}` second argument alone is the options form).
+  template <class F>
+  requires std::is_invocable_r_v<double, F&, std::int64_t> LambdaLR(torch::optim::Optimizer& opt, F fn,
+                                                                    std::int64_t last_epoch = -1)
+      : LambdaLR(opt, Options{.lr_lambda = Fn(std::move(fn)), .last_epoch = last_epoch}) {}
+  template <class Fns = std::vector<Fn>>
+  requires std::same_as<Fns, std::vector<Fn>> LambdaLR(torch::optim::Optimizer& opt, Fns fns,
+                                                       std::int64_t last_epoch = -1)
+      : LambdaLR(opt, Options{.lr_lambda = one_per_group(opt, fns), .last_epoch = last_epoch}) {}
 
  protected:
   std::vector<double> get_lr() override {
@@ -553,6 +606,13 @@ class LambdaLR : public ExactScheduler {
   }
 
  private:
+  //! The positional list of functions: exactly one per group, as it always was (one for a group of two is refused).
+  static LrLambdas one_per_group(const torch::optim::Optimizer& opt, const std::vector<Fn>& fns) {
+    detail::require(fns.size() == opt.param_groups().size(),
+                    "accel::LambdaLR: expected " + std::to_string(opt.param_groups().size()) +
+                        " functions (one per group), got " + std::to_string(fns.size()));
+    return LrLambdas(fns.begin(), fns.end());
+  }
   std::vector<Fn> fns_;
 };
 
@@ -615,6 +675,10 @@ class SequentialLR : public ExactScheduler {
     subs_[index(0)]->initial_step();
     last_lr_ = subs_[index(0)]->get_last_lr();
   }
+  //! The positional spelling of earlier versions.
+  SequentialLR(torch::optim::Optimizer& opt, std::vector<std::shared_ptr<ExactScheduler>> schedulers,
+               std::vector<std::int64_t> milestones)
+      : SequentialLR(opt, Options{.schedulers = std::move(schedulers), .milestones = std::move(milestones)}) {}
   [[nodiscard]] const std::vector<std::shared_ptr<ExactScheduler>>& schedulers() const noexcept { return subs_; }
 
  protected:
@@ -715,6 +779,11 @@ inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Opt
                                                              },
                                                          .last_epoch = o.last_epoch});
 }
+//! The positional spelling of earlier versions.
+inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                               std::int64_t last_epoch = -1) {
+  return constant_schedule_with_warmup(opt, {.num_warmup_steps = warmup, .last_epoch = last_epoch});
+}
 
 struct LinearScheduleWithWarmupOptions {
   std::int64_t num_warmup_steps = 0;
@@ -734,6 +803,12 @@ inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optim
                                },
                            .last_epoch = o.last_epoch});
 }
+//! The positional spelling of earlier versions.
+inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                             std::int64_t total, std::int64_t last_epoch = -1) {
+  return linear_schedule_with_warmup(
+      opt, {.num_warmup_steps = warmup, .num_training_steps = total, .last_epoch = last_epoch});
+}
 
 struct CosineScheduleWithWarmupOptions {
   std::int64_t num_warmup_steps = 0;
@@ -752,13 +827,21 @@ inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optim
                                  if (step < warmup) return double(step) / double(std::max<std::int64_t>(1, warmup));
                                  const double progress =
                                      double(step - warmup) / double(std::max<std::int64_t>(1, total - warmup));
-                                 const double min_lr_rate =
-                                     0.0;  // transformers' default, kept so that the arithmetic is its own
+                                 // transformers' default min_lr_rate, kept so that the arithmetic is its own
+                                 const double min_lr_rate = 0.0;
                                  double factor = 0.5 * (1.0 + std::cos(std::numbers::pi * num_cycles * 2.0 * progress));
                                  factor = factor * (1 - min_lr_rate) + min_lr_rate;
                                  return std::max(0.0, factor);
                                },
                            .last_epoch = o.last_epoch});
+}
+//! The positional spelling of earlier versions.
+inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optimizer& opt, std::int64_t warmup,
+                                                             std::int64_t total, double num_cycles = 0.5,
+                                                             std::int64_t last_epoch = -1) {
+  return cosine_schedule_with_warmup(
+      opt,
+      {.num_warmup_steps = warmup, .num_training_steps = total, .num_cycles = num_cycles, .last_epoch = last_epoch});
 }
 
 struct CosineWithHardRestartsScheduleWithWarmupOptions {

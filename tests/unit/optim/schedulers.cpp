@@ -662,3 +662,173 @@ TEST_CASE("schedule_steps: the steps a prepared scheduler takes over a run (proc
     CHECK(s->last_epoch() == accel::schedule_steps(batches, epochs, accumulation, 3, split));
   }
 }
+
+namespace {
+
+template <class T>
+T& deref(T& s) {
+  return s;
+}
+template <class T>
+T& deref(std::shared_ptr<T>& s) {
+  return *s;
+}
+
+//! The scheduler `old_form` builds (a positional spelling of earlier versions) and the one `new_form` builds (its
+//! options form), each on a fresh optimizer of `kind`, give the same rates and momenta after construction and after
+//! each of `steps` steps, bit for bit; and the rates change on the way.
+template <class Old, class New>
+void same_as_options_form(const std::string& what, Old old_form, New new_form, const std::string& kind = "sgd",
+                          int steps = 12) {
+  INFO(what);
+  Fixture a(kind), b(kind);
+  const auto initial = a.lrs();
+  auto s_old = old_form(*a.opt);
+  auto s_new = new_form(*b.opt);
+  bool changed = false;
+  for (int k = 0; k <= steps; ++k) {
+    INFO("after step " << k);
+    if (k > 0) deref(s_old).step(), deref(s_new).step();
+    REQUIRE(a.lrs() == b.lrs());
+    REQUIRE(a.momenta() == b.momenta());
+    REQUIRE(deref(s_old).get_last_lr() == deref(s_new).get_last_lr());
+    changed = changed || a.lrs() != initial;
+  }
+  CHECK(changed);
+}
+
+}  // namespace
+
+TEST_CASE("schedulers: the positional spellings of earlier versions compile and give their options form's rates",
+          "[schedulers]") {
+  using Opt = torch::optim::Optimizer;
+  using accel::OneCycleLROptions;
+  same_as_options_form(
+      "StepLR(opt, step_size, gamma)", [](Opt& o) { return std::make_shared<accel::StepLR>(o, 3, 0.5); },
+      [](Opt& o) { return accel::StepLR(o, {.step_size = 3, .gamma = 0.5}); });
+  same_as_options_form(
+      "StepLR(opt, step_size)", [](Opt& o) { return accel::StepLR(o, 2); },
+      [](Opt& o) { return accel::StepLR(o, {.step_size = 2}); });
+  same_as_options_form(
+      "MultiStepLR(opt, {milestones}, gamma)",
+      [](Opt& o) {
+        return accel::MultiStepLR(o, {2, 5, 5}, 0.5);
+      },
+      [](Opt& o) {
+        return accel::MultiStepLR(o, {.milestones = {2, 5, 5}, .gamma = 0.5});
+      });
+  same_as_options_form(
+      "MultiStepLR(opt, milestones)",
+      [](Opt& o) { return std::make_shared<accel::MultiStepLR>(o, std::vector<std::int64_t>{4}); },
+      [](Opt& o) { return accel::MultiStepLR(o, {.milestones = {4}}); });
+  same_as_options_form(
+      "ExponentialLR(opt, gamma)", [](Opt& o) { return std::make_shared<accel::ExponentialLR>(o, 0.9); },
+      [](Opt& o) { return accel::ExponentialLR(o, {.gamma = 0.9}); });
+  same_as_options_form(
+      "LinearLR(opt, start, end, total_iters)",
+      [](Opt& o) { return std::make_shared<accel::LinearLR>(o, 0.25, 1.0, 4); },
+      [](Opt& o) { return accel::LinearLR(o, {.start_factor = 0.25, .end_factor = 1.0, .total_iters = 4}); });
+  same_as_options_form(
+      "LinearLR(opt)", [](Opt& o) { return accel::LinearLR(o); }, [](Opt& o) { return accel::LinearLR(o, {}); });
+  same_as_options_form(
+      "LinearLR(opt, {}): the options form, PyTorch's defaults", [](Opt& o) { return accel::LinearLR(o, {}); },
+      [](Opt& o) { return accel::LinearLR(o, accel::LinearLROptions{.start_factor = 1.0 / 3}); });
+  same_as_options_form(
+      "CosineAnnealingLR(opt, T_max, eta_min)",
+      [](Opt& o) { return std::make_shared<accel::CosineAnnealingLR>(o, 5, 0.001); },
+      [](Opt& o) { return accel::CosineAnnealingLR(o, {.T_max = 5, .eta_min = 0.001}); });
+  same_as_options_form(
+      "OneCycleLR(opt, {max_lr}, {...}) with beta1 cycling",
+      [](Opt& o) {
+        return accel::OneCycleLR(o, {0.1, 0.05}, {.total_steps = 12, .three_phase = true});
+      },
+      [](Opt& o) {
+        return accel::OneCycleLR(o, OneCycleLROptions{.max_lr = {0.1, 0.05}, .total_steps = 12, .three_phase = true});
+      },
+      "adamw");
+  same_as_options_form(
+      "OneCycleLR(opt, max_lr, OneCycleOptions) with momentum cycling",
+      [](Opt& o) {
+        accel::OneCycleOptions oc{12};  // total_steps: the first field, as it was
+        oc.anneal_strategy = accel::Anneal::linear;
+        return std::make_shared<accel::OneCycleLR>(o, std::vector<double>{0.2}, oc);
+      },
+      [](Opt& o) {
+        return accel::OneCycleLR(
+            o, OneCycleLROptions{.max_lr = {0.2}, .total_steps = 12, .anneal_strategy = accel::Anneal::linear});
+      });
+  const auto decay = [](std::int64_t e) { return std::pow(0.9, double(e)); };
+  const auto inverse = [](std::int64_t e) { return 1.0 / (1.0 + double(e)); };
+  same_as_options_form(
+      "LambdaLR(opt, fn)", [&](Opt& o) { return std::make_shared<accel::LambdaLR>(o, decay); },
+      [&](Opt& o) { return accel::LambdaLR(o, {.lr_lambda = decay}); });
+  same_as_options_form(
+      "LambdaLR(opt, std::function)", [&](Opt& o) { return accel::LambdaLR(o, accel::LambdaLR::Fn(decay)); },
+      [&](Opt& o) { return accel::LambdaLR(o, {.lr_lambda = decay}); });
+  same_as_options_form(
+      "LambdaLR(opt, {fn0, fn1})",
+      [&](Opt& o) {
+        return accel::LambdaLR(o, {decay, inverse});
+      },
+      [&](Opt& o) {
+        return accel::LambdaLR(o, {.lr_lambda = {decay, inverse}});
+      });
+  same_as_options_form(
+      "LambdaLR(opt, {fn}): the options form", [&](Opt& o) { return accel::LambdaLR(o, {decay}); },
+      [&](Opt& o) { return accel::LambdaLR(o, {.lr_lambda = decay}); });
+  same_as_options_form(
+      "SequentialLR(opt, {s0, s1}, milestones)",
+      [](Opt& o) {
+        auto s0 = std::make_shared<accel::LinearLR>(o, 0.5, 1.0, 3);
+        auto s1 = std::make_shared<accel::ExponentialLR>(o, 0.9);
+        const std::vector<std::int64_t> milestones{3};
+        return accel::SequentialLR(o, {s0, s1}, milestones);
+      },
+      [](Opt& o) {
+        auto s0 = std::make_shared<accel::LinearLR>(o, accel::LinearLROptions{.start_factor = 0.5, .total_iters = 3});
+        auto s1 = std::make_shared<accel::ExponentialLR>(o, accel::ExponentialLROptions{.gamma = 0.9});
+        return accel::SequentialLR(o, {.schedulers = {s0, s1}, .milestones = {3}});
+      });
+  same_as_options_form(
+      "constant_schedule_with_warmup(opt, warmup)", [](Opt& o) { return accel::constant_schedule_with_warmup(o, 4); },
+      [](Opt& o) { return accel::constant_schedule_with_warmup(o, {.num_warmup_steps = 4}); });
+  same_as_options_form(
+      "linear_schedule_with_warmup(opt, warmup, total)",
+      [](Opt& o) { return accel::linear_schedule_with_warmup(o, 3, 10); },
+      [](Opt& o) { return accel::linear_schedule_with_warmup(o, {.num_warmup_steps = 3, .num_training_steps = 10}); });
+  same_as_options_form(
+      "cosine_schedule_with_warmup(opt, warmup, total, cycles)",
+      [](Opt& o) { return accel::cosine_schedule_with_warmup(o, 2, 12, 1.5); },
+      [](Opt& o) {
+        return accel::cosine_schedule_with_warmup(o,
+                                                  {.num_warmup_steps = 2, .num_training_steps = 12, .num_cycles = 1.5});
+      });
+  same_as_options_form(
+      "cosine_schedule_with_warmup(opt, warmup, total)",
+      [](Opt& o) { return accel::cosine_schedule_with_warmup(o, 2, 12); },
+      [](Opt& o) { return accel::cosine_schedule_with_warmup(o, {.num_warmup_steps = 2, .num_training_steps = 12}); });
+
+  // A braced second argument alone is the options form, not ambiguous with a positional spelling.
+  Fixture f("sgd");
+  const auto initial = f.lrs();
+  accel::MultiStepLR none(*f.opt, {});
+  none.step(), none.step();
+  CHECK(f.lrs() == initial);
+  CHECK_THROWS_WITH(accel::OneCycleLR(*f.opt, {}), Catch::Contains("max_lr must have one value"));
+  // the positional list of functions is one per group, as it was
+  CHECK_THROWS_WITH(accel::LambdaLR(*f.opt, std::vector<accel::LambdaLR::Fn>{[](std::int64_t) { return 1.0; }}),
+                    Catch::Contains("expected 2 functions (one per group), got 1"));
+
+  // ReduceLROnPlateau(opt, {...}) was an options form already: the former struct name and the braces still work.
+  Fixture g("sgd"), h("sgd"), k("sgd");
+  accel::ReduceLROnPlateau braced(*g.opt, {.mode = accel::PlateauMode::max, .factor = 0.5, .patience = 1});
+  accel::ReduceLROnPlateau named(*h.opt,
+                                 accel::PlateauOptions{.mode = accel::PlateauMode::max, .factor = 0.5, .patience = 1});
+  accel::ReduceLROnPlateau defaults(*k.opt);
+  for (double metric : {1.0, 2.0, 1.5, 1.5, 1.5, 3.0, 2.0, 2.0}) {
+    braced.step(metric), named.step(metric), defaults.step(metric);
+    REQUIRE(g.lrs() == h.lrs());
+  }
+  CHECK(g.lrs() != initial);
+  CHECK(k.lrs() == initial);  // patience 10
+}
