@@ -155,11 +155,11 @@ int main(int argc, char** argv) try {
       accel::data::DataLoader(accel::data::TensorDataset(x.narrow(0, n_train, n_test), y.narrow(0, n_train, n_test)),
                               {.batch_size = 64}));
   // The schedule counts scheduler steps: one per optimizer step and process (Accelerate's default), so its length
-  // is the run's optimizer steps times the processes.
+  // is the run's optimizer steps times the processes (acc.schedule_steps).
   const auto per_epoch = std::int64_t(train.size());  // (asked before a resume: then it counts what is left)
-  const std::int64_t accumulation = acc.gradient_accumulation_steps();
-  const std::int64_t total_steps = epochs * ((per_epoch + accumulation - 1) / accumulation) * acc.num_processes();
-  auto sched = acc.prepare(accel::linear_schedule_with_warmup(*adamw, 30 * acc.num_processes(), total_steps));
+  const std::int64_t total_steps = acc.schedule_steps(per_epoch, epochs);
+  auto sched = acc.prepare(accel::linear_schedule_with_warmup(
+      *adamw, {.num_warmup_steps = 30 * acc.num_processes(), .num_training_steps = total_steps}));
   EpochLoss loss_so_far;
   acc.register_for_checkpointing(loss_so_far);
   acc.register_save_state_pre_hook([&](const std::filesystem::path&) {

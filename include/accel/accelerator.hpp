@@ -216,6 +216,15 @@ class Accelerator {
   //! Whether this step synchronises gradients (the optimizer really steps).
   [[nodiscard]] bool sync_gradients() const { return GradientState::instance().sync_gradients(); }
   [[nodiscard]] int gradient_accumulation_steps() const noexcept { return opt_.gradient_accumulation_steps; }
+  //! How many times a scheduler prepared here steps over `epochs` passes of the prepared `loader` (or of that
+  //! many batches per process): `accel::schedule_steps` with this job's processes, accumulation and batching
+  //! (`batches::split`, or `Options::scheduler_steps_once`: once per optimizer step). For a scheduler stepped once
+  //! per optimizer step (`step_scheduler_with_optimizer`, the default) with `sync_with_dataloader` (the default).
+  template <class Loader>
+  [[nodiscard]] std::int64_t schedule_steps(const Loader& loader, std::int64_t epochs) const {
+    return accel::schedule_steps(loader, epochs, opt_.gradient_accumulation_steps, num_processes(),
+                                 config::split_batches || opt_.scheduler_steps_once);
+  }
   //! Accelerate's `Accelerator.step`: accumulation steps since the last reset.
   [[nodiscard]] std::int64_t step() const noexcept { return accumulation_.step(); }
   //! Whether any prepared optimizer skipped its last step (inf/NaN under fp16).

@@ -420,7 +420,8 @@ struct Job {
   std::shared_ptr<torch::optim::Adam> adam =
       std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   accel::AcceleratedOptimizer<torch::optim::Adam> opt{adam};
-  accel::AcceleratedScheduler<accel::StepLR> exact{std::make_shared<accel::StepLR>(*adam, 3, 0.5), {}, {}};
+  accel::AcceleratedScheduler<accel::StepLR> exact{
+      std::make_shared<accel::StepLR>(*adam, accel::StepLROptions{.step_size = 3, .gamma = 0.5}), {}, {}};
   accel::AcceleratedScheduler<torch::optim::StepLR> libtorch{
       std::make_shared<torch::optim::StepLR>(*adam, 2, 0.9), {}, {}};
   decltype(shuffled_loader()) loader = shuffled_loader();

@@ -6,8 +6,17 @@ construction and after each step (and, for OneCycleLR with cycle_momentum, the m
 parameter groups with different learning rates everywhere, so that per-group base lrs are exercised. Python's json
 writes floats with repr, the shortest string that reads back as the same double, so the values are exact.
 
-The warmup schedules come from transformers (`get_*_schedule_with_warmup`); their lambdas are copied below from
-transformers 5.23.0 (transformers/optimization.py) rather than imported, so that generating needs only torch.
+The first three warmup schedules (constant, linear, cosine) come from transformers' lambdas copied below from
+transformers 5.23.0 (transformers/optimization.py). The later ones (cosine with hard restarts, polynomial decay,
+inverse square root) are called from the real transformers package, pinned to transformers==5.24.0 in
+tests/golden/requirements-schedulers.txt: a temporary environment with the project's torch and that pin generates,
+e.g.
+
+    python3 -m venv /tmp/tf && /tmp/tf/bin/pip install -r tests/golden/requirements-schedulers.txt
+    echo "$ACCEL_VENV/lib/python3.11/site-packages" > /tmp/tf/lib/python3.11/site-packages/accel_venv.pth
+    /tmp/tf/bin/python tests/golden/generate_schedulers.py > tests/golden/optim/schedulers.json
+
+(the project's venv holds torch; the .pth file lends it). Without transformers the script stops.
 
 Usage: python generate_schedulers.py > tests/golden/optim/schedulers.json
 """
@@ -17,6 +26,7 @@ import sys
 from functools import partial
 
 import torch
+import transformers
 from torch.optim import SGD, Adam, AdamW
 from torch.optim import lr_scheduler as L
 
@@ -72,6 +82,10 @@ def lambda_of(spec):
     if kind == "warmup_cosine":
         return partial(_get_cosine_schedule_with_warmup_lr_lambda, num_warmup_steps=spec["warmup"],
                        num_training_steps=spec["total"], num_cycles=spec["num_cycles"])
+    if kind == "mult":  # MultiplicativeLR's factors: 0.95 (first group), 1 - 1 / (10 + epoch) (second)
+        return [lambda e: 0.95, lambda e: 1.0 - 1.0 / (10.0 + e)]
+    if kind == "mult_one":  # one function for every group: 0.8 every third epoch, else 1
+        return lambda e: 0.8 if e % 3 == 0 else 1.0
     if kind == "power":  # a plain lambda: base * 0.97^epoch (first group) or 1 / (1 + epoch) (second)
         return [lambda e: 0.97 ** e, lambda e: 1.0 / (1.0 + e)]
     raise ValueError(kind)
@@ -92,7 +106,32 @@ def make(opt, spec):
     if k == "CosineAnnealingLR":
         return L.CosineAnnealingLR(opt, T_max=p["T_max"], eta_min=p["eta_min"], last_epoch=last)
     if k == "LambdaLR":
+        fn = p["fn"]
+        if fn == "warmup_cosine_hard_restarts":
+            return transformers.get_cosine_with_hard_restarts_schedule_with_warmup(
+                opt, num_warmup_steps=p["warmup"], num_training_steps=p["total"], num_cycles=p["num_cycles"])
+        if fn == "warmup_polynomial":
+            return transformers.get_polynomial_decay_schedule_with_warmup(
+                opt, num_warmup_steps=p["warmup"], num_training_steps=p["total"], lr_end=p["lr_end"], power=p["power"])
+        if fn == "inverse_sqrt":
+            return transformers.get_inverse_sqrt_schedule(opt, num_warmup_steps=p["warmup"], timescale=p["timescale"])
         return L.LambdaLR(opt, lambda_of(p))
+    if k == "MultiplicativeLR":
+        return L.MultiplicativeLR(opt, lambda_of(p))
+    if k == "ConstantLR":
+        return L.ConstantLR(opt, factor=p["factor"], total_iters=p["total_iters"], last_epoch=last)
+    if k == "PolynomialLR":
+        return L.PolynomialLR(opt, total_iters=p["total_iters"], power=p["power"], last_epoch=last)
+    if k == "CosineAnnealingWarmRestarts":
+        return L.CosineAnnealingWarmRestarts(opt, T_0=p["T_0"], T_mult=p["T_mult"], eta_min=p["eta_min"],
+                                             last_epoch=last)
+    if k == "CyclicLR":
+        return L.CyclicLR(opt, base_lr=p["base_lr"], max_lr=p["max_lr"], step_size_up=p["step_size_up"],
+                          step_size_down=p["step_size_down"], mode=p["mode"], gamma=p["gamma"],
+                          cycle_momentum=p["cycle_momentum"], base_momentum=p["base_momentum"],
+                          max_momentum=p["max_momentum"])
+    if k == "ChainedScheduler":
+        return L.ChainedScheduler([make(opt, s) for s in p["schedulers"]], optimizer=opt)
     if k == "OneCycleLR":
         return L.OneCycleLR(opt, max_lr=p["max_lr"], total_steps=p["total_steps"], pct_start=p["pct_start"],
                             anneal_strategy=p["anneal_strategy"], cycle_momentum=p["cycle_momentum"],
@@ -130,9 +169,10 @@ def run(case):
         moms.append(momentum_of(opt))
         assert sched.get_last_lr() == lrs[-1]
     case["lr"] = lrs
-    if case["kind"] == "OneCycleLR" and case["params"]["cycle_momentum"]:
+    if case["kind"] in ("OneCycleLR", "CyclicLR") and case["params"]["cycle_momentum"]:
         case["momentum"] = moms
-    case["last_epoch"] = sched.last_epoch
+    # ChainedScheduler has no last_epoch: accel's counts its steps
+    case["last_epoch"] = sched.last_epoch if case["kind"] != "ChainedScheduler" else case["steps"]
     return case
 
 
@@ -183,12 +223,54 @@ def cases():
         {"kind": "LambdaLR", "params": {"fn": "warmup_constant", "warmup": 8}},
         {"kind": "MultiStepLR", "params": {"milestones": [3, 9], "gamma": 0.3}}],
         "milestones": [12]}, "steps": 40})
+    for factor, n in ((1 / 3, 5), (0.5, 12), (0.1, 1), (1.0, 3)):
+        out.append({"kind": "ConstantLR", "params": {"factor": factor, "total_iters": n}, "steps": 30})
+    out.append({"kind": "MultiplicativeLR", "params": {"fn": "mult"}, "steps": 40})
+    out.append({"kind": "MultiplicativeLR", "params": {"fn": "mult_one"}, "steps": 30})
+    for n, power in ((5, 1.0), (30, 2.0), (17, 0.5), (40, 3.0)):
+        out.append({"kind": "PolynomialLR", "params": {"total_iters": n, "power": power}, "steps": 50})
+    for t0, tmult, eta_min in ((10, 1, 0.0), (5, 2, 1e-3), (3, 3, 0.0), (7, 1, 0.005)):
+        out.append({"kind": "CosineAnnealingWarmRestarts", "params": {"T_0": t0, "T_mult": tmult, "eta_min": eta_min},
+                    "steps": 100})
+    for opt in ("sgd", "adam"):
+        for mode, gamma in (("triangular", 1.0), ("triangular2", 1.0), ("exp_range", 0.97)):
+            for up, down in ((5, None), (4, 9)):
+                out.append({"kind": "CyclicLR", "optimizer": opt,
+                            "params": {"base_lr": [0.01, 0.002], "max_lr": 0.2, "step_size_up": up,
+                                       "step_size_down": down, "mode": mode, "gamma": gamma, "cycle_momentum": True,
+                                       "base_momentum": [0.8, 0.85], "max_momentum": 0.95},
+                            "steps": 60})
+    out.append({"kind": "CyclicLR", "params": {"base_lr": 0.001, "max_lr": [0.1, 0.05], "step_size_up": 6,
+                                               "step_size_down": 2, "mode": "triangular2", "gamma": 1.0,
+                                               "cycle_momentum": False, "base_momentum": 0.8, "max_momentum": 0.9},
+                "steps": 50})
+    out.append({"kind": "ChainedScheduler", "params": {"schedulers": [
+        {"kind": "ConstantLR", "params": {"factor": 0.1, "total_iters": 2}},
+        {"kind": "ExponentialLR", "params": {"gamma": 0.9}}]}, "steps": 30})
+    out.append({"kind": "ChainedScheduler", "params": {"schedulers": [
+        {"kind": "LinearLR", "params": {"start_factor": 0.2, "end_factor": 1.0, "total_iters": 6}},
+        {"kind": "StepLR", "params": {"step_size": 4, "gamma": 0.5}},
+        {"kind": "MultiplicativeLR", "params": {"fn": "mult"}}]}, "steps": 40})
+    for warmup, total in ((0, 50), (10, 60), (25, 40)):
+        for cycles in (1, 3):
+            out.append({"kind": "LambdaLR", "params": {"fn": "warmup_cosine_hard_restarts", "warmup": warmup,
+                                                       "total": total, "num_cycles": cycles}, "steps": 70})
+        for lr_end, power in ((1e-7, 1.0), (1e-3, 2.0), (0.0, 0.5)):
+            out.append({"kind": "LambdaLR", "params": {"fn": "warmup_polynomial", "warmup": warmup, "total": total,
+                                                       "lr_end": lr_end, "power": power}, "steps": 70})
+    for warmup, timescale in ((0, None), (10, None), (8, 20), (0, 50)):
+        out.append({"kind": "LambdaLR", "params": {"fn": "inverse_sqrt", "warmup": warmup, "timescale": timescale},
+                    "steps": 60})
     prior = {"kind": "ExponentialLR", "params": {"gamma": 0.8}}
     for spec in ({"kind": "StepLR", "params": {"step_size": 3, "gamma": 0.5, "last_epoch": 5}},
                  {"kind": "CosineAnnealingLR", "params": {"T_max": 10, "eta_min": 0.001, "last_epoch": 4}},
                  {"kind": "LinearLR", "params": {"start_factor": 0.25, "end_factor": 1.0, "total_iters": 8,
                                                  "last_epoch": 2}},
-                 {"kind": "MultiStepLR", "params": {"milestones": [4, 9], "gamma": 0.1, "last_epoch": 3}}):
+                 {"kind": "MultiStepLR", "params": {"milestones": [4, 9], "gamma": 0.1, "last_epoch": 3}},
+                 {"kind": "ConstantLR", "params": {"factor": 0.5, "total_iters": 6, "last_epoch": 3}},
+                 {"kind": "PolynomialLR", "params": {"total_iters": 12, "power": 2.0, "last_epoch": 4}},
+                 {"kind": "CosineAnnealingWarmRestarts", "params": {"T_0": 4, "T_mult": 2, "eta_min": 0.001,
+                                                                    "last_epoch": 5}}):
         out.append(dict(spec, prior=prior, steps=30))
     plateau = [1.0, 0.9, 0.9, 0.9, 0.95, 0.9, 0.8, 0.8, 0.80001, 0.79999, 0.8, 0.8, 0.8, 0.5, 0.5, 0.5, 0.5, 0.5,
                0.5, 0.49, 0.49, 0.49, 0.49, 0.49, 0.49, 0.49, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]
@@ -217,7 +299,8 @@ def main():
     all_cases = [run(c) for c in cases()]
     for c in all_cases:
         c["name"] = name_of(c)
-    meta = {"torch": torch.__version__, "transformers_lambdas": "5.23.0", "lrs": LRS}
+    meta = {"torch": torch.__version__, "transformers_lambdas": "5.23.0", "transformers": transformers.__version__,
+            "lrs": LRS}
     sys.stdout.write('{"meta": ' + json.dumps(meta) + ',\n "cases": [\n')
     sys.stdout.write(",\n".join(json.dumps(c, sort_keys=True) for c in all_cases))
     sys.stdout.write("\n]}\n")

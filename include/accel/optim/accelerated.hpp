@@ -157,6 +157,30 @@ class AcceleratedOptimizer {
   std::shared_ptr<Shared> s_;
 };
 
+// ---- the length of a schedule ------------------------------------------------------------------------------
+
+//! The number of times a prepared scheduler steps over `epochs` passes of `loader` (a prepared loader, or its
+//! number of batches per process and epoch): per epoch, ceil(batches / accumulation_steps) optimizer steps (the last
+//! accumulation of an epoch synchronises at the loader's end, `sync_with_dataloader`), and per optimizer step
+//! `num_processes` scheduler steps (Accelerate's rule, as AcceleratedScheduler steps), or one under
+//! `split_batches`. The value to give a schedule's `num_training_steps`, `total_steps` or `T_max` (per-process
+//! counts, as Accelerate's examples compute them from the prepared loader).
+template <class Loader>
+requires std::integral<Loader> || requires(const Loader& l) { l.size(); }
+[[nodiscard]] std::int64_t schedule_steps(const Loader& loader, std::int64_t epochs, std::int64_t accumulation_steps,
+                                          std::int64_t num_processes, bool split_batches = false) {
+  std::int64_t batches = 0;
+  if constexpr (std::integral<Loader>)
+    batches = std::int64_t(loader);
+  else
+    batches = std::int64_t(loader.size());
+  detail::require(batches >= 0 && epochs >= 0 && accumulation_steps >= 1 && num_processes >= 1,
+                  "accel::schedule_steps: batches and epochs must not be negative, accumulation_steps and "
+                  "num_processes must be at least 1");
+  const std::int64_t optimizer_steps = epochs * ((batches + accumulation_steps - 1) / accumulation_steps);
+  return optimizer_steps * (split_batches ? 1 : num_processes);
+}
+
 // [accelerate:scheduler.py AcceleratedScheduler]
 template <TorchScheduler Scheduler>
 class AcceleratedScheduler {
@@ -173,7 +197,13 @@ class AcceleratedScheduler {
                        Options o)
       : s_(std::make_shared<Shared>(Shared{std::move(scheduler), std::move(optimizers), o})) {}
 
-  void step() { step_with(); }
+  void step() {
+    static_assert(
+        requires(Scheduler & s) { s.step(); },
+        "accel: this scheduler steps with a metric (ReduceLROnPlateau): call step(metric), e.g. "
+        "sched.step(val_loss)");
+    step_with();
+  }
   //! Steps a scheduler that judges a metric (`ReduceLROnPlateau`), as often as `step()` would; Accelerate passes
   //! the arguments through the same loop, so under `batches::per_process` the metric is seen N times.
   template <class Metric>

@@ -2,7 +2,7 @@
 //! \file
 //! `ExactScheduler`: the base of accel's PyTorch-exact learning-rate schedulers (optim/schedulers.hpp): PyTorch's
 //! `LRScheduler` state (`last_epoch`, `base_lrs`, `_last_lr`, `_step_count`), its initial step, the groups' initial
-//! rates shared between schedulers of one optimizer, and `save`/`load` of the whole state (detail::StateIO).
+//! rates shared between schedulers of one optimizer, and `save`/`load` of the whole state (StateIO).
 
 #include <accel/error.hpp>
 
@@ -33,81 +33,12 @@
 
 namespace accel {
 
-namespace detail {
+// ---- what a scheduler of one's own uses (public; see ExactScheduler) ----------------------------------------
 
-// Note [initial_lr]: PyTorch keeps each group's starting rate in the group itself (`group["initial_lr"]`, set by
-// the first scheduler built on the optimizer with `setdefault`, overwritten by OneCycleLR); every later scheduler
-// takes its `base_lrs` from it, which is what makes a cosine built after a warmup (SequentialLR) start from the
-// un-warmed rate. LibTorch's groups have no free keys, so the value lives here, one vector per optimizer, shared by
-// the schedulers of that optimizer while any of them lives (a scheduler never outlives its optimizer, so the
-// address cannot be reused under a live entry). One difference follows: PyTorch's group keeps `initial_lr` after
-// its schedulers are gone, here a scheduler built once all earlier ones are destroyed starts from the current rates.
-class InitialLrs {
- public:
-  //! The optimizer's initial rates: taken from its groups' current rates for groups that have none yet
-  //! (`setdefault`), or all replaced by `overwrite`.
-  static std::shared_ptr<std::vector<double>> of(torch::optim::Optimizer& opt,
-                                                 const std::vector<double>* overwrite = nullptr) {
-    auto& self = instance();
-    std::lock_guard lock(self.mutex_);
-    std::erase_if(self.map_, [](const auto& kv) { return kv.second.expired(); });
-    auto& slot = self.map_[&opt];
-    auto v = slot.lock();
-    if (!v) slot = v = std::make_shared<std::vector<double>>();
-    const auto& groups = opt.param_groups();
-    if (overwrite) *v = *overwrite;
-    for (std::size_t i = v->size(); i < groups.size(); ++i) v->push_back(groups[i].options().get_lr());
-    return v;
-  }
-  //! The initial rates of an optimizer that a live scheduler registered, or none.
-  static std::shared_ptr<std::vector<double>> find(const torch::optim::Optimizer& opt) {
-    auto& self = instance();
-    std::lock_guard lock(self.mutex_);
-    auto it = self.map_.find(&opt);
-    return it == self.map_.end() ? nullptr : it->second.lock();
-  }
-
- private:
-  static InitialLrs& instance() {
-    static InitialLrs r;
-    return r;
-  }
-  std::mutex mutex_;
-  std::map<const torch::optim::Optimizer*, std::weak_ptr<std::vector<double>>> map_;
-};
-
-inline void set_group_lrs(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
-  auto& groups = opt.param_groups();
-  if (lrs.size() != groups.size())
-    throw InvalidArgument("accel: a scheduler computed " + std::to_string(lrs.size()) +
-                          " learning rates for an optimizer of " + std::to_string(groups.size()) +
-                          " parameter groups (was a group added after the scheduler was built?)");
-  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
-}
-
-//! One value per parameter group: a single value is repeated (PyTorch's `_format_param`).
-inline std::vector<double> per_group(const std::vector<double>& v, std::size_t groups, const char* name) {
-  if (v.size() == 1) return std::vector<double>(groups, v[0]);
-  detail::require(v.size() == groups, std::string("accel: ") + name +
-                                          " must have one value, or one per parameter group (" +
-                                          std::to_string(groups) + "); it has " + std::to_string(v.size()));
-  return v;
-}
-
-//! Every rate times one factor (`rate * factor`, element by element).
+//! Every rate times one factor (`rate * factor`, element by element): the chainable step of most schedulers.
 inline std::vector<double> scaled(std::vector<double> rates, double factor) {
   for (auto& r : rates) r *= factor;
   return rates;
-}
-
-//! The momentum OneCycleLR cycles: SGD's and RMSprop's `momentum`, Adam's and AdamW's first beta (PyTorch
-//! cycles `momentum` or `betas[0]`, whichever the optimizer's defaults have); nullptr for other optimizers.
-inline double* momentum_slot(torch::optim::OptimizerOptions& o) {
-  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &s->momentum();
-  if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &r->momentum();
-  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(a->betas());
-  if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(w->betas());
-  return nullptr;
 }
 
 //! The values a loaded field may take: what the scheduler's constructor accepts (a saved state read from elsewhere
@@ -204,6 +135,77 @@ class StateIO {
   torch::serialize::InputArchive* in_ = nullptr;
 };
 
+namespace detail {
+
+// Note [initial_lr]: PyTorch keeps each group's starting rate in the group itself (`group["initial_lr"]`, set by
+// the first scheduler built on the optimizer with `setdefault`, overwritten by OneCycleLR); every later scheduler
+// takes its `base_lrs` from it, which is what makes a cosine built after a warmup (SequentialLR) start from the
+// un-warmed rate. LibTorch's groups have no free keys, so the value lives here, one vector per optimizer, shared by
+// the schedulers of that optimizer while any of them lives (a scheduler never outlives its optimizer, so the
+// address cannot be reused under a live entry). One difference follows: PyTorch's group keeps `initial_lr` after
+// its schedulers are gone, here a scheduler built once all earlier ones are destroyed starts from the current rates.
+class InitialLrs {
+ public:
+  //! The optimizer's initial rates: taken from its groups' current rates for groups that have none yet
+  //! (`setdefault`), or all replaced by `overwrite`.
+  static std::shared_ptr<std::vector<double>> of(torch::optim::Optimizer& opt,
+                                                 const std::vector<double>* overwrite = nullptr) {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    std::erase_if(self.map_, [](const auto& kv) { return kv.second.expired(); });
+    auto& slot = self.map_[&opt];
+    auto v = slot.lock();
+    if (!v) slot = v = std::make_shared<std::vector<double>>();
+    const auto& groups = opt.param_groups();
+    if (overwrite) *v = *overwrite;
+    for (std::size_t i = v->size(); i < groups.size(); ++i) v->push_back(groups[i].options().get_lr());
+    return v;
+  }
+  //! The initial rates of an optimizer that a live scheduler registered, or none.
+  static std::shared_ptr<std::vector<double>> find(const torch::optim::Optimizer& opt) {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    auto it = self.map_.find(&opt);
+    return it == self.map_.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  static InitialLrs& instance() {
+    static InitialLrs r;
+    return r;
+  }
+  std::mutex mutex_;
+  std::map<const torch::optim::Optimizer*, std::weak_ptr<std::vector<double>>> map_;
+};
+
+inline void set_group_lrs(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
+  auto& groups = opt.param_groups();
+  if (lrs.size() != groups.size())
+    throw InvalidArgument("accel: a scheduler computed " + std::to_string(lrs.size()) +
+                          " learning rates for an optimizer of " + std::to_string(groups.size()) +
+                          " parameter groups (was a group added after the scheduler was built?)");
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
+}
+
+//! One value per parameter group: a single value is repeated (PyTorch's `_format_param`).
+inline std::vector<double> per_group(const std::vector<double>& v, std::size_t groups, const char* name) {
+  if (v.size() == 1) return std::vector<double>(groups, v[0]);
+  detail::require(v.size() == groups, std::string("accel: ") + name +
+                                          " must have one value, or one per parameter group (" +
+                                          std::to_string(groups) + "); it has " + std::to_string(v.size()));
+  return v;
+}
+
+//! The momentum OneCycleLR cycles: SGD's and RMSprop's `momentum`, Adam's and AdamW's first beta (PyTorch
+//! cycles `momentum` or `betas[0]`, whichever the optimizer's defaults have); nullptr for other optimizers.
+inline double* momentum_slot(torch::optim::OptimizerOptions& o) {
+  if (auto* s = dynamic_cast<torch::optim::SGDOptions*>(&o)) return &s->momentum();
+  if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) return &r->momentum();
+  if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &std::get<0>(a->betas());
+  if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &std::get<0>(w->betas());
+  return nullptr;
+}
+
 //! `save`/`load` of a scheduler's whole state through its one list of fields (`Derived::fields(StateIO&)`, which
 //! the derived class makes reachable with `friend class detail::SavedFields<Derived>`).
 template <class Derived>
@@ -243,10 +245,19 @@ class SavedFields {
 }  // namespace detail
 
 // [torch:optim/lr_scheduler.py LRScheduler]
-//! PyTorch's `LRScheduler`: the base of every scheduler here but ReduceLROnPlateau. Derived classes supply
-//! `get_lr()` (the chainable form, read at the already advanced `last_epoch`) and, where PyTorch has one,
-//! `closed_form_lr()`, and add their state to `fields()`; their constructors end with `initial_step()`, as
-//! PyTorch's `__init__` does.
+//! PyTorch's `LRScheduler`: the base of every scheduler here but ReduceLROnPlateau, and of one's own.
+//!
+//! Writing an exact scheduler needs only these public names (tests/unit/optim/schedulers.cpp, "a scheduler of
+//! one's own", is one):
+//!   - derive from `ExactScheduler`, call `ExactScheduler(opt, last_epoch)` and end the constructor with
+//!     `initial_step()` (PyTorch's `__init__` does the same: `last_epoch` is 0 after it);
+//!   - override `get_lr()`: the rates at the already advanced `last_epoch()`, in PyTorch's chainable form (from
+//!     `current_lrs()`, the groups' rates, usually `accel::scaled(current_lrs(), factor)`) or from `base_lrs()`;
+//!     `is_initial_step()` is true during the constructor's step;
+//!   - optionally override `closed_form_lr()` (PyTorch's `_get_closed_form_lr`, used when SequentialLR restarts it);
+//!   - list the state to save in `fields(accel::StateIO& io)`: call `ExactScheduler::fields(io)` first, then
+//!     `io("name", member)` per field (`io("name", member, accel::Bounds<T>{least, most})` to refuse a loaded value
+//!     outside what the constructor accepts). `save`/`load` then carry it.
 class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFields<ExactScheduler> {
   friend class detail::SavedFields<ExactScheduler>;
 
@@ -260,6 +271,14 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   //! The groups' initial rates (PyTorch's `base_lrs`).
   [[nodiscard]] const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
   [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return opt_; }
+  //! The groups' current rates (PyTorch's `[group["lr"] for group in optimizer.param_groups]`).
+  [[nodiscard]] std::vector<double> current_lrs() const {
+    std::vector<double> out;
+    for (const auto& g : opt_.param_groups()) out.push_back(g.options().get_lr());
+    return out;
+  }
+  //! True during the step the constructor takes (PyTorch's `_is_initial`).
+  [[nodiscard]] bool is_initial_step() const noexcept { return is_initial_; }
 
   // save / load (detail::SavedFields): everything PyTorch's `state_dict()` holds for this scheduler, the
   // hyperparameters too (PyTorch's `load_state_dict` restores them, so a loaded scheduler goes on with the saved ones).
@@ -293,9 +312,9 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   //! PyTorch's `_get_closed_form_lr()`, for the schedulers that have one (used when SequentialLR restarts one).
   [[nodiscard]] virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
   //! The state `save` writes and `load` reads, each field listed once; derived classes add theirs.
-  virtual void fields(detail::StateIO& io) {
-    io("last_epoch", last_epoch_, detail::Bounds<std::int64_t>{-1});
-    io("step_count", step_count_py_, detail::Bounds<std::int64_t>{0});
+  virtual void fields(StateIO& io) {
+    io("last_epoch", last_epoch_, Bounds<std::int64_t>{-1});
+    io("step_count", step_count_py_, Bounds<std::int64_t>{0});
     io.per_group("base_lrs", base_lrs_, opt_.param_groups().size());
     io.per_group("last_lr", last_lr_, opt_.param_groups().size());
   }

@@ -8,7 +8,8 @@ namespace accel {
 
 // [torch:optim/lr_scheduler.py OneCycleLR]
 enum class Anneal { cos, linear };
-struct OneCycleOptions {
+struct OneCycleLROptions {
+  std::vector<double> max_lr;    //!< required: one value, or one per group
   std::int64_t total_steps = 0;  //!< or epochs * steps_per_epoch when 0
   std::int64_t epochs = 0;
   std::int64_t steps_per_epoch = 0;
@@ -21,19 +22,34 @@ struct OneCycleOptions {
   double final_div_factor = 1e4;
   bool three_phase = false;
 };
+//! The options of the positional spelling `OneCycleLR(opt, max_lr, OneCycleOptions{...})` of earlier versions:
+//! `OneCycleLROptions` without `max_lr`, the fields in their former order (so `OneCycleOptions{100}` still sets
+//! `total_steps`).
+struct OneCycleOptions {
+  std::int64_t total_steps = 0;
+  std::int64_t epochs = 0;
+  std::int64_t steps_per_epoch = 0;
+  double pct_start = 0.3;
+  Anneal anneal_strategy = Anneal::cos;
+  bool cycle_momentum = true;
+  std::vector<double> base_momentum{0.85};
+  std::vector<double> max_momentum{0.95};
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+};
 
-//! `max_lr`: one value, or one per group. The groups' initial rates become `max_lr / div_factor` (PyTorch
-//! overwrites `initial_lr`), whatever they were.
+//! The groups' initial rates become `max_lr / div_factor` (PyTorch overwrites `initial_lr`), whatever they were.
 class OneCycleLR : public ExactScheduler {
  public:
-  OneCycleLR(torch::optim::Optimizer& opt, const std::vector<double>& max_lr, OneCycleOptions o = {})
-      : ExactScheduler(opt, -1, initial_of(opt, max_lr, o)), o_(std::move(o)) {
+  using Options = OneCycleLROptions;
+  OneCycleLR(torch::optim::Optimizer& opt, Options o) : ExactScheduler(opt, -1, initial_of(opt, o)), o_(std::move(o)) {
     detail::require(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
                     "accel::OneCycleLR: set total_steps, or epochs and steps_per_epoch (all positive)");
     if (o_.total_steps <= 0) o_.total_steps = o_.epochs * o_.steps_per_epoch;
     detail::require(o_.pct_start >= 0 && o_.pct_start <= 1, "accel::OneCycleLR: pct_start must be in [0, 1]");
     const auto n = opt.param_groups().size();
-    max_lrs_ = detail::per_group(max_lr, n, "max_lr");
+    max_lrs_ = detail::per_group(o_.max_lr, n, "max_lr");
     for (std::size_t i = 0; i < n; ++i) min_lrs_.push_back(base_lrs_[i] / o_.final_div_factor);
     phases_ = make_phases();
     if (o_.cycle_momentum) {
@@ -47,6 +63,23 @@ class OneCycleLR : public ExactScheduler {
     }
     initial_step();
   }
+  //! The positional spelling of earlier versions (optim/schedulers.hpp): `max_lr` (one value, or one per group)
+  //! apart. A template only so that a braced `{...}` second argument alone is the options form's.
+  template <class MaxLr = std::vector<double>>
+  requires std::same_as<MaxLr, std::vector<double>> OneCycleLR(torch::optim::Optimizer& opt, const MaxLr& max_lr,
+                                                               const OneCycleOptions& o = {})
+      : OneCycleLR(opt, Options{.max_lr = max_lr,
+                                .total_steps = o.total_steps,
+                                .epochs = o.epochs,
+                                .steps_per_epoch = o.steps_per_epoch,
+                                .pct_start = o.pct_start,
+                                .anneal_strategy = o.anneal_strategy,
+                                .cycle_momentum = o.cycle_momentum,
+                                .base_momentum = o.base_momentum,
+                                .max_momentum = o.max_momentum,
+                                .div_factor = o.div_factor,
+                                .final_div_factor = o.final_div_factor,
+                                .three_phase = o.three_phase}) {}
   [[nodiscard]] std::int64_t total_steps() const noexcept { return o_.total_steps; }
 
  protected:
@@ -68,11 +101,11 @@ class OneCycleLR : public ExactScheduler {
     }
     return lrs;
   }
-  void fields(detail::StateIO& io) override {
+  void fields(StateIO& io) override {
     ExactScheduler::fields(io);
     const auto groups = opt_.param_groups().size();
-    io("total_steps", o_.total_steps, detail::Bounds<std::int64_t>{1, std::int64_t(1) << 52});  // exact as a double
-    io("pct_start", o_.pct_start, detail::Bounds<double>{0.0, 1.0});
+    io("total_steps", o_.total_steps, Bounds<std::int64_t>{1, std::int64_t(1) << 52});  // exact as a double
+    io("pct_start", o_.pct_start, Bounds<double>{0.0, 1.0});
     io("three_phase", o_.three_phase);
     io("anneal_cos", o_.anneal_strategy, Anneal::cos, Anneal::linear);
     io("cycle_momentum", o_.cycle_momentum);
@@ -93,9 +126,8 @@ class OneCycleLR : public ExactScheduler {
     double end_step;
     Ref start_lr, end_lr, start_m, end_m;
   };
-  static std::vector<double> initial_of(torch::optim::Optimizer& opt, const std::vector<double>& max_lr,
-                                        const OneCycleOptions& o) {
-    auto v = detail::per_group(max_lr, opt.param_groups().size(), "max_lr");
+  static std::vector<double> initial_of(torch::optim::Optimizer& opt, const Options& o) {
+    auto v = detail::per_group(o.max_lr, opt.param_groups().size(), "max_lr");
     for (auto& x : v) x /= o.div_factor;
     return v;
   }
@@ -124,7 +156,7 @@ class OneCycleLR : public ExactScheduler {
     return (end - start) * pct + start;
   }
 
-  OneCycleOptions o_;  //!< total_steps: as given, or epochs * steps_per_epoch
+  Options o_;  //!< total_steps: as given, or epochs * steps_per_epoch
   std::vector<Phase> phases_;
   std::vector<double> max_lrs_, min_lrs_, max_m_, base_m_;
 };

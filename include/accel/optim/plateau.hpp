@@ -9,7 +9,7 @@ namespace accel {
 // [torch:optim/lr_scheduler.py ReduceLROnPlateau]
 enum class PlateauMode { min, max };
 enum class ThresholdMode { rel, abs };
-struct PlateauOptions {
+struct ReduceLROnPlateauOptions {
   PlateauMode mode = PlateauMode::min;
   double factor = 0.1;
   std::int64_t patience = 10;
@@ -19,21 +19,24 @@ struct PlateauOptions {
   std::vector<double> min_lr{0.0};  //!< one value for every group, or one per group
   double eps = 1e-8;
 };
+using PlateauOptions = ReduceLROnPlateauOptions;  //!< the former name
 
 //! Lowers the rates by `factor` once the metric passed to `step(metric)` has not improved for more than
 //! `patience` steps. Derived from `torch::optim::LRScheduler` so that `prepare` takes it; its `step()` without a
-//! metric is deleted (and throws when called through the base class).
+//! metric is deleted: `step()` on it, or on its `AcceleratedScheduler`, does not compile; through a
+//! `torch::optim::LRScheduler&` (whose `step()` is not virtual) it throws at once, naming the fix.
 class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::SavedFields<ReduceLROnPlateau> {
   friend class detail::SavedFields<ReduceLROnPlateau>;
 
  public:
-  explicit ReduceLROnPlateau(torch::optim::Optimizer& opt, PlateauOptions o = {})
+  using Options = ReduceLROnPlateauOptions;
+  explicit ReduceLROnPlateau(torch::optim::Optimizer& opt, Options o = {})
       : torch::optim::LRScheduler(opt), opt_(opt), o_(std::move(o)) {
     detail::require(o_.factor < 1.0, "accel::ReduceLROnPlateau: factor should be < 1.0");
     const auto n = opt.param_groups().size();
     if (o_.min_lr.size() == 1) default_min_lr_ = o_.min_lr[0];  // PyTorch's min_lr given as a number
     min_lrs_ = detail::per_group(o_.min_lr, n, "min_lr");
-    last_lr_ = get_current_lrs();
+    last_lr_ = current_lrs();
     reset();
   }
 
@@ -58,7 +61,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
       cooldown_counter_ = o_.cooldown;
       num_bad_epochs_ = 0;
     }
-    last_lr_ = get_current_lrs();
+    last_lr_ = current_lrs();
   }
 
   [[nodiscard]] const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
@@ -71,13 +74,20 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
   // save / load: detail::SavedFields, through fields().
  private:
   std::vector<double> get_lrs() override {
-    throw InvalidArgument("accel::ReduceLROnPlateau steps with a metric: call step(metric)");
+    throw InvalidArgument(
+        "accel::ReduceLROnPlateau steps with a metric: call step(metric) on the scheduler or on its "
+        "AcceleratedScheduler (sched.step(val_loss)), not step() through a torch::optim::LRScheduler&");
   }
-  void fields(detail::StateIO& io) {
+  [[nodiscard]] std::vector<double> current_lrs() const {
+    std::vector<double> out;
+    for (const auto& g : opt_.param_groups()) out.push_back(g.options().get_lr());
+    return out;
+  }
+  void fields(StateIO& io) {
     io("mode_max", o_.mode, PlateauMode::max, PlateauMode::min);
     const auto groups = opt_.param_groups().size();
-    constexpr auto counter = detail::Bounds<std::int64_t>{0};
-    io("factor", o_.factor, detail::Bounds<double>{std::numeric_limits<double>::lowest(), std::nextafter(1.0, 0.0)});
+    constexpr auto counter = Bounds<std::int64_t>{0};
+    io("factor", o_.factor, Bounds<double>{std::numeric_limits<double>::lowest(), std::nextafter(1.0, 0.0)});
     io("patience", o_.patience);
     io("threshold", o_.threshold);
     io("threshold_abs", o_.threshold_mode, ThresholdMode::abs, ThresholdMode::rel);
@@ -120,14 +130,12 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
   }
 
   torch::optim::Optimizer& opt_;
-  PlateauOptions o_;
+  Options o_;
   std::optional<double> default_min_lr_;
   std::vector<double> min_lrs_, last_lr_;
   std::int64_t last_epoch_ = 0;
   double best_ = 0.0;
   std::int64_t num_bad_epochs_ = 0, cooldown_counter_ = 0;
 };
-
-// ---- transformers' warmup schedules (transformers/optimization.py), as LambdaLRs ---------------------------
 
 }  // namespace accel
