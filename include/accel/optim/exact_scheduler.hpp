@@ -137,6 +137,11 @@ class StateIO {
 
 namespace detail {
 
+// The names a scheduler of one's own used before they were public (kept so such code compiles).
+using accel::Bounds;
+using accel::scaled;
+using accel::StateIO;
+
 // Note [initial_lr]: PyTorch keeps each group's starting rate in the group itself (`group["initial_lr"]`, set by
 // the first scheduler built on the optimizer with `setdefault`, overwritten by OneCycleLR); every later scheduler
 // takes its `base_lrs` from it, which is what makes a cosine built after a warmup (SequentialLR) start from the
