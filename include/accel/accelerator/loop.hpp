@@ -302,8 +302,9 @@ GradientState::StepCall Accelerator<Policies...>::repeat_accumulate(Ddps ddps) {
 
 template <class... Policies>
 SyncScope Accelerator<Policies...>::no_sync_of(const Ddps& ddps) {
-  // Repeated as it ran: held from here until the scope ended (its end goes through the door too).
-  auto slot = std::make_shared<std::shared_ptr<SyncScope>>();
+  // Repeated as it ran: held from here until the scope ended (its end goes through the door too). The slot is
+  // made only while this rank's calls are recorded (the repeat is made then alone).
+  std::shared_ptr<std::shared_ptr<SyncScope>> slot;
   SyncScope scope = GradientState::joined(
       GradientState::CallKind::local,
       [&] {
@@ -311,8 +312,11 @@ SyncScope Accelerator<Policies...>::no_sync_of(const Ddps& ddps) {
         for (const auto& d : ddps) held.hold(d.get());
         return held;
       },
-      [&] { return [this, ddps, slot] { *slot = std::make_shared<SyncScope>(no_sync_of(ddps)); }; });
-  if (GradientState::instance().recording())
+      [&] {
+        slot = std::make_shared<std::shared_ptr<SyncScope>>();
+        return [this, ddps, slot] { *slot = std::make_shared<SyncScope>(no_sync_of(ddps)); };
+      });
+  if (slot)
     scope.on_release([slot] {
       GradientState::joined(
           GradientState::CallKind::local, [] {}, [&] { return [slot] { slot->reset(); }; });
@@ -325,7 +329,9 @@ template <class T, class None>
 T Accelerator<Policies...>::gather_batch(const T& x, None none) const {
   auto& gs = GradientState::instance();
   refuse_starved("gather_for_metrics");
-  const auto ahead = gs.gather_ahead();  // this rank's last batch of an uneven evaluation: the others' rows too
+  // This rank's last batch of an uneven evaluation: the others' rows too (only a recording rank can have one; the
+  // check spares every other gather the lock).
+  const auto ahead = gs.recording() ? gs.gather_ahead() : std::vector<GatherLayout>{};
   return GradientState::joined(
       GradientState::CallKind::gather_for_metrics,
       [&] {
