@@ -39,7 +39,7 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
   CHECK(model.get() == net.get());
   CHECK(&opt.inner() == sgd.get());
   CHECK(loader.size() == 3);
-  CHECK(&accel::unwrap_model(model) == &model);
+  CHECK(accel::unwrap_model(model).get() == model.get());
   // One object: itself, not a tuple. An optimizer by value is moved in.
   auto lone = acc.prepare(torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1)));
   static_assert(std::is_same_v<decltype(lone), accel::AcceleratedOptimizer<torch::optim::SGD>>);
@@ -50,6 +50,26 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
       acc.prepare(std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{stray}, torch::optim::SGDOptions(0.1))),
       Catch::Contains(
           "optimizer #2 holds a parameter (group 0, index 0, shape [5, 2]) that belongs to no prepared model"));
+}
+
+TEST_CASE("unwrap_model hands back a holder whose eval()/train() reach the module", "[accelerator]") {
+  Net net;
+  const accel::PreparedModel<Net> prepared(net, nullptr);  // unwrapping never touches the synchroniser
+  static_assert(std::is_same_v<decltype(accel::unwrap_model(prepared)), Net>);
+  CHECK(accel::unwrap_model(prepared).get() == net.get());
+  accel::unwrap_model(prepared)->eval();
+  CHECK_FALSE(net->is_training());
+  accel::unwrap_model(prepared)->train();
+  CHECK(net->is_training());
+  prepared.unwrap()->eval();
+  CHECK_FALSE(net->is_training());
+  // A std::shared_ptr<Module> handle, prepared or plain, too.
+  const auto shared = std::make_shared<torch::nn::LinearImpl>(2, 1);
+  const accel::PreparedModel<std::shared_ptr<torch::nn::LinearImpl>> prepared_shared(shared, nullptr);
+  accel::unwrap_model(prepared_shared)->eval();
+  CHECK_FALSE(shared->is_training());
+  accel::unwrap_model(shared)->train();
+  CHECK(shared->is_training());
 }
 
 TEST_CASE("clip_grad_norm_ returns the norm before clipping and clips", "[accelerator]") {
