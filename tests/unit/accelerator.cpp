@@ -72,6 +72,19 @@ TEST_CASE("unwrap_model hands back a holder whose eval()/train() reach the modul
   CHECK(shared->is_training());
 }
 
+namespace {
+// Compiled, not run (ZeRO needs several processes; tests/distributed runs it): prepare() takes an optimizer chosen at
+// run time under ZeRO, sharded by its dynamic type (make_sharded_optimizer, unit-tested in optim/sharded.cpp).
+struct ZeroOfRuntimeOptimizer : accel::Accelerator<accel::dist::from_env, accel::shard::gradients> {};
+[[maybe_unused]] void zero_prepares_a_runtime_optimizer(ZeroOfRuntimeOptimizer& acc, Net net) {
+  std::shared_ptr<torch::optim::Optimizer> chosen =
+      std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, chosen);
+  static_assert(std::is_same_v<decltype(opt), accel::AcceleratedOptimizer<torch::optim::Optimizer>>);
+  (void)model;
+}
+}  // namespace
+
 TEST_CASE("clip_grad_norm_ returns the norm before clipping and clips", "[accelerator]") {
   accel::ProcessState::reset();
   Solo acc;
