@@ -39,7 +39,7 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
   CHECK(model.get() == net.get());
   CHECK(&opt.inner() == sgd.get());
   CHECK(loader.size() == 3);
-  CHECK(&accel::unwrap_model(model) == &model);
+  CHECK(accel::unwrap_model(model).get() == model.get());
   // One object: itself, not a tuple. An optimizer by value is moved in.
   auto lone = acc.prepare(torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1)));
   static_assert(std::is_same_v<decltype(lone), accel::AcceleratedOptimizer<torch::optim::SGD>>);
@@ -51,6 +51,39 @@ TEST_CASE("prepare: typed results in argument order; dist::none hands the model 
       Catch::Contains(
           "optimizer #2 holds a parameter (group 0, index 0, shape [5, 2]) that belongs to no prepared model"));
 }
+
+TEST_CASE("unwrap_model hands back a holder whose eval()/train() reach the module", "[accelerator]") {
+  Net net;
+  const accel::PreparedModel<Net> prepared(net, nullptr);  // unwrapping never touches the synchroniser
+  static_assert(std::is_same_v<decltype(accel::unwrap_model(prepared)), Net>);
+  CHECK(accel::unwrap_model(prepared).get() == net.get());
+  accel::unwrap_model(prepared)->eval();
+  CHECK_FALSE(net->is_training());
+  accel::unwrap_model(prepared)->train();
+  CHECK(net->is_training());
+  prepared.unwrap()->eval();
+  CHECK_FALSE(net->is_training());
+  // A std::shared_ptr<Module> handle, prepared or plain, too.
+  const auto shared = std::make_shared<torch::nn::LinearImpl>(2, 1);
+  const accel::PreparedModel<std::shared_ptr<torch::nn::LinearImpl>> prepared_shared(shared, nullptr);
+  accel::unwrap_model(prepared_shared)->eval();
+  CHECK_FALSE(shared->is_training());
+  accel::unwrap_model(shared)->train();
+  CHECK(shared->is_training());
+}
+
+namespace {
+// Compiled, not run (ZeRO needs several processes; tests/distributed runs it): prepare() takes an optimizer chosen at
+// run time under ZeRO, sharded by its dynamic type (make_sharded_optimizer, unit-tested in optim/sharded.cpp).
+struct ZeroOfRuntimeOptimizer : accel::Accelerator<accel::dist::from_env, accel::shard::gradients> {};
+[[maybe_unused]] void zero_prepares_a_runtime_optimizer(ZeroOfRuntimeOptimizer& acc, Net net) {
+  std::shared_ptr<torch::optim::Optimizer> chosen =
+      std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, chosen);
+  static_assert(std::is_same_v<decltype(opt), accel::AcceleratedOptimizer<torch::optim::Optimizer>>);
+  (void)model;
+}
+}  // namespace
 
 TEST_CASE("clip_grad_norm_ returns the norm before clipping and clips", "[accelerator]") {
   accel::ProcessState::reset();

@@ -133,7 +133,7 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
     std::shared_ptr<ShardedOptimizer> sharded;
     if constexpr (config::zero_stage > 0 && !one_process) {
       static_assert(
-          ShardableOptimizer<O>,
+          ShardableOptimizer<O> || std::is_same_v<O, torch::optim::Optimizer>,
           "accel::shard::optimizer shards optimizers whose state is per parameter and whose update is "
           "elementwise (torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad), and so does accel::shard::gradients; "
           "this optimizer (LBFGS, or one of "
@@ -141,6 +141,10 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
       if constexpr (ShardableOptimizer<O>) {
         // not a step call: prepare builds the sharded optimizer (its step goes through the door)
         sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
+        wrapped.set_sharded(sharded);
+      } else if constexpr (std::is_same_v<O, torch::optim::Optimizer>) {
+        // chosen at run time: sharded by its dynamic type, or refused naming it
+        sharded = make_sharded_optimizer(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       }
     }

@@ -87,8 +87,9 @@ class PreparedModel {
           };
         });
   }
-  //! The user's holder, unwrapped (Accelerate's `unwrap_model`).
-  [[nodiscard]] const Holder& unwrap() const noexcept { return holder_; }
+  //! The user's holder, unwrapped (Accelerate's `unwrap_model`). By value: a holder is a shared handle, and a
+  //! copy lets `unwrap()->eval()` compile where a `const Holder&` would give `ModuleHolder`'s const `operator->`.
+  [[nodiscard]] Holder unwrap() const noexcept { return holder_; }
   //! The gradient synchroniser (buckets, `no_sync`).
   [[nodiscard]] DistributedModule& distributed() const noexcept { return *ddp_; }
   [[nodiscard]] const std::shared_ptr<DistributedModule>& distributed_ptr() const noexcept { return ddp_; }
@@ -104,9 +105,10 @@ template <class H>
 inline constexpr bool is_prepared_model<PreparedModel<H>> = true;
 
 //! Accelerate's `unwrap_model`: the user's holder behind a prepared model (a plain holder is returned as is).
+//! By value (a copy of the handle, sharing the module), so `unwrap_model(model)->eval()` / `->train()` compile.
 template <class M>
 requires ModuleHandle<M> || is_prepared_model<M>
-const auto& unwrap_model(const M& model) {
+auto unwrap_model(const M& model) {
   if constexpr (is_prepared_model<M>)
     return model.unwrap();
   else

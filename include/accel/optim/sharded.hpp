@@ -28,6 +28,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -42,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -232,6 +234,36 @@ class ShardedOptimizer {
   int stage_ = 1;
   std::int64_t total_ = 0, part_ = 0, begin_ = 0, end_ = 0;
 };
+
+namespace detail {
+template <class O>
+bool shard_if(const std::shared_ptr<torch::optim::Optimizer>& user, comm::Communicator* comm, int stage,
+              std::shared_ptr<ShardedOptimizer>& out) {
+  if (typeid(*user) != typeid(O)) return false;  // the exact type: a subclass may step otherwise
+  out = std::make_shared<ShardedOptimizer>(std::static_pointer_cast<O>(user), comm, stage);
+  return true;
+}
+}  // namespace detail
+
+//! ZeRO over an optimizer chosen at run time (`std::shared_ptr<torch::optim::Optimizer>`): dispatches on its
+//! dynamic type among LibTorch's shardable optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, matched exactly).
+//! Another type is refused naming it; an optimizer of your own with `ShardTraits` needs its static type.
+inline std::shared_ptr<ShardedOptimizer> make_sharded_optimizer(std::shared_ptr<torch::optim::Optimizer> user,
+                                                                comm::Communicator* comm, int stage = 1) {
+  detail::require(user != nullptr, "accel::make_sharded_optimizer: the optimizer is null");
+  std::shared_ptr<ShardedOptimizer> out;
+  namespace o = torch::optim;
+  if (detail::shard_if<o::SGD>(user, comm, stage, out) || detail::shard_if<o::Adam>(user, comm, stage, out) ||
+      detail::shard_if<o::AdamW>(user, comm, stage, out) || detail::shard_if<o::RMSprop>(user, comm, stage, out) ||
+      detail::shard_if<o::Adagrad>(user, comm, stage, out))
+    return out;
+  throw InvalidArgument(
+      "accel::shard::optimizer / shard::gradients: an optimizer passed as std::shared_ptr<torch::optim::Optimizer> "
+      "is sharded by its run-time type, which must be exactly one of torch::optim::SGD, Adam, AdamW, RMSprop, "
+      "Adagrad; this one is " +
+      c10::demangle(typeid(*user).name()) +
+      " (pass it as a std::shared_ptr of its own type if it has accel::ShardTraits, or use accel::shard::none)");
+}
 
 }  // namespace accel
 
