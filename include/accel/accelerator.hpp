@@ -337,6 +337,18 @@ class Accelerator {
   requires ModuleHandle<M> || is_prepared_model<M>
   void save_model(const M& model, const std::filesystem::path& dir, const checkpoint::SaveModelOptions& options = {});
 
+  //! Under `accel::shard::parameters`: every unit of `model` gathered while the result lives, so its parameters
+  //! read as the whole model (FSDP's `summon_full_params`). Collective: every process opens it, at the same point.
+  //! `write_back`: what is written into the parameters inside goes back into each process's shards at its end
+  //! (otherwise it is dropped). Without full sharding every process holds the whole model: nothing to gather.
+  template <class M>
+  requires ModuleHandle<M> || is_prepared_model<M>
+  [[nodiscard]] GatheredParameters gather_parameters(const M& model, bool write_back = false) {
+    std::vector<std::shared_ptr<UnitSharder>> sharders;
+    if (const auto d = distributed_of(model); d && d->sharder()) sharders.push_back(d->sharder());
+    return {std::move(sharders), write_back};
+  }
+
   // ---- experiment trackers (tracking/trackers.hpp) ------------------------------------------------------------
 
   // [accelerate:accelerator.py Accelerator.init_trackers]
@@ -434,6 +446,13 @@ class Accelerator {
   std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gradients_of(
       const std::vector<at::Tensor>& parameters) const;
   void check_optimizer_parameters(std::size_t first) const;
+  // Full sharding: every prepared model's units gathered (a checkpoint reads or writes the whole models).
+  [[nodiscard]] GatheredParameters gather_all_models() const {
+    std::vector<std::shared_ptr<UnitSharder>> sharders;
+    for (const auto& d : ddps_)
+      if (d->sharder()) sharders.push_back(d->sharder());
+    return {std::move(sharders), false};
+  }
   template <class M>
   static std::shared_ptr<DistributedModule> distributed_of(const M& m);
 

@@ -72,8 +72,9 @@ struct Config {
   static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
-  //! The ZeRO stage: 0 (`shard::none`), 1 (`shard::optimizer`) or 2 (`shard::gradients`).
-  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::gradients>   ? 2
+  //! The ZeRO stage: 0 (`shard::none`), 1 (`shard::optimizer`), 2 (`shard::gradients`) or 3 (`shard::parameters`).
+  static constexpr int zero_stage = std::is_same_v<shard, accel::shard::parameters>  ? 3
+                                    : std::is_same_v<shard, accel::shard::gradients> ? 2
                                     : std::is_same_v<shard, accel::shard::optimizer> ? 1
                                                                                      : 0;
 };
@@ -102,6 +103,8 @@ enum class ConfigProblem {
   dispatched_without_placement,
   sharding_without_processes,
   gradient_sharding_without_processes,
+  parameter_sharding_without_processes,
+  parameter_sharding_with_uneven_tail,
 };
 
 template <class... Ps>
@@ -135,6 +138,9 @@ consteval ConfigProblem diagnose() {
   if (C::dispatch && !C::device_placement) return P::dispatched_without_placement;
   if (C::zero_stage == 1 && std::is_same_v<typename C::dist, dist::none>) return P::sharding_without_processes;
   if (C::zero_stage == 2 && std::is_same_v<typename C::dist, dist::none>) return P::gradient_sharding_without_processes;
+  if (C::zero_stage == 3 && std::is_same_v<typename C::dist, dist::none>)
+    return P::parameter_sharding_without_processes;
+  if (C::zero_stage == 3 && !C::even_batches) return P::parameter_sharding_with_uneven_tail;
   return P::none;
 }
 
@@ -209,6 +215,15 @@ struct CheckedConfig : Config<Ps...> {
       "accel::shard::gradients splits the gradients and the optimizer state across processes, but accel::dist::none "
       "has one process; use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, or drop "
       "accel::shard::gradients");
+  static_assert(problem != P::parameter_sharding_without_processes,
+                "accel::shard::parameters splits the parameters, gradients and optimizer state across processes, but "
+                "accel::dist::none has one process; use accel::dist::gloo, accel::dist::nccl or accel::dist::from_env, "
+                "or drop accel::shard::parameters");
+  static_assert(
+      problem != P::parameter_sharding_with_uneven_tail,
+      "accel::shard::parameters gathers each unit's parameters from every process inside the forward, which a "
+      "process out of batches under accel::tail::uneven does not run; use accel::tail::even (the default), or "
+      "accel::shard::gradients, whose collectives a process out of batches can repeat");
 };
 
 }  // namespace accel

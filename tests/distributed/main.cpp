@@ -10,7 +10,8 @@
 //   errors streams                        data/: streams of unknown length (no size(), a file, endless) on every path,
 //   cut, resumed ddp                            model/: DistributedModule equals one process on the concatenated
 //   batches ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
-//   comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
+//   fsdp FILE | fsdp-edges SCRATCH  model/: full sharding against PyTorch's fully_shard; its memory, misuse,
+//   checkpoints comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
 //   sync-bn                        model/: SyncBatchNorm equals BatchNorm on the concatenated batch
 //   replicas                       model/: the door (model(x)), an unprepared optimizer, backward without
 //                                  accumulate, and replicas that drift, each found
@@ -67,6 +68,9 @@ int main(int argc, char** argv) {
                                                                {"mismatch", mp::mismatch},
                                                                {"uneven", mp::uneven},
                                                                {"ddp-buffers", mp::ddp_buffers},
+                                                               {"fsdp", mp::fully_sharded},
+                                                               {"fsdp-edges", mp::fully_sharded_edges},
+                                                               {"fsdp-bypass", mp::fully_sharded_bypass},
                                                                {"comm-hooks", mp::comm_hooks},
                                                                {"sync-bn", mp::sync_batch_norm},
                                                                {"surface", mp::listening_surface},

@@ -25,6 +25,7 @@ namespace accel {
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
   for (const auto& hook : save_hooks_) hook(dir);
+  const auto whole = gather_all_models();  // full sharding: the models are written whole, as unsharded ones
   checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(), settings(),
                      trackers_.position());
 }
@@ -91,6 +92,7 @@ void Accelerator<Policies...>::save_model(const M& model, const std::filesystem:
                                           const checkpoint::SaveModelOptions& options) {
   std::exception_ptr failure;
   std::string message;
+  const auto whole = gather_parameters(model);  // full sharding: written whole (collective)
   if (is_main_process()) {
     try {
       checkpoint::save_model(*module_of(unwrap_model(model)), dir, options);
@@ -144,8 +146,12 @@ template <class... Policies>
 void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest,
                                        const LoadOptions& options) {
   std::optional<tracking::Position> trackers;
-  accumulation_.set_step(
-      checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
+  {
+    auto whole = gather_all_models();  // full sharding: loaded whole, then cut into this process's shards
+    accumulation_.set_step(
+        checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
+    whole.write_back();
+  }
   resumed_ = true;
   if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
   for (const auto& d : ddps_) d->forget_window();  // the checkpoint's weights: not a step outside accel

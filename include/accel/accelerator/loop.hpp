@@ -64,10 +64,15 @@ void Accelerator<Policies...>::backward(const at::Tensor& loss) {
       [&] {
         const at::Tensor l =
             opt_.gradient_accumulation_steps > 1 ? loss / double(opt_.gradient_accumulation_steps) : loss;
-        if (scaler_)
-          scaler_->scale(l).backward();
-        else
-          l.backward();
+        try {
+          if (scaler_)
+            scaler_->scale(l).backward();
+          else
+            l.backward();
+        } catch (...) {
+          for (const auto& d : ddps_) d->backward_failed();  // full sharding: a failed gather's own error
+          throw;
+        }
         for (const auto& d : ddps_)
           if (!d->sync()) d->open_window();  // inside an accumulation window: check_before_backward compares
       },
@@ -138,8 +143,9 @@ template <class... Policies>
 std::vector<std::pair<std::string, at::Tensor>> Accelerator<Policies...>::replica_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (std::size_t m = 0; m < ddps_.size(); ++m)
-    for (auto& [name, t] : ddps_[m]->named_parameters())
-      out.emplace_back(ddps_.size() == 1 ? name : "model " + std::to_string(m) + ": " + name, std::move(t));
+    if (!ddps_[m]->sharder())  // a fully sharded model's processes hold different parts by design
+      for (auto& [name, t] : ddps_[m]->named_parameters())
+        out.emplace_back(ddps_.size() == 1 ? name : "model " + std::to_string(m) + ": " + name, std::move(t));
   return out;
 }
 
@@ -150,7 +156,7 @@ double Accelerator<Policies...>::clip_grad_norm_(const std::vector<at::Tensor>& 
       GradientState::CallKind::local,
       [&] {
         unscale_gradients();
-        if constexpr (config::zero_stage == 2) {
+        if constexpr (config::zero_stage >= 2) {
           auto [parts, whole] = gradients_of(parameters);
           return clip_partitioned_norm(state_.comm(), parts, whole, max_norm, norm_type);
         }
@@ -176,7 +182,7 @@ void Accelerator<Policies...>::clip_grad_value_(const std::vector<at::Tensor>& p
       GradientState::CallKind::local,
       [&] {
         unscale_gradients();
-        if constexpr (config::zero_stage == 2) {
+        if constexpr (config::zero_stage >= 2) {
           auto [parts, whole] = gradients_of(parameters);
           for (auto& g : parts) g.clamp_(-clip_value, clip_value);
           for (auto& g : whole) g.clamp_(-clip_value, clip_value);

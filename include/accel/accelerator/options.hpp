@@ -43,9 +43,10 @@ struct Options {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< gradient all-reduce bucket size
   bool find_unused_parameters = false;           //!< parameters without a gradient contribute zeros instead of an error
   bool broadcast_buffers = true;                 //!< DDP's: rank 0's buffers before a forward, when DDP broadcasts them
-  CommHook comm_hook = CommHook::none;        //!< Accelerate's comm_hook: gradient buckets compressed to fp16 or bf16
-  comm::CommOptions comm{};                   //!< collective and rendezvous timeouts
-  LaunchOverrides launch{};                   //!< explicit rank / world size / address, winning over the environment
+  CommHook comm_hook = CommHook::none;  //!< Accelerate's comm_hook: gradient buckets compressed to fp16 or bf16
+  ShardingOptions sharding{};           //!< under accel::shard::parameters: the units, and FSDP's reshard_after_forward
+  comm::CommOptions comm{};             //!< collective and rendezvous timeouts
+  LaunchOverrides launch{};             //!< explicit rank / world size / address, winning over the environment
   std::vector<tracking::Tracker> log_with{};  //!< Accelerate's log_with: the trackers `init_trackers` starts
   std::filesystem::path logging_dir{};        //!< trackers write into <logging_dir>/<project_name>/ (empty: the
                                               //!< project's logging_dir, else its project_dir)

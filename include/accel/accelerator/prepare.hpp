@@ -70,8 +70,17 @@ auto Accelerator<Policies...>::prepare(Ts&&... objects) {
   std::tuple<decltype(first_pass(std::forward<Ts>(objects)))...> first{first_pass(std::forward<Ts>(objects))...};
   check_optimizer_parameters(first_new_optimizer);
   // ZeRO: the flat buffers are laid out once the models are placed (placement may replace a parameter's storage).
-  for (std::size_t i = first_new_optimizer; i < optimizers_.size(); ++i)
-    if (optimizers_[i].sharded) optimizers_[i].sharded->build();
+  for (std::size_t i = first_new_optimizer; i < optimizers_.size(); ++i) {
+    if (!optimizers_[i].sharded) continue;
+    if constexpr (config::zero_stage == 3)
+      optimizers_[i].sharded->build_over([this](const at::Tensor& p) -> const UnitSharder::Piece* {
+        for (const auto& d : ddps_)
+          if (const auto& s = d->sharder())
+            if (const auto* piece = s->piece_of(p)) return piece;
+        return nullptr;
+      });
+    optimizers_[i].sharded->build();
+  }
   if constexpr (config::zero_stage == 2) shard_gradients();
   auto out = std::apply(
       [this](auto&... r) { return std::tuple<decltype(second_pass(std::move(r)))...>{second_pass(std::move(r))...}; },
@@ -119,6 +128,8 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
                              .find_unused_parameters = opt_.find_unused_parameters,
                              .broadcast_buffers = opt_.broadcast_buffers,
                              .comm_hook = opt_.comm_hook});
+      // not a step call: prepare shards the model's parameters by unit (its gathers go through the door)
+      if constexpr (config::zero_stage == 3) ddp->shard_parameters(opt_.sharding);
       ddps_.push_back(ddp);
       return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
     }
@@ -143,7 +154,7 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
         sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       } else if constexpr (std::is_same_v<O, torch::optim::Optimizer>) {
-        // chosen at run time: sharded by its dynamic type, or refused naming it
+        // not a step call: prepare builds the sharded optimizer of a type chosen at run time (its dynamic type)
         sharded = make_sharded_optimizer(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       }

@@ -18,6 +18,8 @@
 //! - A parameter that received no gradient in a synchronising backward is an error naming it, unless
 //!   `find_unused_parameters` (then it contributes zeros, as in DDP).
 //! - ZeRO stage 2 (`shard_gradients`): the buckets go to the ranks that own them instead (model/partition_reducer.hpp).
+//! - Full sharding (`shard_parameters`): each process keeps 1/N of every unit's parameters and gradients, gathered
+//!   and reduce-scattered unit by unit (model/unit_sharder.hpp).
 //! - Buffers as DDP treats them (`broadcast_buffers`, true by default): rank 0's buffers are broadcast before a
 //!   forward when the previous forward ran with gradients enabled and outside `no_sync` (and before the first),
 //!   all of them in one collective (their bytes, packed); `PreparedModel`'s call operator brackets the forward.
@@ -33,6 +35,7 @@
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
+#include <accel/model/unit_sharder.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
@@ -135,6 +138,8 @@ class DistributedModule {
     std::vector<at::Tensor> buffers;  // the module's buffers, in registration order
     bool callback_queued = false;
     std::unique_ptr<PartitionReducer> zero;  // ZeRO stage 2: gradients reduced to their owners instead
+    std::shared_ptr<UnitSharder> full;       // full sharding: parameters and gradients sharded by unit instead
+    bool hooked = false;                     // the post-accumulate hooks are set
     std::mutex mu;
   };
 
@@ -180,12 +185,11 @@ class DistributedModule {
       bucket.numel += t.numel();
       bytes += b;
     }
-    if (comm && comm->size() > 1)
-      for (std::size_t k = 0; k < s.params.size(); ++k)
-        torch::autograd::impl::set_post_acc_grad_hooks(s.params[k].tensor, std::make_unique<Hook>(state_, k));
+    if (comm && comm->size() > 1) hook();
   }
   ~DistributedModule() {
-    for (auto& p : state_->params) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
+    if (state_->hooked)
+      for (auto& p : state_->params) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
   }
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;
@@ -227,6 +231,35 @@ class DistributedModule {
   }
   [[nodiscard]] bool shards_gradients() const noexcept { return state_->zero != nullptr; }
 
+  //! Full sharding (`shard::parameters`): from now on each process keeps 1/N of every unit's parameters, gathered
+  //! on use and freed after, and a synchronising backward reduce-scatters each unit's gradients into this rank's
+  //! gradient shard (model/unit_sharder.hpp). Every process calls it, after the construction's broadcast.
+  void shard_parameters(ShardingOptions options) {
+    auto& s = *state_;
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : s.params) params.emplace_back(p.name, p.tensor);
+    s.full = std::make_shared<UnitSharder>(*module_, s.comm, std::move(options), params);
+    s.full->watch();
+    s.buckets.clear();
+    for (auto& p : s.params) p.bucket = 0;
+    if (!s.hooked) hook();  // one process too: the hooks free each unit after its backward
+  }
+  //! The full-sharding path (nullptr: parameters not sharded).
+  [[nodiscard]] const std::shared_ptr<UnitSharder>& sharder() const noexcept { return state_->full; }
+  //! A forward through the door failed: units gathered for it are freed, and a gather's own error (a peer gone)
+  //! is rethrown in place of the operator's (Note [Intercepting a unit without module hooks]).
+  void forward_failed() {
+    if (!state_->full) return;
+    state_->full->after_forward(false);
+    state_->full->rethrow_failure();
+  }
+  //! A backward failed: the same for the units it gathered.
+  void backward_failed() {
+    if (!state_->full) return;
+    state_->full->abandon();
+    state_->full->rethrow_failure();
+  }
+
   //! RAII: gradients stay local while the result lives (`SyncScope`).
   [[nodiscard]] SyncScope no_sync();
   //! Whether the next backward averages gradients.
@@ -237,6 +270,7 @@ class DistributedModule {
   //! ran with gradients outside `no_sync`, or none ran yet). Returns whether it did.
   bool before_forward() {
     auto& s = *state_;
+    if (s.full) s.full->before_forward();
     if (!s.buffers_due || !broadcasts_buffers()) return false;
     torch::NoGradGuard no_grad;
     s.comm->broadcast_coalesced(s.buffers, 0);  // their bytes, packed into one broadcast
@@ -251,6 +285,7 @@ class DistributedModule {
   }
   //! After a forward: the next one broadcasts the buffers only if this one ran with gradients outside `no_sync`.
   void after_forward(bool grad_enabled) {
+    if (state_->full) state_->full->after_forward(grad_enabled);
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->buffers_due = grad_enabled && state_->sync;
     if (grad_enabled) state_->entered = true;
@@ -320,6 +355,11 @@ class DistributedModule {
   }
 
  private:
+  void hook() {
+    for (std::size_t k = 0; k < state_->params.size(); ++k)
+      torch::autograd::impl::set_post_acc_grad_hooks(state_->params[k].tensor, std::make_unique<Hook>(state_, k));
+    state_->hooked = true;
+  }
   ACCEL_DECL static void ready(const std::shared_ptr<State>& sp, std::size_t index);
   // Starts every complete bucket, in index order only.
   static void launch_ready(State& s) {
@@ -393,6 +433,7 @@ class DistributedModule {
       s.entered = false;
       if (!s.sync) {
         s.callback_queued = false;
+        if (s.full) s.full->end_of_backward(false);  // units freed, their gradients kept (accumulating)
         return;
       }
     }
@@ -417,13 +458,14 @@ class DistributedModule {
     for (auto& p : s.params)
       if (!p.ready) {
         p.ready = true;
-        if (!s.zero) ++s.buckets[p.bucket].ready;
+        if (!s.zero && !s.full) ++s.buckets[p.bucket].ready;
       }
   }
   // Starts what is left and waits for every bucket: the gradients, views of the buckets, are averaged.
   static void complete(State& s) {
     try {
       if (s.zero) s.zero->complete();
+      if (s.full) s.full->end_of_backward(true);
       launch_ready(s);
       for (auto& b : s.buckets) {
         s.comm->finish(b.pending);
@@ -441,6 +483,7 @@ class DistributedModule {
     s.next_launch = 0;
     s.callback_queued = false;
     if (s.zero) s.zero->reset();
+    if (s.full) s.full->abandon();
   }
 
   std::shared_ptr<torch::nn::Module> module_;

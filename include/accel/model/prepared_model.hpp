@@ -75,9 +75,14 @@ class PreparedModel {
         ddp_->broadcast_due() ? GradientState::CallKind::collective : GradientState::CallKind::local,
         [&]() -> decltype(auto) {
           ddp_->before_forward();
-          decltype(auto) out = get()->forward(std::forward<Args>(args)...);
-          ddp_->after_forward(grad);
-          return out;
+          try {
+            decltype(auto) out = get()->forward(std::forward<Args>(args)...);
+            ddp_->after_forward(grad);
+            return out;
+          } catch (...) {
+            ddp_->forward_failed();  // under full sharding: a failed gather's own error, not the operator's
+            throw;
+          }
         },
         [&] {
           return [d = ddp_, grad, broadcasts = ddp_->broadcasts_buffers()] {

@@ -17,11 +17,16 @@
 //!   (`gradient_partition()`), which the models' `PartitionReducer`s fill during backward; the parameters hold no
 //!   gradient after a synchronising backward, `step()` takes the partition as it is, `zero_grad()` clears it, and
 //!   clipping and the GradScaler work on it (`owned_gradients`, `gradient_holder`).
+//! - Stage 3 (`shard::parameters`): the layout is the model's (model/unit_sharder.hpp: every unit sharded on its
+//!   own); `build_over` takes each parameter's piece on this rank (an alias of its unit's shard, and of its gradient
+//!   shard) and the inner optimizer steps those pieces. Nothing is gathered after a step: each unit is gathered
+//!   when the next forward uses it.
 
 #include <accel/comm/communicator.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
+#include <accel/model/unit_sharder.hpp>
 #include <accel/optim/shard_traits.hpp>
 #include <accel/optim/state_check.hpp>
 
@@ -76,13 +81,17 @@ class ShardedOptimizer {
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
   ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make, int stage = 1)
       : user_(std::move(user)), comm_(comm), make_(std::move(make)), stage_(stage) {
-    detail::require(stage == 1 || stage == 2,
-                    "accel::ShardedOptimizer: the ZeRO stage is 1 or 2, not " + std::to_string(stage));
+    detail::require(stage >= 1 && stage <= 3,
+                    "accel::ShardedOptimizer: the ZeRO stage is 1, 2 or 3, not " + std::to_string(stage));
   }
 
   //! Lays the parameters out in the flat buffer and builds the inner optimizer (once; `Accelerator::prepare`
   //! calls it after the models are placed). Every process calls it.
   ACCEL_DECL void build();
+  //! Stage 3: builds the inner optimizer over each parameter's piece on this rank (`piece_of`: the model's
+  //! `UnitSharder::piece_of`; nullptr for a parameter of no fully sharded model, an error naming it). Every process
+  //! calls it, once, before `build` (which then does nothing).
+  ACCEL_DECL void build_over(const std::function<const UnitSharder::Piece*(const at::Tensor&)>& piece_of);
 
   //! One step of this rank's partition, then every rank's parameters, all-gathered. Call it where the optimizer
   //! would step (after the gradients are averaged).
@@ -90,10 +99,13 @@ class ShardedOptimizer {
   //! Clears the partition's gradients (stage 2; a stage 1 partition takes them afresh at each step).
   void zero_grad() {
     if (stage_ == 2 && grads_.defined()) grads_.zero_();
+    if (stage_ == 3)
+      for (auto& p : pieces_)
+        if (p.grad.defined()) p.grad.zero_();
   }
   //! The optimizer whose parameters' gradients are the ones to unscale and check (GradScaler): the user's under
   //! stage 1 (every gradient, averaged), the partition's under stage 2.
-  [[nodiscard]] torch::optim::Optimizer& gradient_holder() const { return stage_ == 2 && inner_ ? *inner_ : *user_; }
+  [[nodiscard]] torch::optim::Optimizer& gradient_holder() const { return stage_ >= 2 && inner_ ? *inner_ : *user_; }
   [[nodiscard]] int stage() const noexcept { return stage_; }
 
   //! Stage 2: where the models' gradients go (every parameter's offset, P, this rank's partition of the gradients).
@@ -110,6 +122,7 @@ class ShardedOptimizer {
  public:
   //! Every rank's partition of the parameters into the flat buffer (after a step; after loading a checkpoint).
   void gather() {
+    if (stage_ == 3) return;  // each unit is gathered by the model when used
     if (processes() > 1) {
       at::Tensor part = flat_.narrow(0, begin_, part_);
       comm_->all_gather_into(flat_, part);
@@ -230,7 +243,11 @@ class ShardedOptimizer {
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::vector<Slot> slots_;
   std::vector<Shard> shards_;
-  at::Tensor flat_, grads_;  // the parameters (N * P), this rank's partition of the gradients (P)
+  struct OwnPiece {
+    at::Tensor param, grad;  // the user's parameter; its piece's gradient on this rank (undefined: none here)
+  };
+  std::vector<OwnPiece> pieces_;  // stage 3
+  at::Tensor flat_, grads_;       // the parameters (N * P), this rank's partition of the gradients (P)
   int stage_ = 1;
   std::int64_t total_ = 0, part_ = 0, begin_ = 0, end_ = 0;
 };

@@ -23,7 +23,15 @@ struct gradients {
   using slot = accel::slot::sharding;
 };
 
+//! Full sharding (FSDP, ZeRO stage 3; Accelerate's FSDP plugin with `FULL_SHARD`): stage 2, and the parameters too.
+//! Each process keeps 1/N of every unit's parameters (model/unit_sharder.hpp); a unit's full parameters exist only
+//! while its forward or backward runs, gathered on its first use and freed after. Units are chosen by
+//! `Options::sharding` (`ShardingOptions`). Needs several processes, and `tail::even` (the default).
+struct parameters {
+  using slot = accel::slot::sharding;
+};
+
 static_assert(PolicyOf<none, slot::sharding> && PolicyOf<optimizer, slot::sharding> &&
-              PolicyOf<gradients, slot::sharding>);
+              PolicyOf<gradients, slot::sharding> && PolicyOf<parameters, slot::sharding>);
 
 }  // namespace accel::shard

@@ -34,11 +34,13 @@ ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::
       if (auto st = weak.lock()) end_of_backward(*st);
     });
   }
-  if (!s.sync) return;
   auto& p = s.params[index];
+  if (s.full && !s.sync) return s.full->ready(index, false);  // the unit is freed once complete
+  if (!s.sync) return;
   if (p.ready) return;  // a parameter used twice in the graph fires once per accumulation
   p.ready = true;
   if (s.zero) return s.zero->ready(index);
+  if (s.full) return s.full->ready(index, true);
   ++s.buckets[p.bucket].ready;
   launch_ready(s);
 }

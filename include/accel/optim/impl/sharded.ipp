@@ -66,6 +66,46 @@ ACCEL_DECL void ShardedOptimizer::build() {
   inner_ = make_(std::move(mine));
 }
 
+ACCEL_DECL void ShardedOptimizer::build_over(
+    const std::function<const UnitSharder::Piece*(const at::Tensor&)>& piece_of) {
+  if (inner_) return;
+  detail::require(stage_ == 3, "accel::ShardedOptimizer: build_over() is stage 3's (shard::parameters)");
+  detail::require(unstepped(*user_),
+                  "accel::ShardedOptimizer: the optimizer already has state (it stepped before "
+                  "prepare); prepare it before its first step, so that each process builds the state "
+                  "of its partition only");
+  user_->state().clear();
+  std::unordered_set<const void*> seen;
+  const auto& groups = user_->param_groups();
+  std::vector<torch::optim::OptimizerParamGroup> mine;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::vector<at::Tensor> params;
+    for (std::size_t k = 0; k < groups[g].params().size(); ++k) {
+      const at::Tensor& p = groups[g].params()[k];
+      const std::string where =
+          "parameter " + std::to_string(k) + " of group " + std::to_string(g) + " (" + describe(p) + ")";
+      detail::require(seen.insert(p.unsafeGetTensorImpl()).second,
+                      "accel::ShardedOptimizer: " + where + " is listed twice");
+      const UnitSharder::Piece* piece = piece_of(p);
+      detail::require(piece != nullptr, "accel::ShardedOptimizer: " + where +
+                                            " belongs to no model prepared under accel::shard::parameters; "
+                                            "prepare the model that holds it in the same prepare() call");
+      detail::require(p.requires_grad(), "accel::ShardedOptimizer: " + where +
+                                             " does not require a gradient; leave frozen parameters out of the "
+                                             "optimizer");
+      total_ += p.numel();
+      pieces_.push_back({p, piece->grad});
+      if (!piece->shard.defined()) continue;  // none of it on this rank
+      at::Tensor t = piece->shard;
+      t.mutable_grad() = piece->grad;
+      params.push_back(t);
+      part_ += piece->numel;
+    }
+    mine.emplace_back(std::move(params), groups[g].options().clone());
+  }
+  inner_ = make_(std::move(mine));
+}
+
 ACCEL_DECL void ShardedOptimizer::step() {
   detail::require(inner_ != nullptr, "accel::ShardedOptimizer: step() before build()");
   c10::AutoGradMode no_grad(false);
@@ -91,6 +131,11 @@ ACCEL_DECL std::vector<at::Tensor> ShardedOptimizer::owned_gradients(const std::
   std::unordered_set<const void*> wanted;
   for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
   std::vector<at::Tensor> out;
+  for (const auto& p : pieces_) {  // stage 3
+    if (!wanted.count(p.param.unsafeGetTensorImpl())) continue;
+    covered.insert(p.param.unsafeGetTensorImpl());
+    if (p.grad.defined()) out.push_back(p.grad);
+  }
   for (const auto& s : slots_) {
     if (!wanted.count(s.param.unsafeGetTensorImpl())) continue;
     covered.insert(s.param.unsafeGetTensorImpl());
@@ -127,6 +172,10 @@ ACCEL_DECL void ShardedOptimizer::save(torch::serialize::OutputArchive& a) const
 
 ACCEL_DECL void ShardedOptimizer::consolidate(int to) {
   detail::require(inner_ != nullptr, "accel::ShardedOptimizer: consolidate() before build()");
+  detail::require(stage_ != 3,
+                  "accel::ShardedOptimizer: consolidating the state of a fully sharded model's optimizer "
+                  "(shard::parameters) on one process is not supported; save it with save_state, which keeps "
+                  "each process's part");
   detail::require(bool(consolidate_),
                   "accel::ShardedOptimizer: consolidate() needs the optimizer's type (construct the "
                   "ShardedOptimizer from a std::shared_ptr of one of the types with ShardTraits)");
@@ -136,6 +185,12 @@ ACCEL_DECL void ShardedOptimizer::consolidate(int to) {
 }
 
 ACCEL_DECL void ShardedOptimizer::check_resharded(std::vector<torch::serialize::InputArchive>& parts) const {
+  detail::require(stage_ != 3,
+                  "accel::load_state: the optimizer state of a fully sharded model (shard::parameters) "
+                  "was saved by " +
+                      std::to_string(parts.size()) + " processes and this job has " + std::to_string(processes()) +
+                      "; re-cutting it to another number of processes is not supported: resume with " +
+                      std::to_string(parts.size()) + " processes");
   detail::require(bool(reshard_),
                   "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
                   "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
@@ -152,8 +207,9 @@ ACCEL_DECL void ShardedOptimizer::check_resharded(std::vector<torch::serialize::
 
 ACCEL_DECL void ShardedOptimizer::check(torch::serialize::InputArchive& a) const {
   const auto [stage, procs, r, total] = layout_of(a);
-  // Stages 1 and 2 keep the same partition of the state: either resumes the other.
-  if ((stage != 1 && stage != 2) || procs != processes() || r != rank() || total != total_)
+  // Stages 1 and 2 keep the same partition of the state: either resumes the other. Stage 3's is by unit.
+  const bool same_layout = stage_ == 3 ? stage == 3 : (stage == 1 || stage == 2);
+  if (!same_layout || procs != processes() || r != rank() || total != total_)
     throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: the checkpoint holds rank " +
                           std::to_string(r) + "'s partition of " + std::to_string(procs) + " processes over " +
                           std::to_string(total) + " elements, this is rank " + std::to_string(rank()) + " of " +

@@ -1,0 +1,340 @@
+#pragma once
+//! \file
+//! The definitions of `UnitSharder`'s members (model/unit_sharder.hpp, included at its end): the operator callback
+//! and its registry need the dispatcher's RecordFunction, which stays out of user code under
+//! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp, Note [Separate compilation]).
+
+#include <accel/model/unit_sharder.hpp>
+
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+namespace accel {
+
+namespace detail {
+
+// The storages of every sharded unit in the process, for the operator callback: storage -> (sharder, unit).
+struct ShardedStorages {
+  std::mutex mu;
+  std::unordered_map<const c10::StorageImpl*, std::pair<std::weak_ptr<UnitSharder>, std::size_t>> map;
+  std::atomic<std::size_t> size{0};
+  static ShardedStorages& instance() {
+    static ShardedStorages* r = new ShardedStorages;  // never destroyed: the callback may run during exit
+    return *r;
+  }
+};
+
+// RecordFunction's inputs without its debug-build assertion (which reads a flag only a debug build of LibTorch
+// sets): the standard's rule that an explicit instantiation may name a private member gives read access.
+c10::ArrayRef<const c10::IValue> record_function_inputs(const at::RecordFunction& f);
+template <c10::ArrayRef<const c10::IValue> at::RecordFunction::*Member>
+struct RecordFunctionInputs {
+  friend c10::ArrayRef<const c10::IValue> record_function_inputs(const at::RecordFunction& f) { return f.*Member; }
+};
+template struct RecordFunctionInputs<&at::RecordFunction::inputs_>;
+
+inline thread_local bool in_sharding_callback = false;
+
+inline void collect_units(const c10::IValue& v, ShardedStorages& reg,
+                          std::vector<std::pair<std::shared_ptr<UnitSharder>, std::size_t>>& out) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined() || !t.has_storage()) return;
+    const auto it = reg.map.find(t.storage().unsafeGetStorageImpl());
+    if (it == reg.map.end()) return;
+    if (auto s = it->second.first.lock()) out.emplace_back(std::move(s), it->second.second);
+  } else if (v.isTensorList()) {
+    for (const auto& t : v.toTensorList()) collect_units(c10::IValue(at::Tensor(t)), reg, out);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) collect_units(e, reg, out);
+  }
+}
+
+// The thread-local RecordFunction start callback (Note [Intercepting a unit without module hooks]).
+inline std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
+  auto& reg = ShardedStorages::instance();
+  if (reg.size.load(std::memory_order_relaxed) == 0 || in_sharding_callback) return nullptr;
+  const auto inputs = record_function_inputs(fn);
+  if (inputs.empty()) return nullptr;
+  std::vector<std::pair<std::shared_ptr<UnitSharder>, std::size_t>> hits;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    for (const auto& v : inputs) collect_units(v, reg, hits);
+  }
+  if (hits.empty()) return nullptr;
+  in_sharding_callback = true;
+  struct Reset {
+    ~Reset() { in_sharding_callback = false; }
+  } reset;
+  std::sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) {
+    return a.first.get() != b.first.get() ? a.first.get() < b.first.get() : a.second < b.second;
+  });
+  for (std::size_t i = 0; i < hits.size();) {
+    std::vector<std::size_t> units;
+    std::size_t j = i;
+    for (; j < hits.size() && hits[j].first == hits[i].first; ++j)
+      if (units.empty() || units.back() != hits[j].second) units.push_back(hits[j].second);
+    hits[i].first->touch(units);
+    i = j;
+  }
+  return nullptr;
+}
+
+inline void watch_on_this_thread() {
+  static thread_local bool added = false;
+  if (added) return;
+  at::addThreadLocalCallback(
+      at::RecordFunctionCallback(&on_operator).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  added = true;
+}
+
+}  // namespace detail
+
+ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
+                                    const std::vector<std::pair<std::string, at::Tensor>>& trainable)
+    : comm_(comm), options_(std::move(options)) {
+  const auto names = plan_units(root, options_);
+  units_.resize(names.size() + 1);
+  for (std::size_t u = 0; u < names.size(); ++u) units_[u + 1].name = names[u];
+  // Each parameter's innermost unit (the longest unit name that is a module prefix of the parameter's name).
+  auto owner = [&](const std::string& param) {
+    std::size_t best = 0, len = 0;
+    for (std::size_t u = 1; u < units_.size(); ++u) {
+      const auto& n = units_[u].name;
+      if (n.size() >= len && param.size() > n.size() && param.compare(0, n.size(), n) == 0 && param[n.size()] == '.')
+        best = u, len = n.size();
+    }
+    return best;
+  };
+  auto unit_label = [&](std::size_t u) {
+    return u == 0 ? std::string("the root unit") : "unit '" + units_[u].name + "'";
+  };
+  std::unordered_map<const void*, std::pair<std::size_t, std::string>> seen;  // TensorImpl -> (unit, first name)
+  std::unordered_map<const void*, int> trainable_index;
+  for (std::size_t k = 0; k < trainable.size(); ++k)
+    trainable_index.emplace(trainable[k].second.unsafeGetTensorImpl(), int(k));
+  for (const auto& item : root.named_parameters()) {
+    const at::Tensor& p = item.value();
+    const std::size_t u = owner(item.key());
+    const auto [it, first] = seen.emplace(p.unsafeGetTensorImpl(), std::make_pair(u, item.key()));
+    if (!first) {
+      if (it->second.first != u)
+        throw InvalidArgument("accel::shard::parameters: parameter '" + it->second.second + "' (also '" + item.key() +
+                              "') is in two units, " + unit_label(it->second.first) + " and " + unit_label(u) +
+                              "; a unit's parameters are gathered and freed together: make a module that holds both "
+                              "uses the unit (or leave them in the root unit)");
+      continue;  // tied: one parameter under two names
+    }
+    auto& unit = units_[u];
+    const auto t = trainable_index.find(p.unsafeGetTensorImpl());
+    const int index = t == trainable_index.end() ? -1 : t->second;
+    if (!unit.params.empty()) {
+      const auto& f = unit.params.front();
+      if ((f.trainable >= 0) != (index >= 0))
+        throw InvalidArgument("accel::shard::parameters: " + unit_label(u) +
+                              " mixes frozen and trainable parameters ('" + (f.trainable >= 0 ? item.key() : f.name) +
+                              "' is frozen, '" + (f.trainable >= 0 ? f.name : item.key()) +
+                              "' is not), as FSDP refuses them in one flat parameter; make the frozen submodules "
+                              "units of their own, or freeze the whole unit");
+      if (f.tensor.scalar_type() != p.scalar_type() || f.tensor.device() != p.device())
+        throw InvalidArgument("accel::shard::parameters: " + unit_label(u) +
+                              " holds parameters of different dtypes "
+                              "or devices ('" +
+                              f.name + "' and '" + item.key() +
+                              "'); a unit is one flat buffer: make them units of their own");
+    }
+    unit.params.push_back({item.key(), p, unit.total, p.numel(), index});
+    unit.total += p.numel();
+    if (index >= 0) unit.trainable = true, ++unit.trainables;
+  }
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    if (units_[u].params.empty())
+      throw InvalidArgument("accel::shard::parameters: unit '" + units_[u].name +
+                            "' holds no parameter of its own (its units hold them all, or it has none); name units "
+                            "that own parameters");
+  const int n = processes(), r = rank();
+  owner_of_trainable_.assign(trainable.size(), {0, 0});
+  c10::AutoGradMode no_grad(false);
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    auto& unit = units_[u];
+    if (unit.params.empty()) continue;  // a root unit with nothing of its own
+    unit.part = (unit.total + n - 1) / n;
+    const auto options = unit.params.front().tensor.options().requires_grad(false);
+    unit.full = at::zeros({unit.part * n}, options);
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      auto& p = unit.params[i];
+      unit.full.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
+      std::vector<std::int64_t> strides(std::size_t(p.tensor.dim()), 1);
+      for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * p.tensor.size(std::int64_t(d));
+      at::Tensor t = p.tensor;
+      t.set_(unit.full.storage(), unit.full.storage_offset() + p.offset, t.sizes(), strides);
+      if (p.trainable >= 0) owner_of_trainable_[std::size_t(p.trainable)] = {u, i};
+    }
+    unit.shard = unit.full.narrow(0, std::int64_t(r) * unit.part, unit.part).clone();
+    if (unit.trainable) unit.grad = at::zeros({unit.part}, options);
+    // This rank's piece of each parameter, as aliases (not autograd views: an optimizer's parameter is a leaf).
+    const std::int64_t lo = std::int64_t(r) * unit.part, hi = lo + unit.part;
+    for (const auto& p : unit.params) {
+      Piece piece;
+      const std::int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+      if (a < b) {
+        auto alias = [&](const at::Tensor& of) {
+          at::Tensor t = at::empty({0}, of.options());
+          t.set_(of.storage(), of.storage_offset() + (a - lo), {b - a}, {1});
+          return t;
+        };
+        piece.shard = alias(unit.shard);
+        if (unit.grad.defined()) piece.grad = alias(unit.grad);
+        piece.at = a - p.offset, piece.numel = b - a;
+      }
+      pieces_.emplace(p.tensor.unsafeGetTensorImpl(), std::move(piece));
+    }
+    unit.gathered = true;
+    gathered_bytes_ += full_bytes(unit);
+    free(unit);
+  }
+  peak_bytes_ = 0;
+}
+
+ACCEL_DECL void UnitSharder::unwatch() noexcept {
+  auto& reg = detail::ShardedStorages::instance();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (const auto& u : units_) {
+    if (!u.full.defined() || !reg.map.erase(u.full.storage().unsafeGetStorageImpl())) continue;
+    reg.size.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+ACCEL_DECL void UnitSharder::watch() {
+  detail::watch_on_this_thread();
+  auto& reg = detail::ShardedStorages::instance();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (watching_) return;
+  watching_ = true;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].full.defined()) continue;
+    reg.map[units_[u].full.storage().unsafeGetStorageImpl()] = {weak_from_this(), u};
+    reg.size.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+ACCEL_DECL void UnitSharder::before_forward() {
+  detail::watch_on_this_thread();
+  std::lock_guard<std::mutex> lock(mu_);
+  in_forward_ = true;
+}
+
+ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool missing = false;
+  for (auto u : touched) missing = missing || !units_[u].gathered;
+  if (!missing) return;
+  if (!in_forward_ && !backward_due_ && !gathering_all_) {
+    std::string names;
+    for (auto u : touched)
+      if (!units_[u].gathered)
+        names += (names.empty() ? "" : ", ") + (u == 0 ? std::string("the root unit") : "'" + units_[u].name + "'");
+    // The operator's kernel would read freed memory next, and the dispatcher swallows a callback's exception:
+    // stop here, saying why, rather than crash on it.
+    std::fprintf(stderr,
+                 "accel: error: accel::shard::parameters: an operator read the parameters of %s, which are sharded "
+                 "(each process holds 1/N of them), outside a forward through the prepared model and its backward; "
+                 "call the prepared model itself, model(x), not model->forward(x), and read full parameters inside "
+                 "`auto full = acc.gather_parameters(model);` (every process must open it)\n",
+                 names.c_str());
+    std::fflush(stderr);
+    std::abort();
+  }
+  try {
+    for (auto u : touched) gather(units_[u]);
+  } catch (...) {
+    for (auto u : touched) free(units_[u]);
+    failure_ = std::current_exception();
+    return;  // the operator fails on the freed storage; the door rethrows this
+  }
+  if (in_forward_ && options_.reshard_after_forward)  // another unit's forward started: the others are done
+    for (std::size_t u = 1; u < units_.size(); ++u)
+      if (std::find(touched.begin(), touched.end(), u) == touched.end()) free(units_[u]);
+}
+
+ACCEL_DECL void UnitSharder::gather(Unit& u) {
+  if (u.gathered || !u.full.defined()) return;
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  auto* storage = u.full.storage().unsafeGetStorageImpl();
+  const auto bytes = std::size_t(full_bytes(u));
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  u.gathered = true;
+  gathered_bytes_ += std::int64_t(bytes);
+  peak_bytes_ = std::max(peak_bytes_, gathered_bytes_);
+  if (processes() > 1)
+    comm_->all_gather_into(u.full, u.shard);
+  else
+    u.full.copy_(u.shard);
+}
+
+ACCEL_DECL void UnitSharder::free(Unit& u) {
+  if (!u.gathered) return;
+  auto* storage = u.full.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+  u.gathered = false;
+  gathered_bytes_ -= full_bytes(u);
+}
+
+ACCEL_DECL void UnitSharder::reduce_ready() {
+  // The reduce order: units from the last to the first, the root (index 0) last.
+  while (next_reduce_ < units_.size()) {
+    auto& u = units_[units_.size() - 1 - next_reduce_];
+    if (u.trainable && !u.complete) return;
+    if (u.trainable) reduce(u);
+    ++next_reduce_;
+  }
+}
+
+ACCEL_DECL void UnitSharder::reduce(Unit& u) {
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  const int n = processes();
+  at::Tensor flat = at::zeros({u.part * n}, u.grad.options());
+  const at::Scalar share = 1.0 / double(n);  // each gradient divided by N, then summed: DDP's average
+  for (auto& p : u.params) {
+    if (p.trainable < 0) continue;
+    auto& g = p.tensor.mutable_grad();
+    if (!g.defined()) continue;  // unused: zeros
+    at::Tensor slot = flat.narrow(0, p.offset, p.numel);
+    at::mul_out(slot, g.reshape({-1}), share);
+    g = at::Tensor();  // the full gradient is released: this rank keeps its shard's
+  }
+  at::Tensor mine = at::empty({u.part}, u.grad.options());
+  if (n > 1)
+    comm_->reduce_scatter(mine, flat);
+  else
+    mine.copy_(flat);
+  u.grad.add_(mine);
+}
+
+ACCEL_DECL void UnitSharder::gather_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  gathering_all_ = true;
+  for (auto& u : units_) gather(u);
+}
+
+ACCEL_DECL void UnitSharder::release_all(bool write_back) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gathering_all_ = false;
+  const std::int64_t r = rank();
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  for (auto& u : units_) {
+    if (write_back && u.gathered) u.shard.copy_(u.full.narrow(0, r * u.part, u.part));
+    if (!in_forward_ && !backward_due_) free(u);
+  }
+}
+
+}  // namespace accel

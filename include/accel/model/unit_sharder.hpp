@@ -1,0 +1,362 @@
+#pragma once
+//! \file
+//! `UnitSharder`: full sharding's parameter path (`shard::parameters`: FSDP, ZeRO stage 3), what `DistributedModule`
+//! runs instead of its all-reduce buckets when every process keeps only 1/N of the parameters.
+//!
+//! - Units (`ShardingOptions`, `plan_units`): submodules named by the user, chosen by a predicate (`unit_types<...>`)
+//!   or by size (`min_num_params`, FSDP's size-based auto-wrap rule); a parameter belongs to its innermost unit, and
+//!   what no unit holds to the root unit.
+//! - Each unit's parameters become aliases of one flat buffer of N * P elements (P = ceil(elements / N), the tail
+//!   padding), the *full* buffer; rank r keeps [r * P, (r + 1) * P) of it in its own *shard* (and, for a trainable
+//!   unit, a gradient shard of P elements). The full buffer's memory exists only while the unit is gathered.
+//! - Gathered on its first use in a forward or a backward, freed after (Note [Intercepting a unit without module
+//!   hooks]); after a unit's backward its gradients are reduce-scattered into the gradient shards, averaged as DDP
+//!   averages (each divided by N, then summed), and the full gradients released.
+
+#include <accel/comm/communicator.hpp>
+#include <accel/detail/linkage.hpp>
+#include <accel/error.hpp>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/Storage.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+// Note [Intercepting a unit without module hooks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch's FSDP gathers a unit's parameters in a forward pre-hook and frees them in a forward hook; LibTorch
+// modules have no hooks, `forward` is not virtual, and a user module calls its children directly (`fc1(x)`), so no
+// call can be intercepted. What every unit's forward and backward do go through is the dispatcher: each operator
+// that reads a parameter receives it (or a view of it) as an input. So:
+//
+// - A unit's parameters share one storage (its full buffer). A freed unit keeps that storage with no memory
+//   (`set_data_ptr_noswap(nullptr)`, 0 bytes): every tensor that refers to it, the parameters and the views
+//   autograd saved for backward, keeps its sizes; reading it without a gather is never silent (below).
+// - A thread-local RecordFunction callback (the profiler's observer, which the dispatcher runs before every
+//   operator, with its inputs) looks up each input's storage in a registry of freed units; the first operator that
+//   touches a freed unit gathers it (memory allocated in place, then an all-gather of the shards), so the kernel
+//   that follows reads the full parameters. Autograd's saved views share the storage, so a backward that needs
+//   them gathers the unit again the same way; nothing in autograd changes. The callback is registered on the
+//   thread that calls the prepared model (`PreparedModel::operator()`); autograd's worker threads inherit it
+//   (ThreadLocalState).
+// - Gathering is armed only inside a forward through the prepared model and until the backward it enables has
+//   ended, since a gather issued by one process alone would wait forever. Between steps an operator that reads a
+//   freed parameter (`model->forward(x)`, a norm for a log) stops the process with a message that says to call
+//   `model(x)` and to read full parameters inside `Accelerator::gather_parameters`: its kernel would read freed
+//   memory, and the dispatcher swallows a callback's exception, so an error cannot be thrown there. The callback is
+//   registered at `prepare` on the preparing thread (so from the start), and on each thread entering the door.
+// - Freeing: in a forward, a unit is freed when another unit starts (the parameters of an operator's inputs are
+//   kept), and every unit but the root at the forward's end (`reshard_after_forward`; the root stays until its
+//   backward, as FSDP's root does). In a backward, a unit is freed once each of its trainable parameters'
+//   gradients has been accumulated (the post-accumulate hooks `DistributedModule` already has), and its gradients
+//   are reduce-scattered then, in a fixed order (units in reverse order, the root last), so every process issues
+//   the same collectives in the same order whatever order backward completes them in. At the backward's end
+//   (the engine callback) units not completed (unused parameters) contribute zeros and everything is freed.
+// - Every collective runs inside the forward or backward the user started through the joined-step door
+//   (`PreparedModel::operator()`, `Accelerator::backward`); uneven inputs are refused by configuration (a process
+//   out of batches runs no forward to gather in).
+// - A gather that fails (a dead peer) inside the callback cannot throw through the dispatcher (RecordFunction
+//   swallows callback exceptions): the unit is left freed, so the operator fails, and the door rethrows the
+//   gather's own error (`rethrow_failure`).
+//
+// Cost: while the callback is registered, every operator on the thread takes the dispatcher's observed path (its
+// inputs boxed, one registry lookup per tensor); benchmarks/ measures a step against DDP's.
+
+//! How `shard::parameters` cuts a model into units (`Options::sharding`): a unit's parameters are gathered
+//! together and freed together. Units may nest; a parameter belongs to its innermost unit; what no unit holds
+//! belongs to the root unit. Several rules add up.
+struct ShardingOptions {
+  //! Submodules that are units, by the names `named_modules()` gives them ("layers.3", "0" in a Sequential).
+  std::vector<std::string> units{};
+  //! FSDP's `size_based_auto_wrap_policy` (Accelerate's `min_num_params`): from the leaves up, a submodule whose
+  //! parameters not yet in a unit number at least this becomes a unit (ModuleList and ModuleDict never do). 0: off.
+  std::int64_t min_num_params = 0;
+  //! A predicate on each submodule (name, module): true makes it a unit (`unit_types<...>()`: Accelerate's
+  //! `transformer_layer_cls_to_wrap`).
+  std::function<bool(const std::string&, const torch::nn::Module&)> unit_if{};
+  //! FSDP's `reshard_after_forward`: free each unit's parameters after its forward (gathered again for backward).
+  //! false keeps them from the forward to the backward (less communication, more memory).
+  bool reshard_after_forward = true;
+};
+
+namespace detail {
+template <class T, class = void>
+struct module_impl {
+  using type = T;
+};
+template <class T>
+struct module_impl<T, std::void_t<typename T::ContainedType>> {
+  using type = typename T::ContainedType;
+};
+}  // namespace detail
+
+//! A `ShardingOptions::unit_if` that makes every submodule of one of the given types a unit (holder or module
+//! types: `unit_types<torch::nn::Linear, Block>()`), as Accelerate's `transformer_layer_cls_to_wrap`.
+template <class... Modules>
+std::function<bool(const std::string&, const torch::nn::Module&)> unit_types() {
+  static_assert(sizeof...(Modules) > 0, "accel::unit_types<...>: name at least one module type");
+  return [](const std::string&, const torch::nn::Module& m) {
+    return (... || (dynamic_cast<const typename detail::module_impl<Modules>::type*>(&m) != nullptr));
+  };
+}
+
+//! The units `options` makes of `root`: submodule names in `named_modules()` order (the root unit is implicit).
+//! A name in `options.units` that is not a submodule is an error naming it.
+inline std::vector<std::string> plan_units(torch::nn::Module& root, const ShardingOptions& options) {
+  const auto named = root.named_modules("", /*include_self=*/false);
+  std::set<std::string> chosen;
+  for (const auto& name : options.units) {
+    if (!named.contains(name)) {
+      std::string some;
+      std::size_t k = 0;
+      for (const auto& item : named) {
+        if (k++ == 8) {
+          some += ", ...";
+          break;
+        }
+        some += (some.empty() ? "'" : ", '") + item.key() + "'";
+      }
+      throw InvalidArgument("accel::ShardingOptions::units: '" + name +
+                            "' is not a submodule of the model; name units as named_modules() names them (" +
+                            (some.empty() ? std::string("the model has no submodule") : some) + ")");
+    }
+    chosen.insert(name);
+  }
+  if (options.unit_if)
+    for (const auto& item : named)
+      if (options.unit_if(item.key(), *item.value())) chosen.insert(item.key());
+  if (options.min_num_params > 0) {
+    // [torch:distributed/fsdp/wrap.py _recursive_wrap, size_based_auto_wrap_policy]: children first; a module is
+    // wrapped when the elements of its subtree not yet wrapped reach the threshold.
+    std::function<std::int64_t(torch::nn::Module&, const std::string&)> wrap = [&](torch::nn::Module& m,
+                                                                                   const std::string& name) {
+      std::int64_t left = 0;
+      for (const auto& c : m.named_children()) left += wrap(*c.value(), name.empty() ? c.key() : name + "." + c.key());
+      for (const auto& p : m.named_parameters(/*recurse=*/false)) left += p.value().numel();
+      if (name.empty()) return left;  // the root is always a unit
+      if (chosen.count(name)) return std::int64_t(0);
+      const bool excluded =
+          dynamic_cast<torch::nn::ModuleListImpl*>(&m) || dynamic_cast<torch::nn::ModuleDictImpl*>(&m);
+      if (!excluded && left >= options.min_num_params) {
+        chosen.insert(name);
+        return std::int64_t(0);
+      }
+      return left;
+    };
+    (void)wrap(root, "");
+  }
+  std::vector<std::string> out;
+  for (const auto& item : named)
+    if (chosen.count(item.key())) out.push_back(item.key());
+  return out;
+}
+
+class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
+ public:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    std::int64_t offset = 0, numel = 0;  // in the unit's full buffer
+    int trainable = -1;                  // its index among DistributedModule's trainable parameters (-1: frozen)
+  };
+  struct Unit {
+    std::string name;  // "" for the root unit
+    std::vector<Param> params;
+    std::int64_t total = 0, part = 0;  // elements, and P: elements per rank
+    bool trainable = false;
+    at::Tensor full;   // N * P elements; its storage is the parameters' (no memory while freed)
+    at::Tensor shard;  // this rank's P elements
+    at::Tensor grad;   // this rank's P elements of the averaged gradients (trainable units)
+    std::size_t trainables = 0, ready = 0;
+    bool gathered = false, complete = false;
+  };
+  //! A parameter's piece on this rank: elements [at, at + numel) of the parameter (flattened), as a tensor that
+  //! aliases the unit's shard and one that aliases its gradient shard (undefined `shard`: none on this rank).
+  struct Piece {
+    at::Tensor shard, grad;
+    std::int64_t at = 0, numel = 0;
+  };
+
+  //! Cuts `root` into the units `options` names and shards every parameter across `comm`'s processes. `trainable`:
+  //! `DistributedModule`'s trainable parameters, in its order (their gradients' hooks report by that index).
+  //! Rank 0's values must already be on every rank (DistributedModule broadcasts them first).
+  ACCEL_DECL UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
+                         const std::vector<std::pair<std::string, at::Tensor>>& trainable);
+  ~UnitSharder() { unwatch(); }
+  UnitSharder(const UnitSharder&) = delete;
+  UnitSharder& operator=(const UnitSharder&) = delete;
+
+  //! Registers the storages with the operator callback (once, after construction: it needs `shared_from_this`).
+  ACCEL_DECL void watch();
+  //! Takes them out of it (the destructor).
+  ACCEL_DECL void unwatch() noexcept;
+  //! The prepared model's forward starts: gathering is armed; the callback is registered on this thread.
+  ACCEL_DECL void before_forward();
+  //! It ended: units freed as `reshard_after_forward` says; armed until the backward it enables ends (`grad`).
+  void after_forward(bool grad) {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_forward_ = false;
+    if (grad) backward_due_ = true;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const bool keep = backward_due_ && (u == 0 || !options_.reshard_after_forward);
+      if (!keep) free(units_[u]);
+    }
+  }
+  //! Trainable parameter `k`'s gradient is accumulated: its unit, once complete, is freed and (`sync`) its
+  //! gradients reduce-scattered in their turn.
+  void ready(std::size_t k, bool sync) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [u, i] = owner_of_trainable_[k];
+    (void)i;
+    auto& unit = units_[u];
+    if (unit.complete || ++unit.ready < unit.trainables) return;
+    unit.complete = true;
+    free(unit);
+    if (sync) reduce_ready();
+  }
+  //! The end of a backward (`sync`: a synchronising one): units not completed contribute what their parameters
+  //! hold (zeros for a missing gradient), every reduce-scatter not issued is, and every unit is freed.
+  void end_of_backward(bool sync) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& u : units_)
+      if (u.trainable) u.complete = true;
+    if (sync) reduce_ready();
+    reset();
+  }
+  //! Forgets a backward that failed half-way (or one that ended: `end_of_backward`).
+  void abandon() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reset();
+  }
+
+ private:
+  void reset() {
+    for (auto& u : units_) {
+      u.ready = 0, u.complete = false;
+      free(u);
+    }
+    next_reduce_ = 0;
+    backward_due_ = false;
+  }
+
+ public:
+  //! Collective: gathers every unit (for reading or writing the whole model: a checkpoint, `unwrap_model`).
+  ACCEL_DECL void gather_all();
+  //! Frees every unit gathered; `write_back`: first copies each unit's part of this rank back into its shard (the
+  //! full parameters were written: a checkpoint loaded into them).
+  ACCEL_DECL void release_all(bool write_back);
+
+  //! Rethrows the error of a gather that failed inside an operator (Note [Intercepting a unit ...]); nothing else.
+  void rethrow_failure() {
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      e = std::exchange(failure_, nullptr);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+  //! This rank's piece of a parameter (by its TensorImpl), or nullptr if the parameter is not in this model.
+  [[nodiscard]] const Piece* piece_of(const at::Tensor& param) const {
+    const auto it = pieces_.find(param.unsafeGetTensorImpl());
+    return it == pieces_.end() ? nullptr : &it->second;
+  }
+  [[nodiscard]] const std::vector<Unit>& units() const noexcept { return units_; }
+  [[nodiscard]] const ShardingOptions& options() const noexcept { return options_; }
+  //! Bytes of full parameters gathered now, and the most at once since `reset_peak`.
+  [[nodiscard]] std::int64_t gathered_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gathered_bytes_;
+  }
+  [[nodiscard]] std::int64_t peak_gathered_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_bytes_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_bytes_ = gathered_bytes_;
+  }
+  //! Bytes this rank keeps: its parameter shards and gradient shards.
+  [[nodiscard]] std::int64_t shard_bytes() const {
+    std::int64_t n = 0;
+    for (const auto& u : units_)
+      if (u.shard.defined()) n += std::int64_t(u.shard.nbytes() + (u.grad.defined() ? u.grad.nbytes() : 0));
+    return n;
+  }
+
+  //! The operator callback (Note [Intercepting a unit ...]): units of `this` touched by one operator's inputs.
+  ACCEL_DECL void touch(const std::vector<std::size_t>& units);
+
+ private:
+  [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
+  [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
+  [[nodiscard]] std::int64_t full_bytes(const Unit& u) const { return u.part * processes() * u.full.element_size(); }
+  ACCEL_DECL void gather(Unit& u);
+  ACCEL_DECL void free(Unit& u);
+  // Reduce-scatters complete units in the fixed order (reverse unit order, the root last), stopping at the first
+  // one not complete: every process issues them in the same order.
+  ACCEL_DECL void reduce_ready();
+  ACCEL_DECL void reduce(Unit& u);
+
+  comm::Communicator* comm_;
+  ShardingOptions options_;
+  std::vector<Unit> units_;  // [0] is the root unit, then the units in named_modules() order
+  std::vector<std::pair<std::size_t, std::size_t>> owner_of_trainable_;  // (unit, param) per trainable index
+  std::unordered_map<const void*, Piece> pieces_;                        // by the parameter's TensorImpl
+  std::size_t next_reduce_ = 0;                                          // in the reduce order
+  bool in_forward_ = false, backward_due_ = false, gathering_all_ = false, watching_ = false;
+  std::int64_t gathered_bytes_ = 0, peak_bytes_ = 0;
+  std::exception_ptr failure_;
+  mutable std::mutex mu_;
+};
+
+//! RAII (`Accelerator::gather_parameters`, FSDP's `summon_full_params`): while it lives, every unit of the models
+//! it holds is gathered, so their parameters read as the full model; collective (every process opens it). With
+//! `write_back`, what was written into the full parameters goes back into the shards when it ends (a model
+//! loaded into them); otherwise changes are dropped.
+class GatheredParameters {
+ public:
+  GatheredParameters() = default;
+  GatheredParameters(std::vector<std::shared_ptr<UnitSharder>> sharders, bool write_back)
+      : sharders_(std::move(sharders)), write_back_(write_back) {
+    for (const auto& s : sharders_) s->gather_all();
+  }
+  GatheredParameters(GatheredParameters&& o) noexcept
+      : sharders_(std::exchange(o.sharders_, {})), write_back_(o.write_back_) {}
+  GatheredParameters& operator=(GatheredParameters&&) = delete;
+  GatheredParameters(const GatheredParameters&) = delete;
+  ~GatheredParameters() {
+    for (auto it = sharders_.rbegin(); it != sharders_.rend(); ++it) (*it)->release_all(write_back_);
+  }
+  //! From now on, what is in the full parameters goes back into the shards at the end (`write_back`).
+  void write_back() noexcept { write_back_ = true; }
+
+ private:
+  std::vector<std::shared_ptr<UnitSharder>> sharders_;
+  bool write_back_ = false;
+};
+
+}  // namespace accel
+
+#if ACCEL_DEFINITIONS
+#include <accel/model/impl/unit_sharder.ipp>
+#endif

@@ -1,0 +1,244 @@
+// Full sharding (accel::shard::parameters, model/unit_sharder.hpp) against PyTorch's FSDP2 (`fully_shard` on each
+// Linear and the root; tests/golden/generate_fsdp.py, which also checks it against DDP): the same initial
+// parameters, batches and optimizer give every step's losses, clipping norms and full parameters, and the final
+// optimizer state (each rank's piece of it), to 1e-6 on 2 and 3 processes (3 pads every unit). Also: each rank
+// keeps about 1/N of the model, nothing stays gathered between steps, a forward that bypasses the prepared model
+// stops the job saying why (`fsdp-bypass`, run by expect.sh), checkpoints resume exactly, and bad unit layouts are
+// refused naming the module.
+#include "../harness.hpp"
+
+#include <accel/accelerator.hpp>
+#include <accel/optim/schedulers.hpp>
+
+#include <ATen/ops/tensor.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+namespace mp {
+namespace {
+
+using Fsdp = accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::parameters>;
+
+at::Tensor floats(const nlohmann::json& v) { return at::tensor(v.get<std::vector<double>>(), at::kDouble); }
+
+torch::nn::Sequential mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::Tanh(), torch::nn::Linear(10, 10),
+                               torch::nn::Tanh(), torch::nn::Linear(10, 4));
+}
+
+void load_init(torch::nn::Sequential& net, const nlohmann::json& init) {
+  torch::NoGradGuard g;
+  for (auto& p : net->named_parameters())
+    p.value().copy_(floats(init.at(p.key()).at("values")).view(p.value().sizes()));
+}
+
+// The largest difference between the model's full parameters and `want` (read inside a gathered scope).
+double worst(Fsdp& acc, const accel::PreparedModel<torch::nn::Sequential>& model, const nlohmann::json& want) {
+  auto full = acc.gather_parameters(model);
+  double w = 0;
+  for (const auto& p : model->named_parameters())
+    w = std::max(w,
+                 (p.value().detach().to(at::kDouble).flatten() - floats(want.at(p.key()))).abs().max().item<double>());
+  return w;
+}
+
+template <class Opt>
+void run_case(const nlohmann::json& c) {
+  const std::string name = c.at("optimizer").at("name").get<std::string>() + " " + c.at("variant").get<std::string>();
+  const int micro = c.at("micro_batches");
+  Fsdp acc{accel::Options{.gradient_accumulation_steps = micro,
+                          .scheduler_steps_once = true,
+                          .sharding = {.units = {"0", "2", "4"}},
+                          .comm = options(60000).comm}};
+  const int rank = acc.process_index();
+  tally.rank = rank;
+  auto net = mlp();
+  load_init(net, c.at("init"));
+  const auto& o = c.at("optimizer").at("options");
+  std::shared_ptr<Opt> raw;
+  if constexpr (std::is_same_v<Opt, torch::optim::SGD>)
+    raw = std::make_shared<Opt>(
+        net->parameters(), torch::optim::SGDOptions(o.at("lr").get<double>()).momentum(o.at("momentum").get<double>()));
+  else
+    raw = std::make_shared<Opt>(
+        net->parameters(),
+        torch::optim::AdamWOptions(o.at("lr").get<double>()).weight_decay(o.at("weight_decay").get<double>()));
+  auto [model, opt] = acc.prepare(net, raw);
+  std::shared_ptr<accel::StepLR> sched_raw;
+  std::optional<accel::AcceleratedScheduler<accel::StepLR>> sched;
+  if (c.contains("scheduler")) {
+    const auto& so = c.at("scheduler").at("options");
+    sched_raw = std::make_shared<accel::StepLR>(
+        *raw, accel::StepLROptions{.step_size = so.at("step_size").get<std::int64_t>(), .gamma = so.at("gamma")});
+    sched.emplace(acc.prepare(sched_raw));
+  }
+  const auto sharder = model.distributed().sharder();
+  check(sharder && sharder->units().size() == 4, name + ": three units and the root");
+  check(sharder->gathered_bytes() == 0, name + ": nothing gathered after prepare");
+  double loss_err = 0, param_err = 0, clip_err = 0;
+  for (const auto& step : c.at("steps")) {
+    for (int m = 0; m < micro; ++m) {
+      const auto& b = step.at("batches").at(std::size_t(rank)).at(std::size_t(m));
+      const at::Tensor x = floats(b.at("x")).to(at::kFloat).view({-1, 6}),
+                       y = floats(b.at("y")).to(at::kFloat).view({-1, 4});
+      auto scope = acc.accumulate(model);
+      const at::Tensor loss = torch::mse_loss(model(x), y);
+      loss_err = std::max(loss_err, std::abs(loss.item<double>() -
+                                             step.at("losses").at(std::size_t(rank)).at(std::size_t(m)).get<double>()));
+      acc.backward(loss);
+      if (c.contains("clip") && acc.sync_gradients()) {
+        const double norm = acc.clip_grad_norm_(model, c.at("clip").at("max_norm").get<double>());
+        clip_err = std::max(clip_err, std::abs(norm - step.at("clip_norm").get<double>()));
+      }
+      opt.step();
+      if (sched) sched->step();
+      opt.zero_grad();
+    }
+    check(sharder->gathered_bytes() == 0, name + ": nothing stays gathered after a step");
+    param_err = std::max(param_err, worst(acc, model, step.at("params")));
+  }
+  check(loss_err < 1e-6, name + ": every rank's losses equal fully_shard's (" + std::to_string(loss_err) + ")");
+  check(param_err < 1e-6,
+        name + ": the full parameters after every step equal fully_shard's (" + std::to_string(param_err) + ")");
+  if (c.contains("clip"))
+    check(clip_err < 1e-6,
+          name + ": clip_grad_norm_ returns fully_shard's total norm (" + std::to_string(clip_err) + ")");
+  // The final optimizer state: each rank's piece of every parameter's.
+  double state_err = 0;
+  auto& inner = opt.sharded()->inner();
+  for (const auto& p : net->named_parameters()) {
+    const auto* piece = sharder->piece_of(p.value());
+    if (!piece || !piece->shard.defined()) continue;
+    const auto it = inner.state().find(piece->shard.unsafeGetTensorImpl());
+    if (it == inner.state().end()) {
+      state_err = 1;
+      continue;
+    }
+    const auto& want = c.at("final_state").at(p.key());
+    auto cmp = [&](const at::Tensor& got, const char* key) {
+      const at::Tensor w = floats(want.at(key)).narrow(0, piece->at, piece->numel);
+      state_err = std::max(state_err, (got.to(at::kDouble).flatten() - w).abs().max().item<double>());
+    };
+    if constexpr (std::is_same_v<Opt, torch::optim::SGD>) {
+      cmp(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer(), "momentum_buffer");
+    } else {
+      const auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      cmp(s.exp_avg(), "exp_avg");
+      cmp(s.exp_avg_sq(), "exp_avg_sq");
+      state_err = std::max(state_err, std::abs(double(s.step()) - want.at("step").get<double>()));
+    }
+  }
+  check(state_err < 1e-6,
+        name + ": this rank's part of the optimizer state equals fully_shard's (" + std::to_string(state_err) + ")");
+}
+
+}  // namespace
+
+void fully_sharded(const Args& args) {
+  std::ifstream in(arg(args, 0, "fsdp.json"));
+  const auto golden = nlohmann::json::parse(in);
+  int cases = 0;
+  for (const auto& c : golden.at("cases")) {
+    if (c.at("world_size").get<int>() != accel::detect_launch_env().world_size) continue;
+    if (c.at("optimizer").at("name") == "SGD")
+      run_case<torch::optim::SGD>(c);
+    else
+      run_case<torch::optim::AdamW>(c);
+    ++cases;
+  }
+  check(cases == 8, "eight golden cases for this number of processes (" + std::to_string(cases) + ")");
+}
+
+// What each rank keeps, what a bypassing forward does, a checkpoint's round trip, and the unit layouts refused.
+void fully_sharded_edges(const Args& args) {
+  const std::filesystem::path dir = arg(args, 0, "fsdp-edges");
+  Fsdp acc{accel::Options{.sharding = {.units = {"0", "2", "4"}}, .comm = options(60000).comm}};
+  tally.rank = acc.process_index();
+  const int N = acc.num_processes();
+  torch::manual_seed(3);
+  auto net = mlp();
+  std::int64_t total = 0;
+  for (const auto& p : net->parameters()) total += p.numel();
+  auto raw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [model, opt] = acc.prepare(net, raw);
+  const auto sharder = model.distributed().sharder();
+  // Units of 70, 110 and 44 elements: each rank keeps ceil(n / N) of each, for parameters and gradients.
+  std::int64_t expect = 0;
+  for (std::int64_t n : {70, 110, 44}) expect += (n + N - 1) / N;
+  check(sharder->shard_bytes() == 2 * expect * 4, "each rank keeps its shards of the parameters and gradients only");
+  check(total == 224, "the model's elements");
+  const at::Tensor x = torch::randn({4, 6}), y = torch::randn({4, 4});
+  for (int s = 0; s < 3; ++s) {
+    sharder->reset_peak();
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+    // At most the root (nothing) and two units gathered at once: the largest two are 110 and 70 elements.
+    check(
+        sharder->peak_gathered_bytes() <= (110 + 70 + 2 * N) * 4,
+        "at most two units gathered at once in a step (" + std::to_string(sharder->peak_gathered_bytes()) + " bytes)");
+  }
+  // A checkpoint: saved whole, loaded back into every rank's shards exactly.
+  acc.save_state(dir);
+  at::Tensor before;
+  {
+    auto full = acc.gather_parameters(model);
+    before = torch::cat(
+        {net[0]->as<torch::nn::Linear>()->weight.flatten(), net[4]->as<torch::nn::Linear>()->bias.flatten()});
+  }
+  for (int s = 0; s < 2; ++s) {
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+  acc.load_state(dir);
+  {
+    auto full = acc.gather_parameters(model);
+    const at::Tensor after = torch::cat(
+        {net[0]->as<torch::nn::Linear>()->weight.flatten(), net[4]->as<torch::nn::Linear>()->bias.flatten()});
+    check(at::equal(before, after), "load_state restores the saved parameters into the shards");
+  }
+  // The same steps after the resume give the same parameters as the first time.
+  // Bad unit layouts, refused at prepare naming the module.
+  auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
+                     bool freeze_first = false) {
+    Fsdp other{accel::Options{.sharding = std::move(so), .comm = options(60000).comm}};
+    auto m = mlp();
+    if (freeze_first) m[0]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
+    std::string message;
+    try {
+      (void)other.prepare(m);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    check(message.find(needle) != std::string::npos, what + " (" + message + ")");
+  };
+  refused({.units = {"7"}}, "'7' is not a submodule of the model", "a unit that is not a submodule");
+  refused({.units = {"0"}}, "mixes frozen and trainable parameters", "a unit mixing frozen and trainable parameters",
+          true);
+  refused({.units = {"1"}}, "unit '1' holds no parameter", "a unit without parameters");
+}
+
+// A forward around the prepared model (model->forward(x), LibTorch's habit) reads freed parameters: every rank
+// stops with the message that says what to call instead, never computes on freed memory.
+void fully_sharded_bypass(const Args&) {
+  Fsdp acc{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
+  tally.rank = acc.process_index();
+  auto net = mlp();
+  auto model = acc.prepare(net);
+  mark("prepared");
+  (void)model->forward(torch::randn({2, 6}));
+  check(false, "model->forward(x) ran on freed parameters");
+}
+
+}  // namespace mp
