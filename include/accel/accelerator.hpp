@@ -57,6 +57,11 @@
 
 namespace accel {
 
+//! The training loop's one object (Accelerate's `Accelerator`), configured at compile time by its policies (any order,
+//! at most one per slot: `dist`, `batches`, `tail`, `loading`, `rng`, `place`, `shard`) and at run time by `Options`.
+//! It prepares models, optimizers, schedulers and loaders (`prepare`), runs the loop's steps (`accumulate`, `backward`,
+//! `clip_grad_norm_`, `autocast`, `gather_for_metrics`, ...), saves and loads checkpoints (`save_state`, `load_state`)
+//! and drives the trackers. Derive a named type from it: `struct Acc : accel::Accelerator<...> {};`.
 template <class... Policies>
 class Accelerator {
  public:

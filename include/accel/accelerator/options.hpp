@@ -47,7 +47,7 @@ struct Options {
   comm::CommOptions comm{};                   //!< collective and rendezvous timeouts
   LaunchOverrides launch{};                   //!< explicit rank / world size / address, winning over the environment
   std::vector<tracking::Tracker> log_with{};  //!< Accelerate's log_with: the trackers `init_trackers` starts
-  std::filesystem::path logging_dir{};        //!< trackers write into <logging_dir>/<project_name>/ (empty: the
+  std::filesystem::path logging_dir{};        //!< trackers write into `<logging_dir>/<project_name>/` (empty: the
                                               //!< project's logging_dir, else its project_dir)
   ProjectConfiguration project_config{};  //!< checkpoint folder, automatic naming, total_limit (checkpoint/project.hpp)
   PreemptionOptions preemption{};         //!< save and stop on SIGTERM / SIGUSR1 (state/preemption.hpp)

@@ -46,6 +46,8 @@
 
 namespace accel::checkpoint {
 
+//! What a job registers for checkpointing, in `prepare` order, and how a checkpoint is written and read (see the file's
+//! comment); `Accelerator::save_state` and `load_state` are this class.
 class Checkpointer {
  public:
   //! An object that saves into and loads from one archive (an optimizer, a scheduler, the scaler).

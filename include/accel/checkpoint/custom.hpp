@@ -59,6 +59,7 @@ template <class T>
 struct saved_state {
   using type = T;
 };
+//! An object with `state_dict()`: its file holds what `state_dict()` returns.
 template <StateDictSaveable T>
 struct saved_state<T> {
   using type = std::remove_cvref_t<decltype(std::declval<const T&>().state_dict())>;

@@ -119,6 +119,8 @@ struct Settings {
   std::string mixed_precision = "no";  //!< "no", "fp16" or "bf16" (Options::mixed_precision)
   std::int64_t gradient_accumulation_steps = 1;
 };
+//! The job's description in `accel_checkpoint.pt`: the format, the number of processes, how many objects of each kind
+//! were saved, and the trackers' position and training settings.
 struct Meta {
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0,
                scaler = 0, custom = 0;

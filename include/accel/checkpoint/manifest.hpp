@@ -42,6 +42,7 @@ inline constexpr const char* manifest_file = "manifest.txt";
 
 //! The files of one checkpoint directory, their sizes and checksums.
 struct Manifest {
+  //! One file of the checkpoint.
   struct Entry {
     std::string name;
     std::uint64_t size = 0;

@@ -41,6 +41,7 @@ inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g
 }  // namespace detail
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "cpu"/"torch")
+//! `rng::torch`: rank 0's default CPU generator state is broadcast (Accelerate's rng_type "cpu" / "torch").
 template <>
 struct sync_rng<rng::torch> {
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {
@@ -50,6 +51,7 @@ struct sync_rng<rng::torch> {
 };
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "generator")
+//! `rng::generator`: rank 0's state of the loader's sampler generator is broadcast (Accelerate's rng_type "generator").
 template <>
 struct sync_rng<rng::generator> {
   static void run(comm::Communicator& comm, std::optional<at::Generator>& g) {

@@ -14,6 +14,7 @@
 
 namespace accel {
 
+//! `rng::cuda`: rank 0's default GPU generator state is broadcast to every rank.
 template <>
 struct sync_rng<rng::cuda> {
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {

@@ -205,5 +205,8 @@ BatchSamplerShard(S&&, plan::ShardSpec) -> BatchSamplerShard<std::views::all_t<S
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S>
 inline constexpr bool ranges::enable_view<accel::data::BatchSamplerShard<S>> = true;
+//! \endcond

@@ -26,6 +26,7 @@
 
 namespace accel::data {
 
+//! One sample of an `IterableShard`, marked when it is padding.
 template <class T>
 struct ShardSample {
   T value;
@@ -34,6 +35,9 @@ struct ShardSample {
 };
 
 // [accelerate:data_loader.py IterableDatasetShard.__iter__]
+//! Accelerate's `IterableDatasetShard` over any input range of samples, streamed: each rank takes its part of every
+//! chunk of `batch_size * num_processes` samples (or `batch_size` under `split_batches`); a last, incomplete chunk is
+//! completed by repeating the first one, unless `drop_last`. Yields `ShardSample`s.
 template <std::ranges::input_range Source>
 class IterableShard : public std::ranges::view_interface<IterableShard<Source>> {
   using T = std::ranges::range_value_t<Source>;
@@ -120,5 +124,8 @@ IterableShard(S&&, plan::ShardSpec, std::int64_t) -> IterableShard<std::views::a
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S>
 inline constexpr bool ranges::enable_view<accel::data::IterableShard<S>> = true;
+//! \endcond

@@ -29,6 +29,9 @@
 
 namespace accel::data {
 
+//! The prepared loader, what `prepare_data_loader` returns (`ShardedLoader`, `DispatchedLoader` and the stream variants
+//! are its names): a cheap, copyable range handle over shared state, one pass per epoch; `set_epoch`, `epoch`, `size`,
+//! `state_dict` / `load_state_dict`, `skip_first_batches` (see the file's comment).
 template <class Source, class Transport>
 class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source, Transport>> {
  public:
@@ -115,5 +118,8 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S, class T>
 inline constexpr bool ranges::enable_view<accel::data::PreparedLoader<S, T>> = true;
+//! \endcond

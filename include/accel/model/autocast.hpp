@@ -9,6 +9,8 @@
 
 namespace accel {
 
+//! An autocast region for one device type (`torch.autocast`'s `__enter__` / `__exit__`): enables autocast with `dtype`
+//! on construction, restores the previous state on destruction. `Accelerator::autocast()` returns one.
 class AutocastScope {
  public:
   AutocastScope(c10::DeviceType device, at::ScalarType dtype, bool enabled)

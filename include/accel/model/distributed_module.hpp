@@ -55,6 +55,8 @@ namespace accel {
 //! all-reduced, cast back. Both engines reduce both types (Gloo and NCCL); a bucket already 16-bit travels as it is.
 enum class CommHook { none, fp16, bf16 };
 
+//! DDP's settings (PyTorch's `DistributedDataParallel` arguments, Accelerate's `DistributedDataParallelKwargs`); the
+//! `Accelerator` fills them from `Options`.
 struct DistributedOptions {
   std::int64_t bucket_bytes = 25 * 1024 * 1024;
   bool find_unused_parameters = false;
@@ -101,6 +103,9 @@ class SyncScope {
   std::function<void()> on_release_;
 };
 
+//! The user's module with gradients averaged across processes: PyTorch's DistributedDataParallel (bucketed asynchronous
+//! all-reduce during backward, `no_sync`, `broadcast_buffers`, comm hooks, unused parameters); see the file's comment.
+//! `prepare` makes one per model; `PreparedModel` holds it.
 class DistributedModule {
   struct Param {
     std::string name;

@@ -53,6 +53,8 @@ struct GradientPartition {
   }
 };
 
+//! ZeRO stage 2's gradient path (`shard::gradients`): reduces gradient buckets to the ranks that own their partitions,
+//! instead of all-reducing them (see the file's comment). `DistributedModule` runs it.
 class PartitionReducer {
  public:
   static constexpr std::size_t kInFlight = 2;

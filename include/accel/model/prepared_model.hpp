@@ -48,6 +48,9 @@ std::shared_ptr<torch::nn::Module> module_of(const H& h) {
     return h.ptr();
 }
 
+//! What `Accelerator::prepare` returns for a model when several processes may run: the user's module holder and the
+//! `DistributedModule` that averages its gradients. Reads like the holder (`model->`, `*model`); call it as `model(x)`,
+//! the one door where the forward is bracketed as DDP does.
 template <ModuleHandle Holder>
 class PreparedModel {
  public:

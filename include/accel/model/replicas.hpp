@@ -4,7 +4,6 @@
 //! processes' fingerprints (`Options::check_replicas_every`; the accelerator runs it at a step boundary).
 //!
 //! Note [Replica check]
-//! ~~~~~~~~~~~~~~~~~~~~
 //! Data-parallel replicas stay bit-identical only while every process applies the same update to the same bits.
 //! Anything that changes the weights on one rank alone (an optimizer stepped outside accel inside an accumulation
 //! window, a nondeterministic kernel, a rank-dependent branch in user code) makes them diverge, silently, in every

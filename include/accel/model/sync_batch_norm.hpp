@@ -44,6 +44,7 @@
 
 namespace accel {
 
+//! `SyncBatchNorm`'s options: PyTorch's `BatchNorm`'s arguments and defaults.
 struct SyncBatchNormOptions {
   std::int64_t num_features = 0;
   double eps = 1e-5;
@@ -103,6 +104,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 
 }  // namespace detail
 
+//! Batch normalisation with the statistics of the global batch (PyTorch's `SyncBatchNorm`): counts, means and squared
+//! deviations all-gathered in one collective, gradients through them in one all-reduce; local in eval mode and in one
+//! process. Use it through its holder, `SyncBatchNorm`.
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public CollectiveModule {
  public:
   explicit SyncBatchNormImpl(SyncBatchNormOptions o) : options(o) { reset(); }  // NOLINT
@@ -187,6 +191,8 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
  private:
   comm::Communicator* comm_ = nullptr;
 };
+//! The module holder of `SyncBatchNormImpl` (LibTorch's `TORCH_MODULE`), the name a model declares, as it declares
+//! `torch::nn::BatchNorm2d`.
 TORCH_MODULE(SyncBatchNorm);
 
 namespace detail {

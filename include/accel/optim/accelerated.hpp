@@ -65,6 +65,9 @@ concept SavesState = requires(const S& s, S& m, torch::serialize::OutputArchive&
 };
 
 // [accelerate:optimizer.py AcceleratedOptimizer]
+//! The user's optimizer, prepared (Accelerate's `AcceleratedOptimizer`): `step` and `zero_grad` act only when
+//! `GradientState::sync_gradients()` is true, through the GradScaler under fp16 and through the ZeRO partition under
+//! `shard::optimizer` / `shard::gradients`. A handle: copies share one wrapper.
 template <TorchOptimizer Optimizer>
 class AcceleratedOptimizer {
   struct Shared {
@@ -182,9 +185,13 @@ requires std::integral<Loader> || requires(const Loader& l) { l.size(); }
 }
 
 // [accelerate:scheduler.py AcceleratedScheduler]
+//! The user's scheduler, prepared (Accelerate's `AcceleratedScheduler`): steps only after a real optimizer step, N
+//! times per optimizer step under `batches::per_process` (the schedule counts every process's batches), once under
+//! `batches::split`; none after a step the GradScaler skipped. A handle: copies share one wrapper.
 template <TorchScheduler Scheduler>
 class AcceleratedScheduler {
  public:
+  //! How the scheduler steps (set by `Accelerator::prepare` from the configuration and `Options`).
   struct Options {
     int num_processes = 1;
     bool split_batches = false;

@@ -17,6 +17,7 @@
 
 namespace accel {
 
+//! When gradients are synchronised (the `Accumulation` an `Accelerator` builds from `Options`).
 struct AccumulationOptions {
   int steps = 1;                     //!< gradient_accumulation_steps
   bool sync_with_dataloader = true;  //!< force a sync (and a counter reset) on the loader's last batch
@@ -24,6 +25,8 @@ struct AccumulationOptions {
 };
 
 // [accelerate:accelerator.py Accelerator._do_sync / accumulate]
+//! Gradient accumulation's counter (Accelerate's `accumulate` / `_do_sync`): `begin_step()` decides, once per batch,
+//! whether this step synchronises gradients, and publishes it in `GradientState::sync_gradients()`.
 class Accumulation {
  public:
   explicit Accumulation(AccumulationOptions o = {}) : opt_(o) {

@@ -38,6 +38,7 @@
 
 namespace accel {
 
+//! The GradScaler's settings, PyTorch's names and defaults.
 struct GradScalerOptions {
   double init_scale = 65536.0;  //!< 2^16, PyTorch's default
   double growth_factor = 2.0;
@@ -46,6 +47,8 @@ struct GradScalerOptions {
 };
 
 // [torch:amp/grad_scaler.py GradScaler]
+//! Dynamic loss scaling for fp16 training (PyTorch's `torch.amp.GradScaler`): `scale`, `unscale_`, `step`, `update`; an
+//! inf/NaN found on any process skips the step on every process (see the file's comment).
 class GradScaler {
  public:
   explicit GradScaler(c10::Device device, comm::Communicator* comm = nullptr, GradScalerOptions o = {})

@@ -23,30 +23,35 @@ template <class O>
 struct ShardTraits {
   static constexpr bool per_parameter = false;
 };
+//! SGD: state per parameter (the momentum buffer), elementwise update.
 template <>
 struct ShardTraits<torch::optim::SGD> {
   static constexpr bool per_parameter = true;
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
 };
+//! Adam: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::Adam> {
   static constexpr bool per_parameter = true;
   using Options = torch::optim::AdamOptions;
   using State = torch::optim::AdamParamState;
 };
+//! AdamW: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::AdamW> {
   static constexpr bool per_parameter = true;
   using Options = torch::optim::AdamWOptions;
   using State = torch::optim::AdamWParamState;
 };
+//! RMSprop: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::RMSprop> {
   static constexpr bool per_parameter = true;
   using Options = torch::optim::RMSpropOptions;
   using State = torch::optim::RMSpropParamState;
 };
+//! Adagrad: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::Adagrad> {
   static constexpr bool per_parameter = true;

@@ -50,6 +50,8 @@
 
 namespace accel {
 
+//! ZeRO stage 1 (`shard::optimizer`, and stage 2's optimizer side): the optimizer's parameters in one flat buffer, this
+//! rank's inner optimizer stepping its 1/N slice, the buffer all-gathered after each step (see the file's comment).
 class ShardedOptimizer {
  public:
   //! Builds the inner optimizer over the shards' parameter groups.

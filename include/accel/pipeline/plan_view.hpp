@@ -82,6 +82,7 @@ class PlannedBatch {
 //! A plan applied to an epoch's order: a sized random-access view of `PlannedBatch`es.
 class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
  public:
+  //! A random-access iterator over the batches.
   class iterator {
    public:
     using iterator_concept = std::random_access_iterator_tag;
@@ -170,5 +171,8 @@ static_assert(std::ranges::view<PlannedBatches>);
 
 }  // namespace accel::pipeline
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <>
 inline constexpr bool ranges::enable_view<accel::pipeline::PlannedBatches> = true;
+//! \endcond

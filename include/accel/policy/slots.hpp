@@ -22,24 +22,31 @@
 
 namespace accel::slot {
 
+//! The `dist` slot: the distributed engine.
 struct distributed {
   static constexpr std::string_view name = "distributed";
 };
+//! The `batches` slot: `split_batches`.
 struct batching {
   static constexpr std::string_view name = "batching";
 };
+//! The `tail` slot: `even_batches`.
 struct tail {
   static constexpr std::string_view name = "tail";
 };
+//! The `loading` slot: `dispatch_batches`.
 struct loading {
   static constexpr std::string_view name = "loading";
 };
+//! The `rng` slot: which generators are synchronised at each epoch.
 struct rng {
   static constexpr std::string_view name = "rng";
 };
+//! The `place` slot: device placement of batches.
 struct placement {
   static constexpr std::string_view name = "placement";
 };
+//! The `shard` slot: ZeRO stage (optimizer state, gradients).
 struct sharding {
   static constexpr std::string_view name = "sharding";
 };
@@ -53,6 +60,7 @@ template <class T>
 struct slot_of {
   using type = void;
 };
+//! A policy's slot: its nested `slot` type.
 template <class T>
 requires requires { typename T::slot; }
 struct slot_of<T> {

@@ -92,6 +92,7 @@ struct Engine {
                             const ProcessOptions&);  // declared only: the assertion above is the error
 };
 
+//! `dist::none`: one process, no communicator; the GPU when the build has CUDA and one is visible.
 template <>
 struct Engine<dist::none> {
   static Connection connect(const LaunchEnv& env, const ProcessOptions&) {
@@ -102,6 +103,7 @@ struct Engine<dist::none> {
   }
 };
 
+//! `dist::gloo`: c10d's ProcessGroupGloo over accel's rendezvous, on the CPU.
 template <>
 struct Engine<dist::gloo> {
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
@@ -126,6 +128,7 @@ struct Engine<dist::gloo> {
 };
 
 #if ACCEL_WITH_CUDA
+//! `dist::nccl`: NCCL on accel's own stream, one GPU per process (CUDA builds only).
 template <>
 struct Engine<dist::nccl> {
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
@@ -144,6 +147,8 @@ struct Engine<dist::nccl> {
 };
 #endif
 
+//! `dist::from_env`: `dist::none` for one process; for several, NCCL when the build has CUDA and the process sees a
+//! GPU, else Gloo.
 template <>
 struct Engine<dist::from_env> {
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {

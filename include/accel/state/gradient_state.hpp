@@ -47,6 +47,9 @@
 
 namespace accel {
 
+//! Accelerate's `GradientState`, one per process (`instance()`): whether this step synchronises gradients, whether the
+//! loop's batch is its loader's last (`end_of_dataloader`), which rows are padding (`layout`), and the joined steps of
+//! uneven tails (Note [Joined steps]).
 class GradientState {
  public:
   //! What a loader publishes about the batch the loop holds: whether it is the last, and every rank's plan

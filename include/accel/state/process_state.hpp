@@ -58,6 +58,9 @@ struct on_process_result<void> {
 template <class F>
 using OnProcessResult = typename detail::on_process_result<std::invoke_result_t<F>>::type;
 
+//! Which process this is, its device and its communicator (Accelerate's `PartialState`): ranks, barriers,
+//! `main_process_first`, `split_between_processes`, `print`, `on_main_process` and its kin. One per process: the first
+//! construction connects, later ones share it.
 class ProcessState {
   struct Shared {
     LaunchEnv env;

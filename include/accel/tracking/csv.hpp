@@ -26,6 +26,7 @@
 
 namespace accel::tracking {
 
+//! The CSV tracker (`Tracker::csv`): `metrics.csv`, a "step" column and one column per logged name.
 class CsvWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.csv";

@@ -103,6 +103,7 @@ inline std::string json_object(const Values& values, std::optional<std::int64_t>
 }
 }  // namespace detail
 
+//! The JSONL tracker (`Tracker::jsonl`): `metrics.jsonl`, one JSON object per `log` call.
 class JsonlWriter final : public Writer {
  public:
   static constexpr const char* file_name = "metrics.jsonl";

@@ -20,7 +20,7 @@ namespace accel::tracking {
 enum class Tracker {
   jsonl,        //!< metrics.jsonl: one JSON object per `log` call, {"step": s, name: value, ...}
   csv,          //!< metrics.csv: a "step" column, then one column per name
-  tensorboard,  //!< events.out.tfevents.<time>.<host>: TensorBoard's event file (scalars, text)
+  tensorboard,  //!< `events.out.tfevents.<time>.<host>`: TensorBoard's event file (scalars, text)
 };
 
 //! A logged value (an `int` literal is an integer, a `double` a double, a string literal a string).

@@ -36,6 +36,8 @@
 
 namespace accel::tracking {
 
+//! The trackers of one run (what `Accelerator::init_trackers`, `log` and `end_training` act on): the main process
+//! writes, every process keeps the position (see the file's comment).
 class Trackers {
  public:
   static constexpr const char* config_file = "config.json";

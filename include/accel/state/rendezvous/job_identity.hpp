@@ -5,14 +5,12 @@
 //! random ids and secrets accel-launch generates.
 //!
 //! Note [Job keys]
-//! ~~~~~~~~~~~~~~~
 //! Every key lives under `accel/<job id>/<restart generation>/` (the launcher's under `accel-launch/<job id>/`):
 //! two jobs, or two attempts of one job, that meet on one port never read each other's keys. The id is
 //! `ACCEL_JOB_ID` (accel-launch generates one, or takes `--job-id`), else the scheduler's (torchrun's
 //! `TORCHELASTIC_RUN_ID`, SLURM's `SLURM_JOB_ID.SLURM_STEP_ID`, PMIx's namespace, PBS, LSF), else `none`.
 //!
 //! Note [Ended ranks]
-//! ~~~~~~~~~~~~~~~~~~
 //! A launcher knows at once when one of its processes ends (accel-launch waits on a pidfd per process); the other
 //! processes of the job would learn it only from a closed connection, or from a heartbeat that stops for
 //! `CommOptions::peer_timeout`. So the launcher writes the first process of a generation that ended abnormally to

@@ -5,7 +5,6 @@
 //! (`host_store`) and a client of it (`connect_store`).
 //!
 //! Note [Listening surface]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~
 //! c10d's `TCPStore` server listens on every interface. accel binds the socket itself and hands it to the server
 //! (`TCPStoreOptions::masterListenFd`): a loopback master address (127.0.0.0/8, ::1, localhost) is a job on one
 //! host, and its store listens on loopback only; any other master address must be an address of the host that

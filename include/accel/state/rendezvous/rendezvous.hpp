@@ -16,7 +16,6 @@
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are state/rendezvous/heartbeat.hpp.
 //!
 //! Note [Exit]
-//! ~~~~~~~~~~~
 //! A process that ends normally (`main` returns, `std::exit`, a `Preempted` caught and returned from) runs its exit
 //! handlers in the reverse order of their registration, interleaved with the destructors of static objects. accel's
 //! threads must not outlive what they use: the heartbeat signs every beat with OpenSSL's HMAC, and OpenSSL frees its

@@ -7,7 +7,6 @@
 //! store (`Seal`, `JobStore`) and includes both.
 //!
 //! Note [Authenticated keys]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~~
 //! With a job secret (`ACCEL_JOB_SECRET`, or the file `ACCEL_JOB_SECRET_FILE` names; accel-launch generates one
 //! for a job on one host), every value a process writes carries an HMAC-SHA256 of the key and the value
 //! (OpenSSL), and every value read is checked: a value that fails is reported once by the name of its key and
