@@ -31,7 +31,9 @@ struct CollectiveMismatch : CommunicationError {
 //! A file accel reads (a checkpoint's file, a tool's input) that is missing, truncated, damaged or not what it
 //! claims to be. The message starts with the file's path and says what is wrong with it; `path()` is that path.
 struct FileError : Error {
+  //! An error about the file `path`: the message is `path: what`.
   FileError(std::string path, const std::string& what) : Error(path + ": " + what), path_(std::move(path)) {}
+  //! The file the error is about.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
  private:

@@ -8,19 +8,19 @@ namespace accel::shard {
 
 //! Every process holds the whole optimizer state (plain DDP). The default.
 struct none {
-  using slot = accel::slot::sharding;
+  using slot = accel::slot::sharding;  //!< fills the `shard` slot
 };
 //! ZeRO stage 1: each process keeps the optimizer state of its 1/N partition of a flat parameter space, steps
 //! only that partition, and all-gathers the updated parameters (optim/sharded.hpp). Gradients are still averaged
 //! whole, as in DDP. Needs several processes.
 struct optimizer {
-  using slot = accel::slot::sharding;
+  using slot = accel::slot::sharding;  //!< fills the `shard` slot
 };
 //! ZeRO stage 2: stage 1, and each gradient is reduced during backward to the process that owns its partition
 //! (model/partition_reducer.hpp), so each process keeps only its partition's gradients after a synchronising
 //! backward (the parameters' own gradients are released). Needs several processes.
 struct gradients {
-  using slot = accel::slot::sharding;
+  using slot = accel::slot::sharding;  //!< fills the `shard` slot
 };
 
 static_assert(PolicyOf<none, slot::sharding> && PolicyOf<optimizer, slot::sharding> &&
