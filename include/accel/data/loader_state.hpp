@@ -72,10 +72,12 @@ struct LoaderState {
   std::int64_t kind = 0;        //!< `LoaderKind`
   bool split = false;           //!< `batches::split`
 };
+//! The state's fields, for accel's typed serialisation (core/serialize.hpp).
 inline auto accel_fields(LoaderState& s) {
   return std::tie(s.epoch, s.batches, s.generator_state, s.position, s.processes, s.drawn_by, s.samples, s.batch_size,
                   s.kind, s.split);
 }
+//! The state's fields, read-only.
 inline auto accel_fields(const LoaderState& s) {
   return std::tie(s.epoch, s.batches, s.generator_state, s.position, s.processes, s.drawn_by, s.samples, s.batch_size,
                   s.kind, s.split);

@@ -63,16 +63,14 @@ class StateIO {
   //! True when loading (a scheduler re-derives what it keeps from a loaded field here, e.g. a sorted list).
   [[nodiscard]] bool reading() const noexcept { return in_ != nullptr; }
 
+  //!@{
   //! One field under `key`: a count, a number, a flag or a list of them, written or read back.
   void operator()(const std::string& key, std::int64_t& v) { io(key, v, &c10::IValue::toInt); }
-  //! \copydoc operator()(const std::string&, std::int64_t&)
   void operator()(const std::string& key, double& v) { io(key, v, &c10::IValue::toDouble); }
-  //! \copydoc operator()(const std::string&, std::int64_t&)
   void operator()(const std::string& key, bool& v) { io(key, v, &c10::IValue::toBool); }
-  //! \copydoc operator()(const std::string&, std::int64_t&)
   void operator()(const std::string& key, std::vector<double>& v) { io(key, v, &c10::IValue::toDoubleVector); }
-  //! \copydoc operator()(const std::string&, std::int64_t&)
   void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
+  //!@}
   //! A number within `b` (NaN is never within).
   template <class T>
   requires std::same_as<T, std::int64_t> || std::same_as<T, double>

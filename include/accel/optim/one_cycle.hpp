@@ -28,23 +28,26 @@ struct OneCycleLROptions {
 //! `OneCycleLROptions` without `max_lr`, the fields in their former order (so `OneCycleOptions{100}` still sets
 //! `total_steps`).
 struct OneCycleOptions {
-  std::int64_t total_steps = 0;             //!< \copydoc OneCycleLROptions::total_steps
-  std::int64_t epochs = 0;                  //!< \copydoc OneCycleLROptions::epochs
-  std::int64_t steps_per_epoch = 0;         //!< \copydoc OneCycleLROptions::steps_per_epoch
-  double pct_start = 0.3;                   //!< \copydoc OneCycleLROptions::pct_start
-  Anneal anneal_strategy = Anneal::cos;     //!< \copydoc OneCycleLROptions::anneal_strategy
-  bool cycle_momentum = true;               //!< \copydoc OneCycleLROptions::cycle_momentum
-  std::vector<double> base_momentum{0.85};  //!< \copydoc OneCycleLROptions::base_momentum
-  std::vector<double> max_momentum{0.95};   //!< \copydoc OneCycleLROptions::max_momentum
-  double div_factor = 25.0;                 //!< \copydoc OneCycleLROptions::div_factor
-  double final_div_factor = 1e4;            //!< \copydoc OneCycleLROptions::final_div_factor
-  bool three_phase = false;                 //!< \copydoc OneCycleLROptions::three_phase
+  //!@{
+  //! As the field of the same name in `OneCycleLROptions`.
+  std::int64_t total_steps = 0;
+  std::int64_t epochs = 0;
+  std::int64_t steps_per_epoch = 0;
+  double pct_start = 0.3;
+  Anneal anneal_strategy = Anneal::cos;
+  bool cycle_momentum = true;
+  std::vector<double> base_momentum{0.85};
+  std::vector<double> max_momentum{0.95};
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+  //!@}
 };
 
 //! The groups' initial rates become `max_lr / div_factor` (PyTorch overwrites `initial_lr`), whatever they were.
 class OneCycleLR : public ExactScheduler {
  public:
-  //! \copydoc OneCycleLROptions
+  //! The options struct, `OneCycleLROptions`.
   using Options = OneCycleLROptions;
   //! Sets the groups' initial rates to `max_lr / div_factor` (and the momentum to `max_momentum`) and takes PyTorch's
   //! initial step.

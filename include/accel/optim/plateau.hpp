@@ -32,7 +32,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
   friend class detail::SavedFields<ReduceLROnPlateau>;
 
  public:
-  //! \copydoc ReduceLROnPlateauOptions
+  //! The options struct, `ReduceLROnPlateauOptions`.
   using Options = ReduceLROnPlateauOptions;
   //! Reads the groups' current rates; no step is taken.
   explicit ReduceLROnPlateau(torch::optim::Optimizer& opt, Options o = {})

@@ -94,7 +94,7 @@ struct StepLROptions {
 //! The rates decay by `gamma` every `step_size` steps (PyTorch's `StepLR`, which LibTorch's own applies one step late).
 class StepLR : public ExactScheduler {
  public:
-  //! \copydoc StepLROptions
+  //! The options struct, `StepLROptions`.
   using Options = StepLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   StepLR(torch::optim::Optimizer& opt, Options o)
@@ -136,7 +136,7 @@ struct MultiStepLROptions {
 //! The rates decay by `gamma` at each milestone (PyTorch's `MultiStepLR`; a milestone given twice decays twice).
 class MultiStepLR : public ExactScheduler {
  public:
-  //! \copydoc MultiStepLROptions
+  //! The options struct, `MultiStepLROptions`.
   using Options = MultiStepLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   MultiStepLR(torch::optim::Optimizer& opt, Options o)
@@ -183,7 +183,7 @@ struct ConstantLROptions {
 //! The initial rates times `factor` until `total_iters` steps, then the initial rates.
 class ConstantLR : public ExactScheduler {
  public:
-  //! \copydoc ConstantLROptions
+  //! The options struct, `ConstantLROptions`.
   using Options = ConstantLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   ConstantLR(torch::optim::Optimizer& opt, Options o)
@@ -224,7 +224,7 @@ struct ExponentialLROptions {
 //! Each step multiplies the rates by `gamma` (PyTorch's `ExponentialLR`).
 class ExponentialLR : public ExactScheduler {
  public:
-  //! \copydoc ExponentialLROptions
+  //! The options struct, `ExponentialLROptions`.
   using Options = ExponentialLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   ExponentialLR(torch::optim::Optimizer& opt, Options o) : ExactScheduler(opt, o.last_epoch), gamma_(o.gamma) {
@@ -263,7 +263,7 @@ struct LinearLROptions {
 //! then stays (PyTorch's `LinearLR`).
 class LinearLR : public ExactScheduler {
  public:
-  //! \copydoc LinearLROptions
+  //! The options struct, `LinearLROptions`.
   using Options = LinearLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   LinearLR(torch::optim::Optimizer& opt, Options o)
@@ -318,7 +318,7 @@ struct PolynomialLROptions {
 //! The initial rates times `(1 - t / total_iters)^power`, 0 from `total_iters` on.
 class PolynomialLR : public ExactScheduler {
  public:
-  //! \copydoc PolynomialLROptions
+  //! The options struct, `PolynomialLROptions`.
   using Options = PolynomialLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   PolynomialLR(torch::optim::Optimizer& opt, Options o)
@@ -359,7 +359,7 @@ struct CosineAnnealingLROptions {
 //! `CosineAnnealingLR`, its chainable recurrence; no restarts: past `T_max` the cosine goes on, back up).
 class CosineAnnealingLR : public ExactScheduler {
  public:
-  //! \copydoc CosineAnnealingLROptions
+  //! The options struct, `CosineAnnealingLROptions`.
   using Options = CosineAnnealingLROptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   CosineAnnealingLR(torch::optim::Optimizer& opt, Options o)
@@ -420,7 +420,7 @@ struct CosineAnnealingWarmRestartsOptions {
 //! `T_0 * T_mult`, ... (SGDR). Stepped without an epoch, as here, PyTorch counts `T_cur` up and restarts it.
 class CosineAnnealingWarmRestarts : public ExactScheduler {
  public:
-  //! \copydoc CosineAnnealingWarmRestartsOptions
+  //! The options struct, `CosineAnnealingWarmRestartsOptions`.
   using Options = CosineAnnealingWarmRestartsOptions;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   CosineAnnealingWarmRestarts(torch::optim::Optimizer& opt, Options o)
@@ -506,7 +506,7 @@ struct CyclicLROptions {
 //! cycle, exp_range multiplies it by `gamma^iteration`. PyTorch's custom `scale_fn` is not offered.
 class CyclicLR : public ExactScheduler {
  public:
-  //! \copydoc CyclicLROptions
+  //! The options struct, `CyclicLROptions`.
   using Options = CyclicLROptions;
   //! Sets the groups' rates to `base_lr` (and the momentum to `max_momentum`) and takes PyTorch's initial step.
   CyclicLR(torch::optim::Optimizer& opt, Options o)
@@ -624,9 +624,9 @@ struct LambdaLROptions {
 //! only callable objects' attributes): a resumed job builds the scheduler with the same functions and `load`s.
 class LambdaLR : public ExactScheduler {
  public:
-  //! \copydoc LambdaLROptions
+  //! The options struct, `LambdaLROptions`.
   using Options = LambdaLROptions;
-  //! \copydoc LrLambdas::Fn
+  //! A function of the step count returning a factor (`LrLambdas::Fn`).
   using Fn = LrLambdas::Fn;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   LambdaLR(torch::optim::Optimizer& opt, Options o)
@@ -639,7 +639,7 @@ class LambdaLR : public ExactScheduler {
   requires std::is_invocable_r_v<double, F&, std::int64_t> LambdaLR(torch::optim::Optimizer& opt, F fn,
                                                                     std::int64_t last_epoch = -1)
       : LambdaLR(opt, Options{.lr_lambda = Fn(std::move(fn)), .last_epoch = last_epoch}) {}
-  //! \copydoc LambdaLR(torch::optim::Optimizer&, F, std::int64_t)
+  //! The positional spelling with one function per group (exactly one per group).
   template <class Fns = std::vector<Fn>>
   requires std::same_as<Fns, std::vector<Fn>> LambdaLR(torch::optim::Optimizer& opt, Fns fns,
                                                        std::int64_t last_epoch = -1)
@@ -672,9 +672,9 @@ struct MultiplicativeLROptions {
 //! Each step multiplies each group's current rate by `lr_lambda(last_epoch)`. The functions are not state.
 class MultiplicativeLR : public ExactScheduler {
  public:
-  //! \copydoc MultiplicativeLROptions
+  //! The options struct, `MultiplicativeLROptions`.
   using Options = MultiplicativeLROptions;
-  //! \copydoc LrLambdas::Fn
+  //! A function of the step count returning a factor (`LrLambdas::Fn`).
   using Fn = LrLambdas::Fn;
   //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   MultiplicativeLR(torch::optim::Optimizer& opt, Options o)
@@ -707,7 +707,7 @@ struct SequentialLROptions {
 //! `opt` first, as in PyTorch: each built scheduler has stepped once, which this constructor undoes.
 class SequentialLR : public ExactScheduler {
  public:
-  //! \copydoc SequentialLROptions
+  //! The options struct, `SequentialLROptions`.
   using Options = SequentialLROptions;
   //! Undoes the initial step each scheduler took when built, then takes the first one's.
   SequentialLR(torch::optim::Optimizer& opt, Options o)
@@ -781,7 +781,7 @@ struct ChainedSchedulerOptions {
 //! initial step of its own; `last_epoch()` counts its steps (PyTorch's has no `last_epoch`).
 class ChainedScheduler : public ExactScheduler {
  public:
-  //! \copydoc ChainedSchedulerOptions
+  //! The options struct, `ChainedSchedulerOptions`.
   using Options = ChainedSchedulerOptions;
   //! Takes no initial step (PyTorch's takes none): each scheduler took its own when built.
   ChainedScheduler(torch::optim::Optimizer& opt, Options o)

@@ -29,32 +29,32 @@ struct distributed {
 };
 //! The `batches` slot: `split_batches`.
 struct batching {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "batching";
 };
 //! The `tail` slot: `even_batches`.
 struct tail {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "tail";
 };
 //! The `loading` slot: `dispatch_batches`.
 struct loading {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "loading";
 };
 //! The `rng` slot: which generators are synchronised at each epoch.
 struct rng {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "rng";
 };
 //! The `place` slot: device placement of batches.
 struct placement {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "placement";
 };
 //! The `shard` slot: ZeRO stage (optimizer state, gradients).
 struct sharding {
-  //! \copydoc distributed::name
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "sharding";
 };
 
