@@ -13,6 +13,7 @@ namespace accel {
 //! on construction, restores the previous state on destruction. `Accelerator::autocast()` returns one.
 class AutocastScope {
  public:
+  //! Enters autocast for `device` with `dtype` when `enabled` (else changes nothing).
   AutocastScope(c10::DeviceType device, at::ScalarType dtype, bool enabled)
       : device_(device),
         previous_enabled_(at::autocast::is_autocast_enabled(device)),

@@ -58,9 +58,10 @@ inline at::Tensor replica_fingerprint(const std::vector<at::Tensor>& tensors) {
 //! Where the processes' fingerprints (`replica_fingerprint` of each, in rank order) first differ: the row and the
 //! ranks whose row differs from rank 0's; nothing when all agree.
 struct ReplicaMismatch {
-  std::int64_t row = 0;
-  std::vector<int> ranks;
+  std::int64_t row = 0;    //!< the first row (parameter) that differs
+  std::vector<int> ranks;  //!< the ranks whose row differs from rank 0's
 };
+//! Compares the processes' fingerprints (see `ReplicaMismatch`).
 inline std::optional<ReplicaMismatch> compare_replicas(const std::vector<at::Tensor>& per_rank) {
   if (per_rank.size() < 2) return std::nullopt;
   std::vector<at::Tensor> cpu;
