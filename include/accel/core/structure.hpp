@@ -142,8 +142,8 @@ std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
 //! plans of `accel/plan/plan.hpp` give both for every rank without communicating; `gather_for_metrics` keeps
 //! exactly the real rows).
 struct GatherLayout {
-  std::vector<std::int64_t> size;
-  std::vector<std::int64_t> real;
+  std::vector<std::int64_t> size;  //!< rows each rank holds
+  std::vector<std::int64_t> real;  //!< of which real (the first ones)
 };
 
 }  // namespace accel

@@ -188,6 +188,7 @@ class TensorBoardWriter final : public Writer {
     write_summary(summary, step);
   }
   void finish() override { out_.close(); }
+  //! The event file it writes.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
  private:

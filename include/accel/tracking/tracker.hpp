@@ -52,6 +52,7 @@ struct Position {
     if (!last_step) return 0;
     return *last_step == std::numeric_limits<std::int64_t>::max() ? *last_step : *last_step + 1;
   }
+  //! The same position.
   bool operator==(const Position&) const = default;
 };
 

@@ -47,8 +47,8 @@ namespace accel::rendezvous {
 //! Who the job is on its store: the id its keys live under, and the secret its values are sealed with (empty:
 //! not authenticated).
 struct JobIdentity {
-  std::string id = "none";
-  std::string secret;
+  std::string id = "none";  //!< the id every key lives under
+  std::string secret;       //!< the secret every value is sealed with
 };
 
 //! Checks a job id: letters, digits, `.`, `_`, `-`, at most 128 characters (it becomes part of every key).
@@ -139,7 +139,7 @@ inline std::string job_prefix(const std::string& id, int generation) {
 
 //! A process of the job that ended abnormally, as its launcher reports it (Note [Ended ranks]).
 struct EndedRank {
-  int rank = -1;
+  int rank = -1;     //!< its rank
   int signal = 0;    //!< the signal that killed it; 0: it exited with a code
   std::string what;  //!< "was killed by signal 9 (Killed)", "exited with code 1"
 
