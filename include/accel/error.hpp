@@ -6,6 +6,9 @@
 #include <string>
 #include <utility>
 
+//! Everything a training loop writes beside the `Accelerator` (Accelerate's top-level names): the `Accelerator`,
+//! `Options`, the prepared wrappers, schedulers, `GradScaler`, the collectives, the errors (include/accel/README.md,
+//! "Namespaces").
 namespace accel {
 
 //! Base of every error accel raises.

@@ -54,6 +54,8 @@
 #include <utility>
 #include <vector>
 
+//! Checkpoints: the directory's layout, the checkpointer, projects, custom objects, the manifest, the checked readers
+//! of torch archives and pickles, and safetensors.
 namespace accel::checkpoint {
 
 // 2: the manifest (format 1 had none). 3: custom objects; loader states with a global position and a description

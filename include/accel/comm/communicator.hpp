@@ -65,6 +65,7 @@
 #include <thread>
 #include <vector>
 
+//! The `Communicator` interface, its engines' declarations and what every rank must agree on per collective.
 namespace accel::comm {
 
 //! The collectives of one process group. Shared, not copied; one engine implements it per `dist` tag.

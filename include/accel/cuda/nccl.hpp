@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+//! What needs the CUDA runtime or NCCL (ACCEL_WITH_CUDA builds only): the NCCL engine and the side stream of
+//! asynchronous placement.
 namespace accel::cuda {
 
 //! Throws an `Error` naming `what` if `e` is a CUDA error.

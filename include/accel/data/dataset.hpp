@@ -32,19 +32,24 @@
 #include <utility>
 #include <vector>
 
+//! The user's data vocabulary: datasets, `DataLoader` and its options, samplers, Accelerate's shards, collation, the
+//! prepared loaders and their state.
 namespace accel::data {
 
+//! A map-style dataset: `size()` and `get(i)` (PyTorch's `__len__` and `__getitem__`).
 template <class D>
 concept MapDataset = requires(const D& d, std::int64_t i) {
   { d.size() } -> std::convertible_to<std::int64_t>;
   d.get(i);
 };
 
+//! A map-style dataset that can also fetch a whole batch at once (`get_batch(indices)`).
 template <class D>
 concept BatchedDataset = MapDataset<D> && requires(const D& d, std::span<const std::int64_t> idx) {
   d.get_batch(idx);
 };
 
+//! An iterable dataset: any input range of samples that is not map-style, read as a stream.
 template <class D>
 concept IterableDataset = std::ranges::input_range<D> && !MapDataset<D>;
 

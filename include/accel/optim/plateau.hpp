@@ -45,7 +45,7 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
     reset();
   }
 
-  void step() = delete;  // a plateau is judged on a metric: step(metric)
+  void step() = delete;  //!< a plateau is judged on a metric: `step(metric)`
   // [torch:optim/lr_scheduler.py ReduceLROnPlateau.step]
   //! One step judged on `metric` (PyTorch's `step(metrics)`): after more than `patience` steps without improvement,
   //! each group's rate becomes `max(rate * factor, min_lr)`, then `cooldown` steps pass before counting again.

@@ -599,6 +599,7 @@ struct LrLambdas : std::vector<std::function<double(std::int64_t)>> {
   //! A function of the step count returning a factor.
   using Fn = std::function<double(std::int64_t)>;
   using std::vector<Fn>::vector;
+  //! No function (the options' default; `lr_lambda` is required).
   LrLambdas() = default;
   //! One function for every group (so that `.lr_lambda = fn` reads as PyTorch's `lr_lambda=fn`).
   template <class F>

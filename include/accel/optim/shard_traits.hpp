@@ -102,6 +102,7 @@ void set_state_step(S& s, std::int64_t n) {
 }
 }  // namespace detail
 
+//! An optimizer ZeRO may shard (`ShardTraits<O>::per_parameter`).
 template <class O>
 concept ShardableOptimizer = ShardTraits<O>::per_parameter;
 

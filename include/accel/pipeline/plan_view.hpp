@@ -27,6 +27,7 @@
 #include <numeric>
 #include <ranges>
 
+//! The machinery of a prepared loader. Only its plan view, which `accel::data` declares too, is in the API reference.
 namespace accel::pipeline {
 
 //! One planned batch: which dataset indices, how many are real, whether it ends the epoch.

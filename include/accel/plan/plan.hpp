@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <string>
 
+//! Sharding plans: the index arithmetic of Accelerate's samplers, shards and dispatcher, closed-form (what `accel-plan`
+//! prints).
 namespace accel::plan {
 
 //! How one process takes part in an epoch: the data-loading half of an `Accelerator`'s configuration plus the

@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `batches` policies: Accelerate's `split_batches`.
 namespace accel::batches {
 
 //! `batch_size` is per process: one optimizer step sees `batch_size * num_processes` samples. The default

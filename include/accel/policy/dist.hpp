@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `dist` policies: the distributed engine.
 namespace accel::dist {
 
 //! One process, no communication. Collectives return their input (Accelerate's `DistributedType.NO`).

@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `loading` policies: Accelerate's `dispatch_batches`.
 namespace accel::loading {
 
 //! Every process reads only its own shard of every batch. The default (`DataLoaderShard`).

@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `place` policies: device placement of batches.
 namespace accel::place {
 
 //! Batches stay where the dataset made them (`device_placement=False`).

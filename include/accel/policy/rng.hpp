@@ -7,6 +7,7 @@
 
 #include <concepts>
 
+//! The `rng` policies: the generators synchronised at each epoch (Accelerate's `rng_types`).
 namespace accel::rng {
 
 //! The kinds of generator that can be synchronised. They are arguments of `sync<...>`, not policies.
@@ -20,6 +21,7 @@ struct generator {
   static constexpr const char* name = "generator";  //!< Accelerate's rng_type name
 };                                                  //!< the loader's sampler generator
 
+//! A kind of generator `rng::sync` can name.
 template <class K>
 concept Kind = std::same_as<K, torch> || std::same_as<K, cuda> || std::same_as<K, generator>;
 

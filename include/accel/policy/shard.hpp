@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `shard` policies: ZeRO stages.
 namespace accel::shard {
 
 //! Every process holds the whole optimizer state (plain DDP). The default.

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <type_traits>
 
+//! The seven slots of a configuration (each policy tag names one).
 namespace accel::slot {
 
 //! The `dist` slot: the distributed engine.

@@ -4,6 +4,7 @@
 
 #include <accel/policy/slots.hpp>
 
+//! The `tail` policies: Accelerate's `even_batches`.
 namespace accel::tail {
 
 //! Every process yields the same number of full batches; the last round is completed with samples from

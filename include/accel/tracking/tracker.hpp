@@ -14,6 +14,7 @@
 #include <string>
 #include <variant>
 
+//! Experiment trackers: JSONL, CSV and TensorBoard event files.
 namespace accel::tracking {
 
 //! The trackers `Options::log_with` can name; each writes into `<logging_dir>/<project_name>/`.

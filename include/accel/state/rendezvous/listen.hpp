@@ -35,6 +35,7 @@ namespace accel::rendezvous {
 
 // ---- where the store listens (Note [Listening surface]) -----------------------------------------------------
 
+//! Address helpers of the listening surface.
 namespace net {
 //! The numeric address of `sa` ("10.0.0.1", "::1").
 inline std::string numeric(const sockaddr* sa) {

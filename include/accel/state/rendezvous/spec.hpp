@@ -7,6 +7,8 @@
 
 #include <string>
 
+//! Where a job meets: its store (scoped by the job id, its values sealed with the job secret), where it listens, the
+//! arrival check and the heartbeat; `accel-launch` uses it too.
 namespace accel::rendezvous {
 
 //! Where the processes of a job meet: the store's address (rank 0 hosts it unless `host_store` is false), this
