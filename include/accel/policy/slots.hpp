@@ -14,7 +14,7 @@
 //! | `loading`     | `loading::sharded, dispatched`         | `DataLoaderConfiguration.dispatch_batches`      |
 //! | `rng`         | `rng::sync<kinds...>, rng::none`       | `Accelerator(rng_types=[...])`                  |
 //! | `placement`   | `place::none, device, async`           | `device_placement` (+ `non_blocking`)           |
-//! | `sharding`    | `shard::none, optimizer`               | DeepSpeed's ZeRO stage (0, 1)                   |
+//! | `sharding`    | `shard::none, optimizer, gradients`    | DeepSpeed's ZeRO stage (0, 1, 2)                |
 
 #include <concepts>
 #include <string_view>
