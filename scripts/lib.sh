@@ -15,13 +15,16 @@ ACCEL_BUILD="${ACCEL_BUILD:-$ACCEL_ROOT/build}"
 # provides the gloo headers that LibTorch's ProcessGroupGloo.hpp includes (the torch wheel ships none).
 ACCEL_APT_PACKAGES=(cmake g++ ninja-build ccache python3-venv librange-v3-dev libboost-dev catch2 libgloo-dev
                     libcli11-dev nlohmann-json3-dev libbenchmark-dev libssl-dev procps  # procps: pkill in tests
-                    clang-format-14)  # the layout check (tests/static/format.py)
+                    clang-format-14  # the layout check (tests/static/format.py)
+                    doxygen)         # the API reference (scripts/docs, the docs.reference test)
 
 log() { printf '\033[1m[accel]\033[0m %s\n' "$*" >&2; }
 
+# install_apt [PACKAGE...]: the packages named (scripts/docs needs doxygen alone), or every one the build uses.
 install_apt() {
-  local missing=()
-  for p in "${ACCEL_APT_PACKAGES[@]}"; do
+  local missing=() wanted=("$@")
+  [ ${#wanted[@]} -eq 0 ] && wanted=("${ACCEL_APT_PACKAGES[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0

@@ -1,10 +1,10 @@
 #pragma once
 //! \file
-//! Umbrella header: everything in accel, layer by layer (README, "Layout"). The CUDA specialisations (`cuda/`)
-//! come with the generic headers that need them whenever ACCEL_WITH_CUDA is set. Under ACCEL_SEPARATE_COMPILATION
-//! (detail/linkage.hpp) the implementation headers are left to <accel/src.hpp>: the engines (comm/gloo.hpp,
-//! cuda/nccl.hpp) and the trackers' writers (tracking/csv.hpp, jsonl.hpp, tensorboard.hpp); include one by name
-//! to use it directly.
+//! Umbrella header: everything in accel, layer by layer (include/accel/README.md, "Layers"). The CUDA
+//! specialisations (`cuda/`) come with the generic headers that need them whenever ACCEL_WITH_CUDA is set. Under
+//! ACCEL_SEPARATE_COMPILATION (detail/linkage.hpp) the implementation headers are left to <accel/src.hpp>: the
+//! engines (comm/gloo.hpp, cuda/nccl.hpp) and the trackers' writers (tracking/csv.hpp, jsonl.hpp, tensorboard.hpp);
+//! include one by name to use it directly.
 
 #include <accel/config.hpp>
 #include <accel/error.hpp>

@@ -57,18 +57,27 @@
 
 namespace accel {
 
+//! The training loop's one object (Accelerate's `Accelerator`), configured at compile time by its policies (any order,
+//! at most one per slot: `dist`, `batches`, `tail`, `loading`, `rng`, `place`, `shard`) and at run time by `Options`.
+//! It prepares models, optimizers, schedulers and loaders (`prepare`), runs the loop's steps (`accumulate`, `backward`,
+//! `clip_grad_norm_`, `autocast`, `gather_for_metrics`, ...), saves and loads checkpoints (`save_state`, `load_state`)
+//! and drives the trackers. Derive a named type from it: `struct Acc : accel::Accelerator<...> {};`.
 template <class... Policies>
 class Accelerator {
  public:
   //! The resolved configuration: `config::dist`, `config::split_batches`, `config::dispatch`, ... Naming it
   //! instantiates the checks: a wrong list of policies stops the build here with one message.
   using config = CheckedConfig<Policies...>;
+  //! The configuration's problem (`ConfigProblem::none` for a valid one).
   static constexpr ConfigProblem problem = config::problem;
+  //! `dist::none`: one process, nothing to wrap.
   static constexpr bool one_process = std::is_same_v<typename config::dist, dist::none>;
   //! The engine connecting the processes (state/engine.hpp); a configuration with a problem, which has already
   //! stopped the build with its message, falls back to `dist::none` so that it is the only error.
   using engine = std::conditional_t<problem == ConfigProblem::none, typename config::dist, dist::none>;
 
+  //! Connects the process (the `dist` policy's engine, once per process: `ProcessState`), seeds the generators when
+  //! `Options::seed` is set, and sets up accumulation, mixed precision, trackers' and checkpoints' settings from `o`.
   Accelerator(Options o = {})  // NOLINT: implicit, so that `Acc acc{accel::Options{...}}` reads well
       : opt_(o),
         state_(ProcessOptions{.launch = o.launch, .comm = o.comm}, engine{}),
@@ -103,6 +112,7 @@ class Accelerator {
                                 [s = scaler_](auto& a) { s->check(a); }});
     }
   }
+  //! Movable; not copyable.
   Accelerator(Accelerator&&) = default;  // the step boundary hook follows it (bind_boundary_hook)
   Accelerator& operator=(Accelerator&&) = delete;
   ~Accelerator() { GradientState::instance().clear_step_boundary_hook(this); }
@@ -155,6 +165,7 @@ class Accelerator {
   //! Unscales the gradients (fp16) then clips their total norm; returns the norm before clipping. Under fp16,
   //! call it on synchronising steps only (`sync_gradients()`): gradients are unscaled once per step.
   double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  //! `clip_grad_norm_` over a model's parameters (the prepared model's, or a module holder's).
   template <class M>
   requires ModuleHandle<M> || is_prepared_model<M>
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0);
@@ -162,6 +173,7 @@ class Accelerator {
   //! Unscales the gradients (fp16) then clamps every gradient element into `[-clip_value, clip_value]`. Under
   //! fp16, call it on synchronising steps only (`sync_gradients()`), as `clip_grad_norm_`.
   void clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value);
+  //! `clip_grad_value_` over a model's parameters (the prepared model's, or a module holder's).
   template <class M>
   requires ModuleHandle<M> || is_prepared_model<M>
   void clip_grad_value_(const M& model, double clip_value);
@@ -215,6 +227,7 @@ class Accelerator {
 
   //! Whether this step synchronises gradients (the optimizer really steps).
   [[nodiscard]] bool sync_gradients() const { return GradientState::instance().sync_gradients(); }
+  //! `Options::gradient_accumulation_steps`.
   [[nodiscard]] int gradient_accumulation_steps() const noexcept { return opt_.gradient_accumulation_steps; }
   //! How many times a scheduler prepared here steps over `epochs` passes of the prepared `loader` (or of that
   //! many batches per process): `accel::schedule_steps` with this job's processes, accumulation and batching
@@ -229,19 +242,30 @@ class Accelerator {
   [[nodiscard]] std::int64_t step() const noexcept { return accumulation_.step(); }
   //! Whether any prepared optimizer skipped its last step (inf/NaN under fp16).
   [[nodiscard]] bool optimizer_step_was_skipped() const;
+  //! The GradScaler under `Precision::fp16`; null otherwise.
   [[nodiscard]] GradScaler* scaler() const noexcept { return scaler_.get(); }
+  //! The run-time settings this accelerator was built with.
   [[nodiscard]] const Options& options() const noexcept { return opt_; }
 
   // ---- processes -----------------------------------------------------------------------------------------
 
+  //! This process's `ProcessState` (Accelerate's `PartialState`).
   [[nodiscard]] const ProcessState& state() const noexcept { return state_; }
+  //! The communicator connecting the processes; null for one process.
   [[nodiscard]] comm::Communicator* comm() const noexcept { return state_.comm(); }
+  //! This process's device (the GPU it uses, or the CPU).
   [[nodiscard]] const c10::Device& device() const noexcept { return state_.device(); }
+  //! The number of processes of the job.
   [[nodiscard]] int num_processes() const noexcept { return state_.num_processes(); }
+  //! This process's rank, in [0, `num_processes()`).
   [[nodiscard]] int process_index() const noexcept { return state_.process_index(); }
+  //! Whether this is rank 0.
   [[nodiscard]] bool is_main_process() const noexcept { return state_.is_main_process(); }
+  //! Whether this is the first process of its node.
   [[nodiscard]] bool is_local_main_process() const noexcept { return state_.is_local_main_process(); }
+  //! This process's index on its node.
   [[nodiscard]] int local_process_index() const noexcept { return state_.local_process_index(); }
+  //! Whether this is the last rank.
   [[nodiscard]] bool is_last_process() const noexcept { return state_.is_last_process(); }
   // [accelerate:accelerator.py Accelerator.on_main_process]
   //! Runs `f()` on the main process only; `bool` (whether it ran) for an `f` returning nothing, else
@@ -274,8 +298,12 @@ class Accelerator {
   OnProcessResult<F> on_local_process(int local_index, F&& f) const {
     return state_.on_local_process(local_index, std::forward<F>(f));
   }
+  //! A barrier: returns once every process has reached it (Accelerate's `wait_for_everyone`).
   void wait_for_everyone() const { state_.wait_for_everyone(); }
+  //! Accelerate's `main_process_first`: a guard under which the main process runs first, then the others (see
+  //! `ProcessState::main_process_first`).
   [[nodiscard]] auto main_process_first() const { return state_.main_process_first(); }
+  //! Prints the arguments on the local main process only (Accelerate's `print`).
   template <class... Args>
   void print(const Args&... args) const {
     state_.print(args...);

@@ -53,24 +53,39 @@ struct rng_kinds<rng::none> {
 //! Policies resolved: one type per slot plus the flags the rest of the library reads.
 template <class... Ps>
 struct Config {
+  //! The `dist` policy (default `dist::from_env`).
   using dist = detail::pick_t<slot::distributed, accel::dist::from_env, Ps...>;
+  //! The `batches` policy (default `batches::per_process`).
   using batching = detail::pick_t<slot::batching, batches::per_process, Ps...>;
+  //! The `tail` policy (default `tail::even`).
   using tail = detail::pick_t<slot::tail, accel::tail::even, Ps...>;
+  //! The `loading` policy (default `loading::sharded`).
   using loading = detail::pick_t<slot::loading, accel::loading::sharded, Ps...>;
+  //! The `rng` policy (default `rng::sync<rng::generator>`, `rng::none` under `loading::dispatched`).
   using rng = detail::pick_t<slot::rng,
                              std::conditional_t<std::is_same_v<loading, accel::loading::dispatched>, accel::rng::none,
                                                 accel::rng::sync<accel::rng::generator>>,
                              Ps...>;
+  //! The `place` policy (default `place::device`).
   using place = detail::pick_t<slot::placement, accel::place::device, Ps...>;
+  //! The `shard` policy (default `shard::none`).
   using shard = detail::pick_t<slot::sharding, accel::shard::none, Ps...>;
 
+  //! Accelerate's `split_batches`.
   static constexpr bool split_batches = std::is_same_v<batching, batches::split>;
+  //! Accelerate's `even_batches`.
   static constexpr bool even_batches = std::is_same_v<tail, accel::tail::even>;
+  //! Accelerate's `dispatch_batches`.
   static constexpr bool dispatch = std::is_same_v<loading, accel::loading::dispatched>;
+  //! Whether the default CPU generator is synchronised each epoch (`rng::torch`).
   static constexpr bool sync_torch_rng = detail::rng_kinds<rng>::template count<accel::rng::torch> > 0;
+  //! Whether the default GPU generator is synchronised each epoch (`rng::cuda`).
   static constexpr bool sync_cuda_rng = detail::rng_kinds<rng>::template count<accel::rng::cuda> > 0;
+  //! Whether the loaders' sampler generators are synchronised each epoch (`rng::generator`).
   static constexpr bool sync_generator = detail::rng_kinds<rng>::template count<accel::rng::generator> > 0;
+  //! Accelerate's `device_placement`.
   static constexpr bool device_placement = !std::is_same_v<place, accel::place::none>;
+  //! `place::async`: non-blocking copies on a side stream.
   static constexpr bool async_placement = std::is_same_v<place, accel::place::async>;
   //! The ZeRO stage: 0 (`shard::none`), 1 (`shard::optimizer`), 2 (`shard::gradients`) or 3 (`shard::parameters`).
   static constexpr int zero_stage = std::is_same_v<shard, accel::shard::parameters>  ? 3
@@ -107,6 +122,8 @@ enum class ConfigProblem {
   parameter_sharding_with_uneven_tail,
 };
 
+//! The first problem of a list of policies, or `ConfigProblem::none`: a duplicate slot, an unknown type, a combination
+//! that cannot run. `CheckedConfig` turns it into its `static_assert`.
 template <class... Ps>
 consteval ConfigProblem diagnose() {
   using P = ConfigProblem;
@@ -149,8 +166,8 @@ consteval ConfigProblem diagnose() {
 //! use it too when calling `data::prepare_data_loader<Config>` without an Accelerator.
 template <class... Ps>
 struct CheckedConfig : Config<Ps...> {
-  static constexpr ConfigProblem problem = diagnose<Ps...>();
-  using P = ConfigProblem;
+  static constexpr ConfigProblem problem = diagnose<Ps...>();  //!< `diagnose<Ps...>()`
+  using P = ConfigProblem;                                     //!< shorthand for the assertions
 
   static_assert(problem != P::not_a_policy,
                 "accel::Accelerator<...>: a template argument is not an accel policy; use the tags of accel::dist, "

@@ -6,6 +6,9 @@
 #include <string>
 #include <utility>
 
+//! Everything a training loop writes beside the `Accelerator` (Accelerate's top-level names): the `Accelerator`,
+//! `Options`, the prepared wrappers, schedulers, `GradScaler`, the collectives, the errors (include/accel/README.md,
+//! "Namespaces").
 namespace accel {
 
 //! Base of every error accel raises.
@@ -31,7 +34,9 @@ struct CollectiveMismatch : CommunicationError {
 //! A file accel reads (a checkpoint's file, a tool's input) that is missing, truncated, damaged or not what it
 //! claims to be. The message starts with the file's path and says what is wrong with it; `path()` is that path.
 struct FileError : Error {
+  //! An error about the file `path`: the message is `path: what`.
   FileError(std::string path, const std::string& what) : Error(path + ": " + what), path_(std::move(path)) {}
+  //! The file the error is about.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
  private:

@@ -31,15 +31,15 @@ enum class Precision {
 
 //! The run-time settings of an `Accelerator`: what never changes a type.
 struct Options {
-  std::optional<std::uint64_t> seed;  //!< `set_seed` at construction (unset: leave the generators alone)
-  bool device_specific_seed = false;  //!< add the process index to the seed
-  int gradient_accumulation_steps = 1;
+  std::optional<std::uint64_t> seed;          //!< `set_seed` at construction (unset: leave the generators alone)
+  bool device_specific_seed = false;          //!< add the process index to the seed
+  int gradient_accumulation_steps = 1;        //!< Accelerate's `gradient_accumulation_steps`
   bool sync_with_dataloader = true;           //!< sync (and reset the counter) at the end of every loader
   bool sync_each_batch = false;               //!< all-reduce on every batch, step every `gradient_accumulation_steps`
   bool step_scheduler_with_optimizer = true;  //!< false: the scheduler steps on every call
   bool scheduler_steps_once = false;          //!< step schedulers once per optimizer step, not once per process
-  Precision mixed_precision = Precision::no;
-  GradScalerOptions scaler{};                    //!< the loss scaling under `Precision::fp16`
+  Precision mixed_precision = Precision::no;  //!< Accelerate's `mixed_precision`: no, bf16, fp16
+  GradScalerOptions scaler{};                 //!< the loss scaling under `Precision::fp16`
   std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< gradient all-reduce bucket size
   bool find_unused_parameters = false;           //!< parameters without a gradient contribute zeros instead of an error
   bool broadcast_buffers = true;                 //!< DDP's: rank 0's buffers before a forward, when DDP broadcasts them
@@ -48,7 +48,7 @@ struct Options {
   comm::CommOptions comm{};             //!< collective and rendezvous timeouts
   LaunchOverrides launch{};             //!< explicit rank / world size / address, winning over the environment
   std::vector<tracking::Tracker> log_with{};  //!< Accelerate's log_with: the trackers `init_trackers` starts
-  std::filesystem::path logging_dir{};        //!< trackers write into <logging_dir>/<project_name>/ (empty: the
+  std::filesystem::path logging_dir{};        //!< trackers write into `<logging_dir>/<project_name>/` (empty: the
                                               //!< project's logging_dir, else its project_dir)
   ProjectConfiguration project_config{};  //!< checkpoint folder, automatic naming, total_limit (checkpoint/project.hpp)
   PreemptionOptions preemption{};         //!< save and stop on SIGTERM / SIGUSR1 (state/preemption.hpp)

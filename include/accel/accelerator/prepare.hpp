@@ -154,7 +154,8 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
         sharded = std::make_shared<ShardedOptimizer>(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       } else if constexpr (std::is_same_v<O, torch::optim::Optimizer>) {
-        // not a step call: prepare builds the sharded optimizer of a type chosen at run time (its dynamic type)
+        // not a step call: prepare builds the sharded optimizer of one chosen at run time (by its dynamic type, or
+        // refused naming it); its step goes through the door
         sharded = make_sharded_optimizer(p, state_.comm(), config::zero_stage);
         wrapped.set_sharded(sharded);
       }

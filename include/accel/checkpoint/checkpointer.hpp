@@ -46,46 +46,58 @@
 
 namespace accel::checkpoint {
 
+//! What a job registers for checkpointing, in `prepare` order, and how a checkpoint is written and read (see the file's
+//! comment); `Accelerator::save_state` and `load_state` are this class.
 class Checkpointer {
  public:
   //! An object that saves into and loads from one archive (an optimizer, a scheduler, the scaler).
   struct Saveable {
-    std::function<void(torch::serialize::OutputArchive&)> save;
-    std::function<void(torch::serialize::InputArchive&)> load;
+    std::function<void(torch::serialize::OutputArchive&)> save;  //!< writes the object into an archive
+    std::function<void(torch::serialize::InputArchive&)> load;   //!< restores it from one
     std::function<void(torch::serialize::InputArchive&)>
         check{};  //!< optional: refuses an archive before anything is restored
   };
   //! A ZeRO partition (optim/sharded.hpp): this process's own archive, or at another number of processes every
   //! saved process's archives, re-cut (`check_all` refuses them before anything is restored, `load_all` restores).
   struct Partition {
-    Saveable own;
+    Saveable own;  //!< this process's own partition
+    //!@{
+    //! At another number of processes: refuse the saved partitions, or restore this process's from them.
     std::function<void(std::vector<torch::serialize::InputArchive>&)> check_all, load_all;
+    //!@}
   };
   //! A prepared loader's position; `mismatch` says what differs between a saved state's loader and this one ("" if
   //! nothing does), `unreachable` what makes the state one that no job of this loader reaches (damage).
   struct Loader {
-    std::function<data::LoaderState()> save;
-    std::function<void(const data::LoaderState&)> load;
-    std::function<std::string(const data::LoaderState&)> mismatch = {};
-    std::function<std::string(const data::LoaderState&)> unreachable = {};
+    std::function<data::LoaderState()> save;                                //!< the loader's `state_dict()`
+    std::function<void(const data::LoaderState&)> load;                     //!< its `load_state_dict()`
+    std::function<std::string(const data::LoaderState&)> mismatch = {};     //!< see above ("" if nothing differs)
+    std::function<std::string(const data::LoaderState&)> unreachable = {};  //!< see above ("" if reachable)
   };
   //! The process that writes or reads: its rank, the job's size, its device, and a barrier over every process.
   struct Process {
-    int index = 0;
-    int count = 1;
-    c10::Device device = c10::Device(c10::kCPU);
-    std::function<void()> barrier;
+    int index = 0;                                //!< this process's rank
+    int count = 1;                                //!< the job's processes
+    c10::Device device = c10::Device(c10::kCPU);  //!< where tensors are restored
+    std::function<void()> barrier;                //!< waits for every process
   };
 
+  //! Registers a model (`model.pt`, `model_1.pt`, ...), in prepare order.
   void add_model(std::shared_ptr<torch::nn::Module> m) { models_.push_back(std::move(m)); }
+  //! Registers an optimizer (`optimizer.pt`, ...), in prepare order.
   void add_optimizer(Saveable s) { optimizers_.push_back(std::move(s)); }
   //! A state every process saves and loads its own part of (a ZeRO partition of optimizer `i`'s state), into
   //! `zero_<i>_rank<r>.pt`.
   void add_partition(Partition s) { partitions_.push_back(std::move(s)); }
+  //! Registers a scheduler (`scheduler.pt`, ...), in prepare order.
   void add_scheduler(Saveable s) { schedulers_.push_back(std::move(s)); }
+  //! Registers a prepared loader (its state goes into every process's record).
   void add_loader(Loader l) { loaders_.push_back(std::move(l)); }
+  //! Registers the GradScaler (`scaler.pt`).
   void set_scaler(Saveable s) { scaler_ = std::move(s); }
+  //! Registers a custom object (`custom_checkpoint_<i>.pt`, `register_for_checkpointing`).
   void add_custom(Custom c) { custom_.push_back(std::move(c)); }
+  //! The registered models.
   [[nodiscard]] const std::vector<std::shared_ptr<torch::nn::Module>>& models() const noexcept { return models_; }
 
   //! Writes the checkpoint: `step` is the accumulation counter; `local_gradients`: saved inside an accumulation

@@ -57,11 +57,12 @@ concept Checkpointable = ArchiveSaveable<T> || StateDictSaveable<T> ||
 //! What a custom object's file holds: its `state_dict()`, or the object itself.
 template <class T>
 struct saved_state {
-  using type = T;
+  using type = T;  //!< the object itself
 };
+//! An object with `state_dict()`: its file holds what `state_dict()` returns.
 template <StateDictSaveable T>
 struct saved_state<T> {
-  using type = std::remove_cvref_t<decltype(std::declval<const T&>().state_dict())>;
+  using type = std::remove_cvref_t<decltype(std::declval<const T&>().state_dict())>;  //!< what `state_dict()` returns
 };
 
 //! `custom_checkpoint_0.pt`, `custom_checkpoint_1.pt`, ... (Accelerate: `custom_checkpoint_<i>.pkl`).
@@ -69,9 +70,10 @@ inline std::string custom_file(std::size_t i) { return "custom_checkpoint_" + st
 
 //! One registered object, type-erased: its type's name, how it is written, and how it is read (parse, then commit).
 struct Custom {
-  std::string type;
+  std::string type;        //!< its type's name, recorded in its file
   bool on_device = false;  //!< its archive's tensors are read onto the process's device (LibTorch's protocol)
-  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::OutputArchive&)> save;  //!< writes the object
+  //! Parses its file; the result commits it.
   std::function<std::function<void()>(torch::serialize::InputArchive&, const std::string& path)> read;
 
   //! `obj` (kept alive by `owner`, which may be empty when the caller guarantees the object outlives the job).

@@ -54,33 +54,41 @@
 #include <utility>
 #include <vector>
 
+//! Checkpoints: the directory's layout, the checkpointer, projects, custom objects, the manifest, the checked readers
+//! of torch archives and pickles, and safetensors.
 namespace accel::checkpoint {
 
 // 2: the manifest (format 1 had none). 3: custom objects; loader states with a global position and a description
 // of the loader, and the accumulation-window flag (resuming at another number of processes). Format 2 is still
 // read (no custom objects; resumed with its own number of processes).
-inline constexpr std::int64_t format_version = 3;
-inline constexpr std::int64_t oldest_format_read = 2;
+inline constexpr std::int64_t format_version = 3;      //!< the format this accel writes
+inline constexpr std::int64_t oldest_format_read = 2;  //!< the oldest format it reads
 
 //! `model.pt`, `model_1.pt`, ...: Accelerate's suffix rule.
 inline std::string indexed(const std::string& stem, std::size_t i) {
   return i == 0 ? stem + ".pt" : stem + "_" + std::to_string(i) + ".pt";
 }
+//! `process_<r>.pt`: process r's record.
 inline std::string process_file(int rank) { return "process_" + std::to_string(rank) + ".pt"; }
-inline constexpr const char* meta_file = "accel_checkpoint.pt";
-inline constexpr const char* scaler_file = "scaler.pt";
+inline constexpr const char* meta_file = "accel_checkpoint.pt";  //!< the job's description (`Meta`)
+inline constexpr const char* scaler_file = "scaler.pt";          //!< the GradScaler's state
 
 //! What `process_<r>.pt` holds besides local gradients (serialised with accel's own `accel::serialize`, one
 //! byte tensor under the key "record").
 struct ProcessRecord {
-  std::int64_t step = 0;                          //!< the accumulation step counter (Accelerate's `step`)
-  std::vector<std::uint8_t> rng_cpu, rng_device;  //!< generator states (rng_device empty on the CPU)
-  std::vector<data::LoaderState> loaders;         //!< every prepared loader, in prepare order
-  bool local_gradients = false;                   //!< saved inside an accumulation window (the archive holds gradients)
+  std::int64_t step = 0;  //!< the accumulation step counter (Accelerate's `step`)
+  //!@{
+  //! Generator states: the CPU's, and the device's (empty on the CPU).
+  std::vector<std::uint8_t> rng_cpu, rng_device;
+  //!@}
+  std::vector<data::LoaderState> loaders;  //!< every prepared loader, in prepare order
+  bool local_gradients = false;            //!< saved inside an accumulation window (the archive holds gradients)
 };
+//! The record's fields, for accel's typed serialisation.
 inline auto accel_fields(ProcessRecord& r) {
   return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients);
 }
+//! The record's fields, read-only.
 inline auto accel_fields(const ProcessRecord& r) {
   return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders, r.local_gradients);
 }
@@ -100,13 +108,16 @@ struct ProcessRecordV2 {
 inline auto accel_fields(ProcessRecordV2& r) { return std::tie(r.step, r.rng_cpu, r.rng_device, r.loaders); }
 }  // namespace detail
 
+//! `<dir>.partial`: where a checkpoint is written before it is swapped in whole.
 inline std::filesystem::path partial_dir(const std::filesystem::path& dir) {
   return std::filesystem::path(dir.string() + ".partial");
 }
 
+//! Writes the integer `v` under `key`.
 inline void write(torch::serialize::OutputArchive& a, const std::string& key, std::int64_t v) {
   a.write(key, c10::IValue(v));
 }
+//! Reads the integer under `key`.
 inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
   c10::IValue v;
   a.read(key, v);
@@ -116,12 +127,18 @@ inline std::int64_t read_int(torch::serialize::InputArchive& a, const std::strin
 //! What `accel_checkpoint.pt` holds.
 //! The training settings a checkpoint records and `load_state` compares: another value changes the trajectory.
 struct Settings {
-  std::string mixed_precision = "no";  //!< "no", "fp16" or "bf16" (Options::mixed_precision)
-  std::int64_t gradient_accumulation_steps = 1;
+  std::string mixed_precision = "no";            //!< "no", "fp16" or "bf16" (Options::mixed_precision)
+  std::int64_t gradient_accumulation_steps = 1;  //!< Options::gradient_accumulation_steps
 };
+//! The job's description in `accel_checkpoint.pt`: the format, the number of processes, how many objects of each kind
+//! were saved, and the trackers' position and training settings.
 struct Meta {
+  //!@{
+  //! The format, the number of processes that saved, and how many models, optimizers, schedulers, loaders, scalers
+  //! (0 or 1) and custom objects the checkpoint holds.
   std::int64_t format_version = 0, num_processes = 0, models = 0, optimizers = 0, schedulers = 0, loaders = 0,
                scaler = 0, custom = 0;
+  //!@}
   //! The trackers' position (tracking/trackers.hpp), under the keys "tracker_calls" and "tracker_last_step" (the
   //! latter only after a first `log` call); none: not recorded (an earlier accel's checkpoint, optional keys in the
   //! same format, or a job that continued such a checkpoint's files).
@@ -130,6 +147,7 @@ struct Meta {
   //! "gradient_accumulation_steps"; none: not recorded (a checkpoint written before them compares nothing).
   std::optional<Settings> settings = std::nullopt;
 };
+//! The names of the precisions, by their number in `Meta` (0 no, 1 fp16, 2 bf16).
 inline constexpr std::array<const char*, 3> precision_names{"no", "fp16", "bf16"};
 
 //! Meta's fields under their archive keys: the one list that writing and reading follow.

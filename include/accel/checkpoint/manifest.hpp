@@ -38,14 +38,15 @@ namespace accel::checkpoint {
 
 using accel::crc32c;
 
-inline constexpr const char* manifest_file = "manifest.txt";
+inline constexpr const char* manifest_file = "manifest.txt";  //!< the manifest's name, written last
 
 //! The files of one checkpoint directory, their sizes and checksums.
 struct Manifest {
+  //! One file of the checkpoint.
   struct Entry {
-    std::string name;
-    std::uint64_t size = 0;
-    std::uint32_t crc = 0;
+    std::string name;        //!< the file's name in the checkpoint directory
+    std::uint64_t size = 0;  //!< its size in bytes
+    std::uint32_t crc = 0;   //!< its CRC-32C
   };
   std::vector<Entry> files;  //!< sorted by name, no duplicates
 
@@ -63,12 +64,14 @@ struct Manifest {
     return true;
   }
 
+  //! The entry of `name`; null if the manifest does not list it.
   [[nodiscard]] const Entry* find(std::string_view name) const {
     for (const auto& e : files)
       if (e.name == name) return &e;
     return nullptr;
   }
 
+  //! The manifest's text, as written into `manifest.txt`.
   [[nodiscard]] std::string text() const {
     std::string out = "accel-checkpoint-manifest 1\n";
     char line[32];

@@ -7,8 +7,8 @@
 //! A pickle declares sizes that LibTorch's unpickler (torch/csrc/jit/serialization/unpickler.cpp) trusts:
 //!  - lengths of strings and byte strings, and memo indices: LibTorch allocates them before comparing them with the
 //!    data (Note [What LibTorch does with a damaged archive] in archive.hpp);
-//!  - a storage's element count (`BINPERSID` on the tuple `('storage', <dtype>, <key>, <device>, <numel>)`):
-//!    LibTorch makes a storage of `numel * itemsize` bytes around the record `<pickle's name>/<key>` as read, of
+//!  - a storage's element count (`BINPERSID` on the tuple `("storage", <dtype>, <key>, <device>, <numel>)`):
+//!    LibTorch makes a storage of `numel * itemsize` bytes around the record `<pickle name>/<key>` as read, of
 //!    whatever size that is. A storage that claims more bytes than its record holds is a heap overflow at the first
 //!    write into the tensor (a training step), and its bytes past the record are heap memory a save writes out;
 //!  - a tensor's offset, sizes and strides over its storage (`torch._utils._rebuild_tensor_v2`): LibTorch sets them

@@ -42,8 +42,8 @@ struct ProjectConfiguration {
 
 //! One `checkpoint_<n>` folder of a project.
 struct Numbered {
-  std::int64_t number = 0;
-  std::filesystem::path path;
+  std::int64_t number = 0;     //!< its `<n>`
+  std::filesystem::path path;  //!< the folder
 };
 
 //! `<project_dir>/checkpoints`.

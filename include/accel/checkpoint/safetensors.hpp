@@ -61,7 +61,8 @@ namespace accel::checkpoint {
 
 //! Accelerate's default `max_shard_size`, "10GB".
 inline constexpr std::int64_t default_max_shard_size = 10'000'000'000;
-inline constexpr const char* safe_weights_name = "model.safetensors";
+inline constexpr const char* safe_weights_name = "model.safetensors";  //!< `save_model`'s file when unsharded
+//! The index of a sharded save.
 inline constexpr const char* safe_weights_index_name = "model.safetensors.index.json";
 
 //! huggingface_hub's `parse_size_to_int`: "5GB", "500KB", "1.5MB" (decimal units: KB = 1000 bytes).
@@ -77,6 +78,7 @@ ACCEL_DECL std::vector<std::pair<std::string, at::Tensor>> model_state(const tor
 struct ShardPlan {
   std::vector<std::pair<std::string, std::vector<std::string>>> files;  //!< file name -> tensor names, in order
   std::int64_t total_size = 0;                                          //!< bytes of every tensor's storage
+  //! Whether the state needs several files.
   [[nodiscard]] bool sharded() const noexcept { return files.size() > 1; }
 };
 

@@ -41,8 +41,8 @@ struct SafetensorsError : Error {
   using Error::Error;
 };
 
-using TensorMap = std::map<std::string, at::Tensor>;
-using Metadata = std::map<std::string, std::string>;
+using TensorMap = std::map<std::string, at::Tensor>;  //!< tensors by name
+using Metadata = std::map<std::string, std::string>;  //!< a file's `__metadata__`
 
 namespace safetensors_detail {
 

@@ -17,13 +17,14 @@
 
 namespace accel::comm {
 
+//! A reduction of the collectives (`Reduction::mean` is a sum divided afterwards).
 enum class ReduceOp { sum, max, min };
 
 //! Timeouts, the peer watch and the collective check (the runtime knobs of the distributed slot).
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};             //!< every collective
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};  //!< waiting for every process to arrive
-  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_interval{500};                      //!< each rank's heartbeat period
   //! A peer whose heartbeat has not moved for this long while this rank waits for it is reported as frozen
   //! (Note [Frozen peers]); keep it well above `heartbeat_interval`.
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(30)};
@@ -38,23 +39,25 @@ struct CommOptions {
   }
 };
 
+//! The clock of timeouts and heartbeats.
 using Clock = std::chrono::steady_clock;
 
+//! The kind of a collective.
 enum class OpKind : std::uint8_t { all_reduce, broadcast, all_gather, scatter, barrier, reduce_scatter, reduce };
 
 //! One collective as every rank must agree on it: its number in the job, kind, reduction, dtype, element
 //! count (per rank) and root.
 struct CollectiveId {
-  std::uint64_t seq = 0;
-  OpKind kind = OpKind::barrier;
-  ReduceOp reduce = ReduceOp::sum;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  std::int64_t numel = 0;
-  int root = 0;
+  std::uint64_t seq = 0;                           //!< its number in the job
+  OpKind kind = OpKind::barrier;                   //!< which collective
+  ReduceOp reduce = ReduceOp::sum;                 //!< the reduction (reducing kinds)
+  c10::ScalarType dtype = c10::ScalarType::Float;  //!< the element type
+  std::int64_t numel = 0;                          //!< elements per rank
+  int root = 0;                                    //!< the root (broadcast, scatter, reduce)
   //! The fingerprints of the collectives before this one that carried no check (an all-reduce of one or two
   //! elements: Gloo's fast path), mixed in, and the first of them (0: none). A mismatch there is found here.
   std::uint32_t unchecked = 0;
-  std::uint64_t unchecked_from = 0;
+  std::uint64_t unchecked_from = 0;  //!< the first collective `unchecked` covers (0: none)
 
   //! The same operation (what every rank must agree on).
   friend bool operator==(const CollectiveId& a, const CollectiveId& b) {
@@ -90,6 +93,7 @@ struct CollectiveId {
     return std::to_string(seq) + " " + std::to_string(int(kind)) + " " + std::to_string(int(reduce)) + " " +
            std::to_string(int(dtype)) + " " + std::to_string(numel) + " " + std::to_string(root);
   }
+  //! Parses `encode()`'s text; none if it is not one.
   [[nodiscard]] static std::optional<CollectiveId> decode(const std::string& s) {
     std::istringstream in(s);
     CollectiveId id;
@@ -107,9 +111,11 @@ struct CollectiveId {
 //! reported its own failure, ranks that stopped responding, or a rank that ended (its launcher says so: Note
 //! [Ended ranks]); `text` says it for an error message.
 struct Finding {
+  //! Nothing, a mismatch, a failure a rank reported, silent ranks, or a rank that ended.
   enum class Kind { none, mismatch, failed, silent, ended };
-  Kind kind = Kind::none;
-  std::string text;
+  Kind kind = Kind::none;  //!< what was found
+  std::string text;        //!< the finding, for an error message
+  //! Whether something was found.
   explicit operator bool() const noexcept { return kind != Kind::none; }
 };
 

@@ -46,6 +46,7 @@ T& broadcast(comm::Communicator* comm, T& x, int from = 0) {
   return x;
 }
 
+//! How `reduce` combines the ranks' tensors (Accelerate's `reduction`: "sum", "mean"; also max and min).
 enum class Reduction { sum, mean, max, min };
 
 // [accelerate:utils/operations.py reduce]

@@ -65,21 +65,26 @@
 #include <thread>
 #include <vector>
 
+//! The `Communicator` interface, its engines' declarations and what every rank must agree on per collective.
 namespace accel::comm {
 
 //! The collectives of one process group. Shared, not copied; one engine implements it per `dist` tag.
 class Communicator {
  public:
+  //! This rank among `size`, with the timeouts and checks of `opt`; `monitor` (the rendezvous) watches the peers.
   Communicator(int rank, int size, CommOptions opt, Monitor* monitor = nullptr)
       : rank_(rank), size_(size), opt_(opt), monitor_(monitor) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  //! This process's rank in the group.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! The number of ranks in the group.
   [[nodiscard]] int size() const noexcept { return size_; }
   //! Where tensors must be for this engine (the CPU for Gloo, the process's GPU for NCCL).
   [[nodiscard]] virtual c10::Device device() const { return c10::Device(c10::kCPU); }
+  //! The timeouts and checks this group runs with.
   [[nodiscard]] const CommOptions& options() const noexcept { return opt_; }
   //! Number of collectives issued so far (error messages quote it).
   [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
@@ -88,7 +93,7 @@ class Communicator {
 
   //! An all-reduce in flight (`all_reduce_start`); `finish` waits for it with the timeout.
   struct Pending {
-    std::uint64_t sequence = 0;
+    std::uint64_t sequence = 0;    //!< the collective's number
     std::shared_ptr<void> native;  //!< the engine's own handle (Gloo: the c10d work; NCCL: the completion event)
   };
   //! Elements an all-reduce (sum) of `numel` elements of `dtype` needs after its data for the collective check
@@ -363,11 +368,14 @@ class Communicator {
       at += n;
     }
   }
+  //! Who watches the peers (the rendezvous's heartbeat); null: nobody.
   [[nodiscard]] Monitor* monitor() const noexcept { return monitor_; }
+  //! Refuses a root outside the group's ranks, naming the operation.
   void check_root(int root, const char* op) const {
     detail::require(root >= 0 && root < size_, "accel: " + std::string(op) + " from rank " + std::to_string(root) +
                                                    ", but the job has ranks 0.." + std::to_string(size_ - 1));
   }
+  //! A duration as "12.3 s", for messages.
   static std::string seconds(std::chrono::milliseconds ms) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f s", double(ms.count()) / 1000.0);

@@ -26,6 +26,7 @@ class GlooCommunicator final : public Communicator {
   static constexpr std::int64_t kFramedBytes = std::int64_t(1) << 20;
 
  public:
+  //! Takes the rendezvous (kept: its heartbeat watches the peers) and the c10d Gloo backend built on its store.
   GlooCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, c10::intrusive_ptr<c10d::Backend> backend, int rank,
                    int size, CommOptions opt)
       : Communicator(rank, size, opt, rdzv.get()), rdzv_(std::move(rdzv)), backend_(std::move(backend)) {}
@@ -37,6 +38,7 @@ class GlooCommunicator final : public Communicator {
 
   //! The c10d process group (for raw calls beside accel's, e.g. a benchmark's baseline).
   [[nodiscard]] const c10::intrusive_ptr<c10d::Backend>& backend() const noexcept { return backend_; }
+  //! The rendezvous this group met through.
   [[nodiscard]] const rendezvous::Rendezvous& rendezvous() const noexcept { return *rdzv_; }
 
   [[nodiscard]] std::int64_t check_room(c10::ScalarType dtype, std::int64_t numel) const override {

@@ -41,8 +41,10 @@ inline void broadcast_generator_state(comm::Communicator& comm, at::Generator& g
 }  // namespace detail
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "cpu"/"torch")
+//! `rng::torch`: rank 0's default CPU generator state is broadcast (Accelerate's rng_type "cpu" / "torch").
 template <>
 struct sync_rng<rng::torch> {
+  //! Broadcasts rank 0's state of the default CPU generator.
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {
     at::Generator g = at::detail::getDefaultCPUGenerator();
     detail::broadcast_generator_state(comm, g);
@@ -50,8 +52,10 @@ struct sync_rng<rng::torch> {
 };
 
 // [accelerate:utils/random.py synchronize_rng_state] (rng_type "generator")
+//! `rng::generator`: rank 0's state of the loader's sampler generator is broadcast (Accelerate's rng_type "generator").
 template <>
 struct sync_rng<rng::generator> {
+  //! Broadcasts rank 0's state of `g`, when the loader has one.
   static void run(comm::Communicator& comm, std::optional<at::Generator>& g) {
     if (g) detail::broadcast_generator_state(comm, *g);  // a loader without a sampler generator has nothing to sync
   }

@@ -41,6 +41,7 @@ inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32c_tables = [
   for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xFF];
   return ~c;
 }
+//! The CRC-32C of `text`, continuing `crc` (0: a new checksum).
 [[nodiscard]] inline std::uint32_t crc32c(std::string_view text, std::uint32_t crc = 0) {
   return crc32c(std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()), crc);
 }

@@ -17,12 +17,14 @@
 
 namespace accel {
 
+//! The generator's state as bytes (what `get_state()` returns), for checkpoints and broadcasts.
 [[nodiscard]] inline std::vector<std::uint8_t> generator_bytes(at::Generator g) {
   std::lock_guard<std::mutex> lock(g.mutex());
   const at::Tensor s = g.get_state();
   return {s.data_ptr<std::uint8_t>(), s.data_ptr<std::uint8_t>() + s.numel()};
 }
 
+//! Restores a state `generator_bytes` returned (a state of another size or kind is an error).
 inline void set_generator_bytes(at::Generator g, const std::vector<std::uint8_t>& bytes) {
   at::Tensor s = at::empty({std::int64_t(bytes.size())}, at::kByte);
   std::copy(bytes.begin(), bytes.end(), s.data_ptr<std::uint8_t>());

@@ -114,6 +114,7 @@ inline bool serialisable_dtype(std::int8_t code) {
 }
 }  // namespace detail
 
+//! Appends `x`'s bytes to `out`: tensors, numbers, strings, containers, tuples and structs with `accel_fields`.
 template <class T>
 void serialize(const T& x, std::vector<std::uint8_t>& out) {
   if constexpr (std::same_as<T, at::Tensor>) {
@@ -149,6 +150,7 @@ void serialize(const T& x, std::vector<std::uint8_t>& out) {
   }
 }
 
+//! Reads `x` from the front of `in` and advances it past what it read (what `serialize` wrote; damage is an error).
 template <class T>
 void deserialize(T& x, std::span<const std::uint8_t>& in) {
   if constexpr (std::same_as<T, at::Tensor>) {

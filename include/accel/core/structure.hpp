@@ -26,30 +26,43 @@
 
 namespace accel {
 
+//! Whether `T` is a tuple or a pair (a structure's node).
 template <class T>
 struct is_tuple_like : std::false_type {};
+//! A tuple.
 template <class... Ts>
 struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
+//! A pair.
 template <class A, class B>
 struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+//! Whether `T` is a vector or an array (a structure's node).
 template <class T>
 struct is_vector_like : std::false_type {};
+//! A vector.
 template <class T, class A>
 struct is_vector_like<std::vector<T, A>> : std::true_type {};
+//! An array.
 template <class T, std::size_t N>
 struct is_vector_like<std::array<T, N>> : std::true_type {};
+//! Whether `T` is a map (a structure's node, keyed).
 template <class T>
 struct is_map_like : std::false_type {};
+//! A map.
 template <class K, class V, class... R>
 struct is_map_like<std::map<K, V, R...>> : std::true_type {};
+//! An unordered map.
 template <class K, class V, class... R>
 struct is_map_like<std::unordered_map<K, V, R...>> : std::true_type {};
+//! Whether `T` is an optional (a structure's node: empty or one value).
 template <class T>
 struct is_optional : std::false_type {};
+//! An optional.
 template <class T>
 struct is_optional<std::optional<T>> : std::true_type {};
+//! Whether `T` is LibTorch's `Example` (data and target).
 template <class T>
 struct is_example : std::false_type {};
+//! LibTorch's `Example<>`.
 template <>
 struct is_example<torch::data::Example<>> : std::true_type {};
 
@@ -77,6 +90,8 @@ constexpr bool all_tensor_leaves() {
   else return false;
 }
 
+//! A nested structure whose leaves are all tensors (tensors, vectors, arrays, maps, optionals, tuples, `Example`s and
+//! described structs of them): what the collectives take.
 template <class T>
 concept TensorStructure = all_tensor_leaves<T>();
 
@@ -142,8 +157,8 @@ std::remove_cvref_t<T> map_tensors(const T& x, F&& f) {
 //! plans of `accel/plan/plan.hpp` give both for every rank without communicating; `gather_for_metrics` keeps
 //! exactly the real rows).
 struct GatherLayout {
-  std::vector<std::int64_t> size;
-  std::vector<std::int64_t> real;
+  std::vector<std::int64_t> size;  //!< rows each rank holds
+  std::vector<std::int64_t> real;  //!< of which real (the first ones)
 };
 
 }  // namespace accel

@@ -31,12 +31,16 @@
 #include <thread>
 #include <vector>
 
+//! What needs the CUDA runtime or NCCL (ACCEL_WITH_CUDA builds only): the NCCL engine and the side stream of
+//! asynchronous placement.
 namespace accel::cuda {
 
+//! Throws an `Error` naming `what` if `e` is a CUDA error.
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("accel: CUDA error in ") + what + ": " + cudaGetErrorString(e));
 }
 
+//! NCCL's type for a tensor dtype (an `InvalidArgument` for one NCCL cannot reduce).
 inline ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
@@ -64,6 +68,8 @@ inline ncclDataType_t nccl_type(at::ScalarType t) {
 //! NCCL on one GPU per process, on accel's own stream.
 class NcclCommunicator final : public comm::Communicator {
  public:
+  //! Takes the rendezvous (kept: its heartbeat watches the peers), creates the NCCL communicator from rank 0's id
+  //! through its store, on GPU `device`, and checks it with a one-element all-reduce.
   NcclCommunicator(std::unique_ptr<rendezvous::Rendezvous> rdzv, const rendezvous::RendezvousSpec& spec,
                    comm::CommOptions opt, int device)
       : Communicator(spec.rank, spec.size, opt, rdzv.get()), rdzv_(std::move(rdzv)), device_(device) {
@@ -196,6 +202,7 @@ class NcclCommunicator final : public comm::Communicator {
     all_reduce(one, comm::ReduceOp::sum);
   }
 
+  //! accel's own stream, where its collectives run.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] c10::Device device() const override {
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));

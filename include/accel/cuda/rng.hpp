@@ -14,8 +14,10 @@
 
 namespace accel {
 
+//! `rng::cuda`: rank 0's default GPU generator state is broadcast to every rank.
 template <>
 struct sync_rng<rng::cuda> {
+  //! Broadcasts rank 0's state of the default generator of this process's GPU.
   static void run(comm::Communicator& comm, std::optional<at::Generator>&) {
     // The default generator of this process's GPU (the communicator's; the engine also makes it the current
     // device, where the checkpointer reads it), through ATen's generic entry: no CUDA header needed.

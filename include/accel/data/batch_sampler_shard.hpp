@@ -33,8 +33,8 @@ namespace accel::data {
 
 //! One batch a shard yields: dataset indices, of which the first `real` are real samples and the rest padding.
 struct ShardBatch {
-  std::vector<std::int64_t> indices;
-  std::int64_t real = 0;
+  std::vector<std::int64_t> indices;  //!< dataset indices, real samples first
+  std::int64_t real = 0;              //!< how many leading indices are real
   friend bool operator==(const ShardBatch&, const ShardBatch&) = default;
 };
 
@@ -184,15 +184,18 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
   };
 
  public:
-  using iterator = detail::PassIterator<Pass, ShardBatch>;
+  using iterator = detail::PassIterator<Pass, ShardBatch>;  //!< a single-pass input iterator
 
   BatchSamplerShard() = default;
+  //! Shards `sampler` (a range of batches of indices) as `opt` says.
   BatchSamplerShard(Sampler sampler, Options opt) : sampler_(std::make_shared<Sampler>(std::move(sampler))), opt_(opt) {
     plan::validate(opt, plan::Loading::sharded, /*varying_ok=*/true);
   }
   //! Starts a new pass over the wrapped sampler.
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(sampler_, opt_)); }
+  //! The end of a pass.
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+  //! The sharding this shard applies.
   [[nodiscard]] const Options& options() const noexcept { return opt_; }
 
  private:
@@ -200,10 +203,14 @@ class BatchSamplerShard : public std::ranges::view_interface<BatchSamplerShard<S
   Options opt_;
 };
 
+//! Deduces the sampler's view type (`BatchSamplerShard(batches, spec)`).
 template <class S>
 BatchSamplerShard(S&&, plan::ShardSpec) -> BatchSamplerShard<std::views::all_t<S>>;
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S>
 inline constexpr bool ranges::enable_view<accel::data::BatchSamplerShard<S>> = true;
+//! \endcond

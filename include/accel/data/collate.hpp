@@ -31,6 +31,8 @@ auto collate_member(const std::vector<S>& samples, Get get) {
 }
 }  // namespace detail
 
+//! Collates samples into one batch (PyTorch's `default_collate`): tensors stacked, numbers made a tensor, `Example`s,
+//! tuples and described structs collated field by field.
 template <class S>
 auto collate(const std::vector<S>& samples) {
   accel::detail::require(!samples.empty(), "accel::data::collate: a batch needs at least one sample");
@@ -65,6 +67,7 @@ auto collate(const std::vector<S>& samples) {
 
 //! The default collate function object.
 struct DefaultCollate {
+  //! Collates `samples` with `collate`.
   template <class S>
   auto operator()(const std::vector<S>& samples) const {
     return collate(samples);

@@ -26,14 +26,18 @@
 
 namespace accel::data {
 
+//! One sample of an `IterableShard`, marked when it is padding.
 template <class T>
 struct ShardSample {
-  T value;
-  bool padding = false;
+  T value;                      //!< the sample
+  bool padding = false;         //!< a duplicate completing the last chunk
   std::int64_t chunk_real = 0;  //!< real (not padding) samples in the chunk this one comes from, for every rank
 };
 
 // [accelerate:data_loader.py IterableDatasetShard.__iter__]
+//! Accelerate's `IterableDatasetShard` over any input range of samples, streamed: each rank takes its part of every
+//! chunk of `batch_size * num_processes` samples (or `batch_size` under `split_batches`); a last, incomplete chunk is
+//! completed by repeating the first one, unless `drop_last`. Yields `ShardSample`s.
 template <std::ranges::input_range Source>
 class IterableShard : public std::ranges::view_interface<IterableShard<Source>> {
   using T = std::ranges::range_value_t<Source>;
@@ -96,15 +100,18 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   };
 
  public:
-  using iterator = detail::PassIterator<Pass, ShardSample<T>>;
+  using iterator = detail::PassIterator<Pass, ShardSample<T>>;  //!< a single-pass input iterator
 
   IterableShard() = default;
+  //! Shards `source` as `opt` says, after dropping its first `start` samples (a job resumed at another size).
   IterableShard(Source source, Options opt, std::int64_t start = 0)
       : source_(std::make_shared<Source>(std::move(source))), opt_(opt), start_(start) {
     plan::validate(opt, plan::Loading::iterable);
     accel::detail::require(start >= 0, "accel: IterableShard: a negative start (" + std::to_string(start) + ")");
   }
+  //! Starts a new pass over the source.
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Pass>(source_, opt_, start_)); }
+  //! The end of a pass.
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
@@ -113,12 +120,17 @@ class IterableShard : public std::ranges::view_interface<IterableShard<Source>> 
   std::int64_t start_ = 0;
 };
 
+//! Deduces the source's view type (`IterableShard(samples, spec)`).
 template <class S>
 IterableShard(S&&, plan::ShardSpec) -> IterableShard<std::views::all_t<S>>;
+//! Deduces the source's view type (`IterableShard(samples, spec, start)`).
 template <class S>
 IterableShard(S&&, plan::ShardSpec, std::int64_t) -> IterableShard<std::views::all_t<S>>;
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S>
 inline constexpr bool ranges::enable_view<accel::data::IterableShard<S>> = true;
+//! \endcond

@@ -50,6 +50,9 @@ inline std::string kind_name(std::int64_t kind) {
   }
 }
 
+//! A prepared loader's position (`state_dict()` / `load_state_dict()`): the epoch, the batches handed out, the sampling
+//! generator's state and the job's global position in the epoch, with what the loader was (checked on load). Resumable
+//! at any number of processes (README, "Resuming at another world size").
 struct LoaderState {
   std::int64_t epoch = 0;    //!< the epoch in progress (or the next one)
   std::int64_t batches = 0;  //!< batches (steps, when dispatched) of that epoch this process already handed to the loop
@@ -69,10 +72,12 @@ struct LoaderState {
   std::int64_t kind = 0;        //!< `LoaderKind`
   bool split = false;           //!< `batches::split`
 };
+//! The state's fields, for accel's typed serialisation (core/serialize.hpp).
 inline auto accel_fields(LoaderState& s) {
   return std::tie(s.epoch, s.batches, s.generator_state, s.position, s.processes, s.drawn_by, s.samples, s.batch_size,
                   s.kind, s.split);
 }
+//! The state's fields, read-only.
 inline auto accel_fields(const LoaderState& s) {
   return std::tie(s.epoch, s.batches, s.generator_state, s.position, s.processes, s.drawn_by, s.samples, s.batch_size,
                   s.kind, s.split);

@@ -12,13 +12,13 @@ namespace accel::data {
 
 //! The user's loader settings (PyTorch's DataLoader arguments, plus the seedable sampler of Accelerate).
 struct DataLoaderOptions {
-  std::int64_t batch_size = 1;
-  bool shuffle = false;
-  bool drop_last = false;
-  int workers = 0;        //!< threads preparing batches (0: on the loop's thread); every loading path uses them
-  int prefetch = 2;       //!< batches prepared ahead, per worker
-  bool seedable = false;  //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
-  std::optional<std::uint64_t> data_seed;
+  std::int64_t batch_size = 1;  //!< samples per batch (per process; global under `batches::split`)
+  bool shuffle = false;         //!< a new random order every epoch
+  bool drop_last = false;       //!< drop the last, incomplete batch
+  int workers = 0;              //!< threads preparing batches (0: on the loop's thread); every loading path uses them
+  int prefetch = 2;             //!< batches prepared ahead, per worker
+  bool seedable = false;        //!< Accelerate's use_seedable_sampler: epoch e is seeded with seed + e
+  std::optional<std::uint64_t> data_seed;  //!< the seedable sampler's seed (unset: the global generator's)
   //! PyTorch's `generator=`: the shuffling generator's seed. Unset: drawn from the global generator when the
   //! loader is prepared (Accelerate's rule). Either way it is synchronised across ranks at every epoch.
   std::optional<std::uint64_t> seed;

@@ -13,10 +13,10 @@ namespace accel::data {
 //! ranks simulated in one process as Accelerate's `prepare_data_loader(num_processes=, process_index=)`), and
 //! the device batches go to.
 struct PrepareContext {
-  int num_processes = 1;
-  int process_index = 0;
-  comm::Communicator* comm = nullptr;
-  c10::Device device = c10::Device(c10::kCPU);
+  int num_processes = 1;                        //!< processes of the job
+  int process_index = 0;                        //!< this process's rank
+  comm::Communicator* comm = nullptr;           //!< null: one process, or ranks simulated
+  c10::Device device = c10::Device(c10::kCPU);  //!< where batches go
   //! The context of a process state (`ProcessState`, or anything with its four accessors).
   template <class State>
   static PrepareContext of(const State& s) {

@@ -29,11 +29,14 @@
 
 namespace accel::data {
 
+//! The prepared loader, what `prepare_data_loader` returns (`ShardedLoader`, `DispatchedLoader` and the stream variants
+//! are its names): a cheap, copyable range handle over shared state, one pass per epoch; `set_epoch`, `epoch`, `size`,
+//! `state_dict` / `load_state_dict`, `skip_first_batches` (see the file's comment).
 template <class Source, class Transport>
 class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source, Transport>> {
  public:
-  using Core = typename Source::Core;
-  using Batch = typename Core::Batch;
+  using Core = typename Source::Core;  //!< the pipeline's shared state
+  using Batch = typename Core::Batch;  //!< what the loop receives
   static_assert(
       std::is_same_v<typename Core::transport, Transport>,
       "accel: PreparedLoader: the step source was made for another transport than the loader's (a source names "
@@ -47,25 +50,29 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
   using Cursor = pipeline::Cursor<Source, Transport>;
 
  public:
-  using iterator = detail::PassIterator<Cursor, Batch>;
+  using iterator = detail::PassIterator<Cursor, Batch>;  //!< a single-pass input iterator
 
   PreparedLoader() = default;
+  //! A handle on `core` (`prepare_data_loader` makes it).
   explicit PreparedLoader(std::shared_ptr<Core> core, Transport transport = {})
       : core_(std::move(core)), transport_(std::make_shared<const Transport>(std::move(transport))) {}
 
   //! Starts an epoch (synchronising the RNGs of the configuration's `rng` policy first).
   [[nodiscard]] iterator begin() const { return iterator(std::make_shared<Cursor>(core_, transport_)); }
+  //! The end of an epoch.
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
   //! Batches (steps, when dispatched) this process yields in its next epoch: the number really yielded (Q4, Q5
   //! fixed). For a stream only when its length is known.
   [[nodiscard]] std::size_t size() const requires requires(Core& k) { Source::size(k); }
   { return Source::size(*core_); }
+  //! The dataset's length (Accelerate's `total_dataset_length`); map-style datasets only.
   [[nodiscard]] std::int64_t total_dataset_length() const requires MapDataset<typename Core::dataset_type> {
     return core_->dataset->size();
   }
 
   //! The epoch the next iteration runs (also the seedable sampler's epoch).
   void set_epoch(std::int64_t epoch) { core_->epoch = epoch; }
+  //! The epoch the next iteration runs; after `load_state`, the checkpoint's (loop from it to resume).
   [[nodiscard]] std::int64_t epoch() const noexcept { return core_->epoch; }
   //! Samples of one optimizer step across all processes (defined for every loader: Q7 fixed).
   [[nodiscard]] std::int64_t total_batch_size() const {
@@ -115,5 +122,8 @@ class PreparedLoader : public std::ranges::view_interface<PreparedLoader<Source,
 
 }  // namespace accel::data
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <class S, class T>
 inline constexpr bool ranges::enable_view<accel::data::PreparedLoader<S, T>> = true;
+//! \endcond

@@ -36,7 +36,9 @@ namespace accel::data {
 class IndexOrder {
  public:
   IndexOrder() = default;
+  //! The identity order of `n` indices (no allocation).
   static IndexOrder sequential(std::int64_t n) { return IndexOrder(n, nullptr); }
+  //! The order `indices`, shared.
   static IndexOrder of(std::vector<std::int64_t> indices) {
     auto list = std::make_shared<const std::vector<std::int64_t>>(std::move(indices));
     const auto* p = list->data();
@@ -48,8 +50,11 @@ class IndexOrder {
     auto keep = std::make_shared<const at::Tensor>(indices);
     return IndexOrder(indices.numel(), std::shared_ptr<const std::int64_t>(keep, indices.data_ptr<std::int64_t>()));
   }
+  //! The number of indices.
   [[nodiscard]] std::int64_t size() const noexcept { return n_; }
+  //! The dataset index visited `i`-th.
   [[nodiscard]] std::int64_t operator[](std::int64_t i) const noexcept { return list_ ? list_.get()[i] : i; }
+  //! Whether this is the identity order.
   [[nodiscard]] bool is_sequential() const noexcept { return list_ == nullptr; }
   //! The drawn indices, or nullptr for the identity.
   [[nodiscard]] const std::int64_t* data() const noexcept { return list_.get(); }
@@ -82,7 +87,7 @@ inline at::Generator synchronized_generator() {
 
 //! `RandomSampler`'s settings (PyTorch's `replacement`, `num_samples`).
 struct RandomSamplerOptions {
-  bool replacement = false;
+  bool replacement = false;                 //!< draw with replacement
   std::optional<std::int64_t> num_samples;  //!< default: the dataset's length
   //! Advance the generator past the end of each epoch like PyTorch's lazy sampler does (needed when the
   //! generator lives on to the next epoch; pointless for a generator used for one epoch only).
@@ -94,7 +99,8 @@ struct RandomSamplerOptions {
 //! advancing it exactly as PyTorch does (so consecutive epochs differ and match Python's).
 class RandomSampler {
  public:
-  using Options = RandomSamplerOptions;
+  using Options = RandomSamplerOptions;  //!< the options struct
+  //! A sampler of `n` indices drawing from `generator`.
   RandomSampler(std::int64_t n, at::Generator generator, Options options = {})
       : n_(n),
         num_samples_(options.num_samples.value_or(n)),
@@ -110,6 +116,7 @@ class RandomSampler {
   RandomSampler& operator=(const RandomSampler&) = delete;
   ~RandomSampler() { settle(); }
 
+  //! Indices per epoch (`num_samples`).
   [[nodiscard]] std::int64_t size() const noexcept { return num_samples_; }
   //! The generator, with every draw of the epochs so far applied.
   [[nodiscard]] const at::Generator& generator() {
@@ -134,15 +141,20 @@ class RandomSampler {
 //! else the global generator's current seed when the sampler is made (Accelerate's rule).
 class SeedableRandomSampler {
  public:
+  //! A sampler of `n` indices seeded with `data_seed` (unset: the global generator's current seed).
   SeedableRandomSampler(std::int64_t n, std::optional<std::uint64_t> data_seed = std::nullopt,
                         RandomSampler::Options options = {})
       : n_(n),
         options_(options),
         initial_seed_(data_seed ? *data_seed : at::detail::getDefaultCPUGenerator().current_seed()) {}
 
+  //! Sets the epoch the next order is drawn for.
   void set_epoch(std::int64_t epoch) noexcept { epoch_ = epoch; }
+  //! The epoch of the next order.
   [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  //! The seed of epoch 0.
   [[nodiscard]] std::uint64_t initial_seed() const noexcept { return initial_seed_; }
+  //! Indices per epoch (`num_samples`).
   [[nodiscard]] std::int64_t size() const noexcept { return options_.num_samples.value_or(n_); }
 
   //! The order of the current epoch (does not advance the epoch: the loader calls `set_epoch`).

@@ -68,7 +68,11 @@
 #endif
 
 #if !defined(ACCEL_SEPARATE_COMPILATION)
+//! Marks a function whose body is in an `impl/*.ipp` file: `inline` header-only, nothing under
+//! `ACCEL_SEPARATE_COMPILATION` (Note [Separate compilation]).
 #define ACCEL_DECL inline
+//! 1 where the `impl/*.ipp` bodies are compiled (header-only, or the one translation unit of `<accel/src.hpp>`), else
+//! 0.
 #define ACCEL_DEFINITIONS 1
 #elif defined(ACCEL_SOURCE)
 #define ACCEL_DECL

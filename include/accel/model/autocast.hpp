@@ -9,8 +9,11 @@
 
 namespace accel {
 
+//! An autocast region for one device type (`torch.autocast`'s `__enter__` / `__exit__`): enables autocast with `dtype`
+//! on construction, restores the previous state on destruction. `Accelerator::autocast()` returns one.
 class AutocastScope {
  public:
+  //! Enters autocast for `device` with `dtype` when `enabled` (else changes nothing).
   AutocastScope(c10::DeviceType device, at::ScalarType dtype, bool enabled)
       : device_(device),
         previous_enabled_(at::autocast::is_autocast_enabled(device)),

@@ -58,9 +58,11 @@ namespace accel {
 //! all-reduced, cast back. Both engines reduce both types (Gloo and NCCL); a bucket already 16-bit travels as it is.
 enum class CommHook { none, fp16, bf16 };
 
+//! DDP's settings (PyTorch's `DistributedDataParallel` arguments, Accelerate's `DistributedDataParallelKwargs`); the
+//! `Accelerator` fills them from `Options`.
 struct DistributedOptions {
-  std::int64_t bucket_bytes = 25 * 1024 * 1024;
-  bool find_unused_parameters = false;
+  std::int64_t bucket_bytes = 25 * 1024 * 1024;  //!< DDP's `bucket_cap_mb`, in bytes (25 MiB)
+  bool find_unused_parameters = false;           //!< DDP's: a parameter without a gradient contributes zeros
   //! DDP's `broadcast_buffers`: rank 0's buffers (BatchNorm's running statistics) are broadcast before a
   //! forward of the prepared model, when DDP does it (see `before_forward`); false keeps each rank's own.
   bool broadcast_buffers = true;
@@ -73,6 +75,7 @@ class DistributedModule;
 //! communicator (`set_communicators`). Kept here, light, so that preparing a model needs no such module's header.
 struct CollectiveModule {
   virtual ~CollectiveModule() = default;
+  //! Takes the job's communicator (null: one process).
   virtual void set_communicator(comm::Communicator* c) noexcept = 0;
 };
 //! Hands `c` to every `CollectiveModule` in `m` (itself included); returns how many there are.
@@ -89,6 +92,7 @@ inline std::size_t set_communicators(torch::nn::Module& m, comm::Communicator* c
 class SyncScope {
  public:
   SyncScope() = default;
+  //! Takes over `o`'s modules (`o` then releases nothing).
   SyncScope(SyncScope&& o) noexcept
       : held_(std::exchange(o.held_, {})), on_release_(std::exchange(o.on_release_, {})) {}
   SyncScope& operator=(SyncScope&&) = delete;
@@ -104,6 +108,9 @@ class SyncScope {
   std::function<void()> on_release_;
 };
 
+//! The user's module with gradients averaged across processes: PyTorch's DistributedDataParallel (bucketed asynchronous
+//! all-reduce during backward, `no_sync`, `broadcast_buffers`, comm hooks, unused parameters); see the file's comment.
+//! `prepare` makes one per model; `PreparedModel` holds it.
 class DistributedModule {
   struct Param {
     std::string name;
@@ -151,6 +158,8 @@ class DistributedModule {
   };
 
  public:
+  //! Wraps `module`: broadcasts rank 0's parameters and buffers, lays the gradients out in buckets and registers the
+  //! hooks that all-reduce them during backward.
   DistributedModule(std::shared_ptr<torch::nn::Module> module, comm::Communicator* comm, DistributedOptions opt = {})
       : module_(std::move(module)), state_(std::make_shared<State>()) {
     auto& s = *state_;
@@ -196,7 +205,9 @@ class DistributedModule {
 
   //! The user's module (for forward, state_dict, ...).
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
+  //! The user's module, shared.
   [[nodiscard]] const std::shared_ptr<torch::nn::Module>& shared() const noexcept { return module_; }
+  //! The number of gradient buckets (ZeRO stage 2: the reducer's).
   [[nodiscard]] std::size_t buckets() const noexcept {
     return state_->zero ? state_->zero->buckets() : state_->buckets.size();
   }
@@ -229,6 +240,7 @@ class DistributedModule {
     s.buckets.clear();
     for (auto& p : s.params) p.bucket = 0;
   }
+  //! Whether ZeRO stage 2 is on (`shard_gradients`).
   [[nodiscard]] bool shards_gradients() const noexcept { return state_->zero != nullptr; }
 
   //! Full sharding (`shard::parameters`): from now on each process keeps 1/N of every unit's parameters, gathered
@@ -264,6 +276,7 @@ class DistributedModule {
   [[nodiscard]] SyncScope no_sync();
   //! Whether the next backward averages gradients.
   void set_sync(bool sync) { state_->sync = sync; }
+  //! Whether the next backward averages gradients.
   [[nodiscard]] bool sync() const noexcept { return state_->sync; }
   // [torch:nn/parallel/distributed.py DistributedDataParallel._pre_forward / _post_forward]
   //! Before a forward: broadcasts rank 0's buffers when DDP would (`broadcast_buffers`, the previous forward

@@ -47,20 +47,25 @@ struct GradientPartition {
   std::int64_t partition = 0;  //!< P: elements per rank
   at::Tensor own;              //!< this rank's partition of the gradients (P elements, 1-d)
 
+  //! `p`'s first element in the flat space; null when `p` is not in the partition's optimizer.
   [[nodiscard]] const std::int64_t* offset_of(const at::Tensor& p) const {
     const auto it = offsets.find(p.unsafeGetTensorImpl());
     return it == offsets.end() ? nullptr : &it->second;
   }
 };
 
+//! ZeRO stage 2's gradient path (`shard::gradients`): reduces gradient buckets to the ranks that own their partitions,
+//! instead of all-reducing them (see the file's comment). `DistributedModule` runs it.
 class PartitionReducer {
  public:
+  //! Buckets that travel at once, at most.
   static constexpr std::size_t kInFlight = 2;
 
   //! `params`: the module's trainable parameters in `DistributedModule`'s order, with their names (for errors).
   ACCEL_DECL PartitionReducer(comm::Communicator* comm, const std::vector<std::pair<std::string, at::Tensor>>& params,
                               GradientPartition layout, std::int64_t bucket_bytes, c10::ScalarType wire);
 
+  //! The number of buckets.
   [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
   //! Bytes one synchronising backward sends (every piece once, in the wire type).
   [[nodiscard]] std::int64_t gradient_bytes() const {

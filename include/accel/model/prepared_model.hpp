@@ -48,9 +48,13 @@ std::shared_ptr<torch::nn::Module> module_of(const H& h) {
     return h.ptr();
 }
 
+//! What `Accelerator::prepare` returns for a model when several processes may run: the user's module holder and the
+//! `DistributedModule` that averages its gradients. Reads like the holder (`model->`, `*model`); call it as `model(x)`,
+//! the one door where the forward is bracketed as DDP does.
 template <ModuleHandle Holder>
 class PreparedModel {
  public:
+  //! The user's holder and the `DistributedModule` around its module (`prepare` makes it).
   PreparedModel(Holder holder, std::shared_ptr<DistributedModule> distributed)
       : holder_(std::move(holder)), ddp_(std::move(distributed)) {}
 
@@ -61,7 +65,9 @@ class PreparedModel {
     else
       return holder_.ptr().get();
   }
+  //! The module's members, as through the holder (`model->forward(x)`, `model->parameters()`).
   [[nodiscard]] auto* operator->() const noexcept { return get(); }
+  //! The module.
   [[nodiscard]] auto& operator*() const noexcept { return *get(); }
   //! `model(x...)` is `model->forward(x...)`, bracketed as DDP brackets it: rank 0's buffers first when due
   //! (`DistributedOptions::broadcast_buffers`). The one door into the model: call it this way, not
@@ -97,6 +103,7 @@ class PreparedModel {
   [[nodiscard]] Holder unwrap() const noexcept { return holder_; }
   //! The gradient synchroniser (buckets, `no_sync`).
   [[nodiscard]] DistributedModule& distributed() const noexcept { return *ddp_; }
+  //! The `DistributedModule`, shared.
   [[nodiscard]] const std::shared_ptr<DistributedModule>& distributed_ptr() const noexcept { return ddp_; }
 
  private:
@@ -104,8 +111,10 @@ class PreparedModel {
   std::shared_ptr<DistributedModule> ddp_;
 };
 
+//! Whether `T` is a `PreparedModel`.
 template <class T>
 inline constexpr bool is_prepared_model = false;
+//! A `PreparedModel`.
 template <class H>
 inline constexpr bool is_prepared_model<PreparedModel<H>> = true;
 

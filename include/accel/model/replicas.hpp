@@ -4,7 +4,6 @@
 //! processes' fingerprints (`Options::check_replicas_every`; the accelerator runs it at a step boundary).
 //!
 //! Note [Replica check]
-//! ~~~~~~~~~~~~~~~~~~~~
 //! Data-parallel replicas stay bit-identical only while every process applies the same update to the same bits.
 //! Anything that changes the weights on one rank alone (an optimizer stepped outside accel inside an accumulation
 //! window, a nondeterministic kernel, a rank-dependent branch in user code) makes them diverge, silently, in every
@@ -59,9 +58,10 @@ inline at::Tensor replica_fingerprint(const std::vector<at::Tensor>& tensors) {
 //! Where the processes' fingerprints (`replica_fingerprint` of each, in rank order) first differ: the row and the
 //! ranks whose row differs from rank 0's; nothing when all agree.
 struct ReplicaMismatch {
-  std::int64_t row = 0;
-  std::vector<int> ranks;
+  std::int64_t row = 0;    //!< the first row (parameter) that differs
+  std::vector<int> ranks;  //!< the ranks whose row differs from rank 0's
 };
+//! Compares the processes' fingerprints (see `ReplicaMismatch`).
 inline std::optional<ReplicaMismatch> compare_replicas(const std::vector<at::Tensor>& per_rank) {
   if (per_rank.size() < 2) return std::nullopt;
   std::vector<at::Tensor> cpu;

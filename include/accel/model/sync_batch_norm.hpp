@@ -44,12 +44,13 @@
 
 namespace accel {
 
+//! `SyncBatchNorm`'s options: PyTorch's `BatchNorm`'s arguments and defaults.
 struct SyncBatchNormOptions {
-  std::int64_t num_features = 0;
-  double eps = 1e-5;
+  std::int64_t num_features = 0;         //!< the channels (C of N, C, ...)
+  double eps = 1e-5;                     //!< added to the variance
   std::optional<double> momentum = 0.1;  //!< unset: the cumulative average, as PyTorch's `momentum=None`
-  bool affine = true;
-  bool track_running_stats = true;
+  bool affine = true;                    //!< learnable weight and bias
+  bool track_running_stats = true;       //!< keep running mean and variance (eval mode uses them)
 };
 
 namespace detail {
@@ -103,12 +104,18 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 
 }  // namespace detail
 
+//! Batch normalisation with the statistics of the global batch (PyTorch's `SyncBatchNorm`): counts, means and squared
+//! deviations all-gathered in one collective, gradients through them in one all-reduce; local in eval mode and in one
+//! process. Use it through its holder, `SyncBatchNorm`.
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public CollectiveModule {
  public:
+  //! A layer with options `o`.
   explicit SyncBatchNormImpl(SyncBatchNormOptions o) : options(o) { reset(); }  // NOLINT
+  //! A layer of `num_features` channels, PyTorch's defaults.
   explicit SyncBatchNormImpl(std::int64_t num_features)
       : SyncBatchNormImpl(SyncBatchNormOptions{.num_features = num_features}) {}
 
+  //! (Re)creates the parameters and buffers: weight 1, bias 0, running mean 0, variance 1.
   void reset() override {
     if (options.affine) {
       weight = register_parameter("weight", torch::ones({options.num_features}));
@@ -124,6 +131,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
   //! The processes whose batches make the statistics (set by `Accelerator::prepare`; none: local BatchNorm).
   void set_communicator(comm::Communicator* c) noexcept override { comm_ = c; }
 
+  //! Normalises `x` (N, C, ...) with the global batch's statistics in training, the running ones in eval mode.
   at::Tensor forward(const at::Tensor& x) {
     detail::require(x.dim() >= 2 && x.size(1) == options.num_features,
                     "accel::SyncBatchNorm: expected an input of shape [batch, " + std::to_string(options.num_features) +
@@ -181,12 +189,17 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public
                                                 std::int64_t(reinterpret_cast<std::intptr_t>(comm_)))[0];
   }
 
-  SyncBatchNormOptions options;
+  SyncBatchNormOptions options;  //!< the layer's settings
+  //!@{
+  //! The parameters and buffers, PyTorch's BatchNorm's names.
   at::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  //!@}
 
  private:
   comm::Communicator* comm_ = nullptr;
 };
+//! The module holder of `SyncBatchNormImpl` (LibTorch's `TORCH_MODULE`), the name a model declares, as it declares
+//! `torch::nn::BatchNorm2d`.
 TORCH_MODULE(SyncBatchNorm);
 
 namespace detail {

@@ -170,30 +170,40 @@ inline std::vector<std::string> plan_units(torch::nn::Module& root, const Shardi
   return out;
 }
 
+//! Full sharding's parameter path for one prepared model (see this file's description and Note [Intercepting a unit
+//! without module hooks]); `DistributedModule::shard_parameters` makes it, `DistributedModule::sharder` returns it.
 class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
  public:
+  //! One parameter of a unit, and where it lies in the unit's full buffer.
   struct Param {
-    std::string name;
-    at::Tensor tensor;
-    std::int64_t offset = 0, numel = 0;  // in the unit's full buffer
-    int trainable = -1;                  // its index among DistributedModule's trainable parameters (-1: frozen)
+    std::string name;         //!< its name in the model (`named_parameters()`)
+    at::Tensor tensor;        //!< the parameter (an alias of the unit's full buffer)
+    std::int64_t offset = 0;  //!< its first element in the unit's full buffer
+    std::int64_t numel = 0;   //!< its elements
+    int trainable = -1;       //!< its index among DistributedModule's trainable parameters (-1: frozen)
   };
+  //! A unit: its parameters, this rank's shards, and where it is in a step.
   struct Unit {
-    std::string name;  // "" for the root unit
-    std::vector<Param> params;
-    std::int64_t total = 0, part = 0;  // elements, and P: elements per rank
-    bool trainable = false;
-    at::Tensor full;   // N * P elements; its storage is the parameters' (no memory while freed)
-    at::Tensor shard;  // this rank's P elements
-    at::Tensor grad;   // this rank's P elements of the averaged gradients (trainable units)
-    std::size_t trainables = 0, ready = 0;
-    bool gathered = false, complete = false;
+    std::string name;            //!< its module's name in the model ("" for the root unit)
+    std::vector<Param> params;   //!< its own parameters (not those of units inside it), in registration order
+    std::int64_t total = 0;      //!< elements of its parameters
+    std::int64_t part = 0;       //!< P: elements per rank, ceil(total / N)
+    bool trainable = false;      //!< its parameters require gradients (all of them, or none)
+    at::Tensor full;             //!< N * P elements; its storage is the parameters' (no memory while freed)
+    at::Tensor shard;            //!< this rank's P elements of the parameters
+    at::Tensor grad;             //!< this rank's P elements of the averaged gradients (trainable units)
+    std::size_t trainables = 0;  //!< its trainable parameters
+    std::size_t ready = 0;       //!< those whose gradient this backward has accumulated
+    bool gathered = false;       //!< its full parameters are in memory
+    bool complete = false;       //!< this backward is done with it
   };
   //! A parameter's piece on this rank: elements [at, at + numel) of the parameter (flattened), as a tensor that
   //! aliases the unit's shard and one that aliases its gradient shard (undefined `shard`: none on this rank).
   struct Piece {
-    at::Tensor shard, grad;
-    std::int64_t at = 0, numel = 0;
+    at::Tensor shard;        //!< the piece of the parameter (an alias of the unit's shard)
+    at::Tensor grad;         //!< the piece of its averaged gradient (an alias of the unit's gradient shard)
+    std::int64_t at = 0;     //!< its first element in the parameter
+    std::int64_t numel = 0;  //!< its elements
   };
 
   //! Cuts `root` into the units `options` names and shards every parameter across `comm`'s processes. `trainable`:
@@ -280,17 +290,21 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     const auto it = pieces_.find(param.unsafeGetTensorImpl());
     return it == pieces_.end() ? nullptr : &it->second;
   }
+  //! The units: [0] is the root unit, then the units in `named_modules()` order.
   [[nodiscard]] const std::vector<Unit>& units() const noexcept { return units_; }
+  //! The options the units were cut by.
   [[nodiscard]] const ShardingOptions& options() const noexcept { return options_; }
   //! Bytes of full parameters gathered now, and the most at once since `reset_peak`.
   [[nodiscard]] std::int64_t gathered_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     return gathered_bytes_;
   }
+  //! The most bytes of full parameters gathered at once since `reset_peak` (or construction).
   [[nodiscard]] std::int64_t peak_gathered_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_bytes_;
   }
+  //! Starts a new peak from what is gathered now.
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
     peak_bytes_ = gathered_bytes_;
@@ -335,11 +349,14 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
 //! loaded into them); otherwise changes are dropped.
 class GatheredParameters {
  public:
+  //! Nothing gathered.
   GatheredParameters() = default;
+  //! Gathers every unit of `sharders` (collective); `write_back` as `Accelerator::gather_parameters` says.
   GatheredParameters(std::vector<std::shared_ptr<UnitSharder>> sharders, bool write_back)
       : sharders_(std::move(sharders)), write_back_(write_back) {
     for (const auto& s : sharders_) s->gather_all();
   }
+  //! Takes over `o`'s units (released at this object's end).
   GatheredParameters(GatheredParameters&& o) noexcept
       : sharders_(std::exchange(o.sharders_, {})), write_back_(o.write_back_) {}
   GatheredParameters& operator=(GatheredParameters&&) = delete;

@@ -39,7 +39,7 @@ namespace accel {
 
 //! What a scheduler needs to know about an optimizer's last step (`AcceleratedOptimizer::record()`).
 struct StepRecord {
-  bool skipped = false;
+  bool skipped = false;     //!< the last step was skipped (inf/NaN)
   std::uint64_t steps = 0;  //!< synchronising steps taken (skipped ones included): the step boundaries so far
 };
 
@@ -65,6 +65,9 @@ concept SavesState = requires(const S& s, S& m, torch::serialize::OutputArchive&
 };
 
 // [accelerate:optimizer.py AcceleratedOptimizer]
+//! The user's optimizer, prepared (Accelerate's `AcceleratedOptimizer`): `step` and `zero_grad` act only when
+//! `GradientState::sync_gradients()` is true, through the GradScaler under fp16 and through the ZeRO partition under
+//! `shard::optimizer` / `shard::gradients`. A handle: copies share one wrapper.
 template <TorchOptimizer Optimizer>
 class AcceleratedOptimizer {
   struct Shared {
@@ -75,6 +78,7 @@ class AcceleratedOptimizer {
   };
 
  public:
+  //! Wraps `optimizer`, stepping through `scaler` when there is one (fp16).
   explicit AcceleratedOptimizer(std::shared_ptr<Optimizer> optimizer, std::shared_ptr<GradScaler> scaler = nullptr)
       : s_(std::make_shared<Shared>(Shared{std::move(optimizer), std::move(scaler)})) {}
 
@@ -115,9 +119,13 @@ class AcceleratedOptimizer {
   //! Whether the last synchronising step was skipped (inf/NaN gradients under fp16 scaling).
   [[nodiscard]] bool step_was_skipped() const noexcept { return s_->record->skipped; }
 
+  //! The user's optimizer.
   [[nodiscard]] Optimizer& inner() const noexcept { return *s_->opt; }
+  //! The user's optimizer's members.
   [[nodiscard]] Optimizer* operator->() const noexcept { return s_->opt.get(); }
+  //! The user's optimizer, shared.
   [[nodiscard]] const std::shared_ptr<Optimizer>& shared() const noexcept { return s_->opt; }
+  //! Its last step, for the schedulers it holds back.
   [[nodiscard]] std::shared_ptr<const StepRecord> record() const noexcept { return s_->record; }
 
   //! ZeRO stage 1: steps go to `sharded`, which holds this rank's partition of the state (`Accelerator::prepare`).
@@ -182,12 +190,16 @@ requires std::integral<Loader> || requires(const Loader& l) { l.size(); }
 }
 
 // [accelerate:scheduler.py AcceleratedScheduler]
+//! The user's scheduler, prepared (Accelerate's `AcceleratedScheduler`): steps only after a real optimizer step, N
+//! times per optimizer step under `batches::per_process` (the schedule counts every process's batches), once under
+//! `batches::split`; none after a step the GradScaler skipped. A handle: copies share one wrapper.
 template <TorchScheduler Scheduler>
 class AcceleratedScheduler {
  public:
+  //! How the scheduler steps (set by `Accelerator::prepare` from the configuration and `Options`).
   struct Options {
-    int num_processes = 1;
-    bool split_batches = false;
+    int num_processes = 1;            //!< N: steps per optimizer step under `batches::per_process`
+    bool split_batches = false;       //!< `batches::split`: once per optimizer step
     bool step_with_optimizer = true;  //!< false: step on every call, ignoring the optimizer
     bool always_once = false;         //!< step once per optimizer step even with several processes
   };
@@ -197,6 +209,8 @@ class AcceleratedScheduler {
                        Options o)
       : s_(std::make_shared<Shared>(Shared{std::move(scheduler), std::move(optimizers), o})) {}
 
+  //! Steps the scheduler after a real optimizer step (as often as the options say); a scheduler that judges a metric
+  //! does not compile here (`step(metric)`).
   void step() {
     static_assert(
         requires(Scheduler & s) { s.step(); },
@@ -211,7 +225,9 @@ class AcceleratedScheduler {
   void step(Metric metric) { step_with(metric); }
   //! Times the inner scheduler has stepped.
   [[nodiscard]] std::int64_t steps() const noexcept { return s_->count; }
+  //! The user's scheduler.
   [[nodiscard]] Scheduler& inner() const noexcept { return *s_->sched; }
+  //! The user's scheduler's members.
   [[nodiscard]] Scheduler* operator->() const noexcept { return s_->sched.get(); }
 
   //! The scheduler's state: its own `save` where it has one (PyTorch's whole `state_dict`), else LibTorch's step

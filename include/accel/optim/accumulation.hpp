@@ -17,6 +17,7 @@
 
 namespace accel {
 
+//! When gradients are synchronised (the `Accumulation` an `Accelerator` builds from `Options`).
 struct AccumulationOptions {
   int steps = 1;                     //!< gradient_accumulation_steps
   bool sync_with_dataloader = true;  //!< force a sync (and a counter reset) on the loader's last batch
@@ -24,8 +25,11 @@ struct AccumulationOptions {
 };
 
 // [accelerate:accelerator.py Accelerator._do_sync / accumulate]
+//! Gradient accumulation's counter (Accelerate's `accumulate` / `_do_sync`): `begin_step()` decides, once per batch,
+//! whether this step synchronises gradients, and publishes it in `GradientState::sync_gradients()`.
 class Accumulation {
  public:
+  //! An accumulation of `o.steps` batches per optimizer step (at least 1).
   explicit Accumulation(AccumulationOptions o = {}) : opt_(o) {
     detail::require(o.steps >= 1,
                     "accel: gradient_accumulation_steps must be at least 1 (got " + std::to_string(o.steps) + ")");
@@ -45,11 +49,13 @@ class Accumulation {
   }
   //! Accelerate's `Accelerator.step`: steps since the last sync at the end of a loader.
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  //! Batches per optimizer step (`gradient_accumulation_steps`).
   [[nodiscard]] int steps() const noexcept { return opt_.steps; }
   //! Whether gradients are reduced across processes in this step (sync, or sync_each_batch).
   [[nodiscard]] bool allow_sync(const GradientState& gs = GradientState::instance()) const {
     return gs.sync_gradients() || opt_.sync_each_batch;
   }
+  //! Resets the counter.
   void reset() noexcept { step_ = 0; }
   //! Restores the counter (checkpoints).
   void set_step(std::int64_t step) noexcept { step_ = step; }

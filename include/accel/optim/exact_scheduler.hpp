@@ -45,7 +45,10 @@ inline std::vector<double> scaled(std::vector<double> rates, double factor) {
 //! must not divide by zero, index past a group, or step a counter it cannot hold).
 template <class T>
 struct Bounds {
+  //!@{
+  //! The smallest and the largest value accepted.
   T least = std::numeric_limits<T>::lowest(), most = std::numeric_limits<T>::max();
+  //!@}
 };
 
 //! A scheduler's state fields, listed once (`fields(StateIO&)`) for both directions: each call writes the field
@@ -53,15 +56,21 @@ struct Bounds {
 //! list of another length, is an `InvalidArgument` naming the field (and the loader names the file).
 class StateIO {
  public:
+  //! Saving: each call writes its field into `a`.
   explicit StateIO(torch::serialize::OutputArchive& a) : out_(&a) {}
+  //! Loading: each call reads its field back from `a`.
   explicit StateIO(torch::serialize::InputArchive& a) : in_(&a) {}
+  //! True when loading (a scheduler re-derives what it keeps from a loaded field here, e.g. a sorted list).
   [[nodiscard]] bool reading() const noexcept { return in_ != nullptr; }
 
+  //!@{
+  //! One field under `key`: a count, a number, a flag or a list of them, written or read back.
   void operator()(const std::string& key, std::int64_t& v) { io(key, v, &c10::IValue::toInt); }
   void operator()(const std::string& key, double& v) { io(key, v, &c10::IValue::toDouble); }
   void operator()(const std::string& key, bool& v) { io(key, v, &c10::IValue::toBool); }
   void operator()(const std::string& key, std::vector<double>& v) { io(key, v, &c10::IValue::toDoubleVector); }
   void operator()(const std::string& key, std::vector<std::int64_t>& v) { io(key, v, &c10::IValue::toIntVector); }
+  //!@}
   //! A number within `b` (NaN is never within).
   template <class T>
   requires std::same_as<T, std::int64_t> || std::same_as<T, double>
@@ -275,6 +284,7 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_count_py_; }
   //! The groups' initial rates (PyTorch's `base_lrs`).
   [[nodiscard]] const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
+  //! The optimizer whose groups' rates this scheduler sets.
   [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return opt_; }
   //! The groups' current rates (PyTorch's `[group["lr"] for group in optimizer.param_groups]`).
   [[nodiscard]] std::vector<double> current_lrs() const {
@@ -310,6 +320,7 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   }
   //! SequentialLR's: no base rates, no initial step of its own.
   struct Bare {};
+  //! SequentialLR's and ChainedScheduler's constructor: no base rates, no initial step.
   ExactScheduler(torch::optim::Optimizer& opt, Bare) : torch::optim::LRScheduler(opt), opt_(opt) {}
 
   //! PyTorch's `get_lr()`: the rates at `last_epoch`, usually from the groups' current rates.
@@ -325,6 +336,8 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   }
 
   // [torch:optim/lr_scheduler.py LRScheduler._initial_step]
+  //! The step a constructor takes last (PyTorch's `_initial_step`): `last_epoch` -1 becomes 0 and the rates of epoch 0
+  //! are set; `is_initial_step()` is true meanwhile.
   void initial_step() {
     step_count_py_ = 0;
     is_initial_ = true;
@@ -335,11 +348,15 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
     step();
   }
   // [torch:optim/lr_scheduler.py LRScheduler.step]
+  //! What `step()` does (PyTorch's `LRScheduler.step`): counts the step and sets the next rates (`update_lr`).
+  //! Overridden by schedulers that step otherwise (CosineAnnealingWarmRestarts, SequentialLR, ChainedScheduler).
   virtual void advance() {
     ++step_count_py_;
     update_lr(std::nullopt);
   }
   // [torch:optim/lr_scheduler.py LRScheduler._update_lr]
+  //! PyTorch's `_update_lr`: without `epoch`, the next epoch's rates from `get_lr()`; with one, that epoch's rates from
+  //! `closed_form_lr()` where there is one (else `get_lr()`). Sets them in the groups and in `get_last_lr()`.
   void update_lr(std::optional<std::int64_t> epoch) {
     std::vector<double> values;
     if (!epoch) {
@@ -356,11 +373,19 @@ class ExactScheduler : public torch::optim::LRScheduler, public detail::SavedFie
   //! SequentialLR's `recursive_undo`: the initial step of construction taken back.
   virtual void undo_initial_step() { --last_epoch_; }
 
+  //! The optimizer whose groups' rates this scheduler sets.
   torch::optim::Optimizer& opt_;
+  //! The groups' initial rates, shared by every scheduler of the optimizer (PyTorch's `initial_lr` of each group).
   std::shared_ptr<std::vector<double>> initial_;
+  //!@{
+  //! PyTorch's `base_lrs` (the initial rates) and `_last_lr` (the rates of the last step).
   std::vector<double> base_lrs_, last_lr_;
+  //!@}
+  //! PyTorch's `last_epoch`: -1 before the initial step, then the steps taken.
   std::int64_t last_epoch_ = -1;
+  //! PyTorch's `_step_count`.
   std::int64_t step_count_py_ = 0;
+  //! PyTorch's `_is_initial`: true during the constructor's step.
   bool is_initial_ = false;
 
  private:

@@ -38,16 +38,20 @@
 
 namespace accel {
 
+//! The GradScaler's settings, PyTorch's names and defaults.
 struct GradScalerOptions {
-  double init_scale = 65536.0;  //!< 2^16, PyTorch's default
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
+  double init_scale = 65536.0;          //!< 2^16, PyTorch's default
+  double growth_factor = 2.0;           //!< the scale's growth after `growth_interval` good steps
+  double backoff_factor = 0.5;          //!< the scale's decrease after an overflow
+  std::int64_t growth_interval = 2000;  //!< good steps before the scale grows
 };
 
 // [torch:amp/grad_scaler.py GradScaler]
+//! Dynamic loss scaling for fp16 training (PyTorch's `torch.amp.GradScaler`): `scale`, `unscale_`, `step`, `update`; an
+//! inf/NaN found on any process skips the step on every process (see the file's comment).
 class GradScaler {
  public:
+  //! A scaler whose scale lives on `device`, the inf/NaN finding summed over `comm`'s processes.
   explicit GradScaler(c10::Device device, comm::Communicator* comm = nullptr, GradScalerOptions o = {})
       : comm_(comm), opt_(o) {
     detail::require(
@@ -135,10 +139,14 @@ class GradScaler {
     per_optimizer_.clear();
   }
 
+  //! The current scale (PyTorch's `get_scale()`).
   [[nodiscard]] double get_scale() const { return scale_.item<double>(); }
+  //! Consecutive good steps since the scale last changed (PyTorch's `_growth_tracker`).
   [[nodiscard]] std::int64_t growth_tracker() const { return growth_tracker_.item<std::int64_t>(); }
+  //! The settings.
   [[nodiscard]] const GradScalerOptions& options() const noexcept { return opt_; }
 
+  //! Saves the scale, the growth tracker and the settings (PyTorch's `state_dict`).
   void save(torch::serialize::OutputArchive& a) const {
     a.write("scale", scale_.cpu());
     a.write("growth_tracker", growth_tracker_.cpu());

@@ -7,25 +7,29 @@
 namespace accel {
 
 // [torch:optim/lr_scheduler.py OneCycleLR]
+//! How `OneCycleLR` anneals (PyTorch's `anneal_strategy`: "cos" or "linear").
 enum class Anneal { cos, linear };
+//! `OneCycleLR`'s options: PyTorch's arguments and defaults.
 struct OneCycleLROptions {
-  std::vector<double> max_lr;    //!< required: one value, or one per group
-  std::int64_t total_steps = 0;  //!< or epochs * steps_per_epoch when 0
-  std::int64_t epochs = 0;
-  std::int64_t steps_per_epoch = 0;
-  double pct_start = 0.3;
-  Anneal anneal_strategy = Anneal::cos;
-  bool cycle_momentum = true;
+  std::vector<double> max_lr;               //!< required: one value, or one per group
+  std::int64_t total_steps = 0;             //!< or epochs * steps_per_epoch when 0
+  std::int64_t epochs = 0;                  //!< with `steps_per_epoch`, when `total_steps` is 0
+  std::int64_t steps_per_epoch = 0;         //!< with `epochs`, when `total_steps` is 0
+  double pct_start = 0.3;                   //!< the fraction of the cycle spent raising the rate
+  Anneal anneal_strategy = Anneal::cos;     //!< cosine or linear annealing
+  bool cycle_momentum = true;               //!< cycle the momentum (or beta1) inversely
   std::vector<double> base_momentum{0.85};  //!< one value, or one per group
   std::vector<double> max_momentum{0.95};   //!< one value, or one per group
-  double div_factor = 25.0;
-  double final_div_factor = 1e4;
-  bool three_phase = false;
+  double div_factor = 25.0;                 //!< initial rate = max_lr / div_factor
+  double final_div_factor = 1e4;            //!< final rate = initial rate / final_div_factor
+  bool three_phase = false;                 //!< three phases (up, down to the initial rate, annihilation)
 };
 //! The options of the positional spelling `OneCycleLR(opt, max_lr, OneCycleOptions{...})` of earlier versions:
 //! `OneCycleLROptions` without `max_lr`, the fields in their former order (so `OneCycleOptions{100}` still sets
 //! `total_steps`).
 struct OneCycleOptions {
+  //!@{
+  //! As the field of the same name in `OneCycleLROptions`.
   std::int64_t total_steps = 0;
   std::int64_t epochs = 0;
   std::int64_t steps_per_epoch = 0;
@@ -37,12 +41,16 @@ struct OneCycleOptions {
   double div_factor = 25.0;
   double final_div_factor = 1e4;
   bool three_phase = false;
+  //!@}
 };
 
 //! The groups' initial rates become `max_lr / div_factor` (PyTorch overwrites `initial_lr`), whatever they were.
 class OneCycleLR : public ExactScheduler {
  public:
+  //! The options struct, `OneCycleLROptions`.
   using Options = OneCycleLROptions;
+  //! Sets the groups' initial rates to `max_lr / div_factor` (and the momentum to `max_momentum`) and takes PyTorch's
+  //! initial step.
   OneCycleLR(torch::optim::Optimizer& opt, Options o) : ExactScheduler(opt, -1, initial_of(opt, o)), o_(std::move(o)) {
     detail::require(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
                     "accel::OneCycleLR: set total_steps, or epochs and steps_per_epoch (all positive)");
@@ -80,6 +88,7 @@ class OneCycleLR : public ExactScheduler {
                                 .div_factor = o.div_factor,
                                 .final_div_factor = o.final_div_factor,
                                 .three_phase = o.three_phase}) {}
+  //! The cycle's length in steps (`AcceleratedScheduler` never steps it past that).
   [[nodiscard]] std::int64_t total_steps() const noexcept { return o_.total_steps; }
 
  protected:

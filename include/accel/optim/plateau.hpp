@@ -7,17 +7,20 @@
 namespace accel {
 
 // [torch:optim/lr_scheduler.py ReduceLROnPlateau]
+//! Whether a lower (`min`) or a higher (`max`) metric is better (PyTorch's `mode`).
 enum class PlateauMode { min, max };
+//! How `threshold` is applied (PyTorch's `threshold_mode`): relative to the best value, or absolute.
 enum class ThresholdMode { rel, abs };
+//! `ReduceLROnPlateau`'s options: PyTorch's arguments and defaults.
 struct ReduceLROnPlateauOptions {
-  PlateauMode mode = PlateauMode::min;
-  double factor = 0.1;
-  std::int64_t patience = 10;
-  double threshold = 1e-4;
-  ThresholdMode threshold_mode = ThresholdMode::rel;
-  std::int64_t cooldown = 0;
-  std::vector<double> min_lr{0.0};  //!< one value for every group, or one per group
-  double eps = 1e-8;
+  PlateauMode mode = PlateauMode::min;                //!< lower or higher is better
+  double factor = 0.1;                                //!< new rate = rate * factor (< 1)
+  std::int64_t patience = 10;                         //!< steps without improvement tolerated before a reduction
+  double threshold = 1e-4;                            //!< the least change that counts as an improvement
+  ThresholdMode threshold_mode = ThresholdMode::rel;  //!< `threshold` relative or absolute
+  std::int64_t cooldown = 0;                          //!< steps to wait after a reduction before counting again
+  std::vector<double> min_lr{0.0};                    //!< one value for every group, or one per group
+  double eps = 1e-8;                                  //!< a reduction smaller than this is skipped
 };
 using PlateauOptions = ReduceLROnPlateauOptions;  //!< the former name
 
@@ -29,7 +32,9 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
   friend class detail::SavedFields<ReduceLROnPlateau>;
 
  public:
+  //! The options struct, `ReduceLROnPlateauOptions`.
   using Options = ReduceLROnPlateauOptions;
+  //! Reads the groups' current rates; no step is taken.
   explicit ReduceLROnPlateau(torch::optim::Optimizer& opt, Options o = {})
       : torch::optim::LRScheduler(opt), opt_(opt), o_(std::move(o)) {
     detail::require(o_.factor < 1.0, "accel::ReduceLROnPlateau: factor should be < 1.0");
@@ -40,8 +45,10 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
     reset();
   }
 
-  void step() = delete;  // a plateau is judged on a metric: step(metric)
+  void step() = delete;  //!< a plateau is judged on a metric: `step(metric)`
   // [torch:optim/lr_scheduler.py ReduceLROnPlateau.step]
+  //! One step judged on `metric` (PyTorch's `step(metrics)`): after more than `patience` steps without improvement,
+  //! each group's rate becomes `max(rate * factor, min_lr)`, then `cooldown` steps pass before counting again.
   void step(double metric) {
     const double current = metric;
     const std::int64_t epoch = last_epoch_ + 1;
@@ -64,11 +71,17 @@ class ReduceLROnPlateau : public torch::optim::LRScheduler, public detail::Saved
     last_lr_ = current_lrs();
   }
 
+  //! The rates after the last step (PyTorch's `get_last_lr()`).
   [[nodiscard]] const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
+  //! Steps taken (PyTorch's `last_epoch`).
   [[nodiscard]] std::int64_t last_epoch() const noexcept { return last_epoch_; }
+  //! The best metric so far (PyTorch's `best`).
   [[nodiscard]] double best() const noexcept { return best_; }
+  //! Steps since the last improvement (PyTorch's `num_bad_epochs`).
   [[nodiscard]] std::int64_t num_bad_epochs() const noexcept { return num_bad_epochs_; }
+  //! Cooldown steps left (PyTorch's `cooldown_counter`).
   [[nodiscard]] std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
+  //! Whether a cooldown is in progress (PyTorch's `in_cooldown`).
   [[nodiscard]] bool in_cooldown() const noexcept { return cooldown_counter_ > 0; }
 
   // save / load: detail::SavedFields, through fields().

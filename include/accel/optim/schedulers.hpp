@@ -85,14 +85,18 @@
 namespace accel {
 
 // [torch:optim/lr_scheduler.py StepLR]
+//! `StepLR`'s options: PyTorch's arguments and defaults.
 struct StepLROptions {
-  std::int64_t step_size = 0;  //!< required: positive
-  double gamma = 0.1;
-  std::int64_t last_epoch = -1;
+  std::int64_t step_size = 0;    //!< required: positive
+  double gamma = 0.1;            //!< decay factor
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
+//! The rates decay by `gamma` every `step_size` steps (PyTorch's `StepLR`, which LibTorch's own applies one step late).
 class StepLR : public ExactScheduler {
  public:
+  //! The options struct, `StepLROptions`.
   using Options = StepLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   StepLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), step_size_(o.step_size), gamma_(o.gamma) {
     detail::require(o.step_size > 0,
@@ -123,14 +127,18 @@ class StepLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py MultiStepLR]
+//! `MultiStepLR`'s options: PyTorch's arguments and defaults.
 struct MultiStepLROptions {
-  std::vector<std::int64_t> milestones;
-  double gamma = 0.1;
-  std::int64_t last_epoch = -1;
+  std::vector<std::int64_t> milestones;  //!< the steps at which the rates decay (any order)
+  double gamma = 0.1;                    //!< decay factor
+  std::int64_t last_epoch = -1;          //!< -1: a new schedule; k: resume at step k+1
 };
+//! The rates decay by `gamma` at each milestone (PyTorch's `MultiStepLR`; a milestone given twice decays twice).
 class MultiStepLR : public ExactScheduler {
  public:
+  //! The options struct, `MultiStepLROptions`.
   using Options = MultiStepLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   MultiStepLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), milestones_(std::move(o.milestones)), gamma_(o.gamma) {
     std::ranges::sort(milestones_);  // PyTorch keeps a Counter: order does not matter, repeats do
@@ -166,15 +174,18 @@ class MultiStepLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py ConstantLR]
+//! `ConstantLR`'s options: PyTorch's arguments and defaults.
 struct ConstantLROptions {
-  double factor = 1.0 / 3;  //!< in [0, 1]
-  std::int64_t total_iters = 5;
-  std::int64_t last_epoch = -1;
+  double factor = 1.0 / 3;       //!< in [0, 1]
+  std::int64_t total_iters = 5;  //!< steps at the reduced rate
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
 //! The initial rates times `factor` until `total_iters` steps, then the initial rates.
 class ConstantLR : public ExactScheduler {
  public:
+  //! The options struct, `ConstantLROptions`.
   using Options = ConstantLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   ConstantLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), factor_(o.factor), total_(o.total_iters) {
     detail::require(o.factor >= 0 && o.factor <= 1,
@@ -205,13 +216,17 @@ class ConstantLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py ExponentialLR]
+//! `ExponentialLR`'s options: PyTorch's arguments.
 struct ExponentialLROptions {
-  double gamma = 0.0;  //!< required
-  std::int64_t last_epoch = -1;
+  double gamma = 0.0;            //!< required
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
+//! Each step multiplies the rates by `gamma` (PyTorch's `ExponentialLR`).
 class ExponentialLR : public ExactScheduler {
  public:
+  //! The options struct, `ExponentialLROptions`.
   using Options = ExponentialLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   ExponentialLR(torch::optim::Optimizer& opt, Options o) : ExactScheduler(opt, o.last_epoch), gamma_(o.gamma) {
     initial_step();
   }
@@ -237,15 +252,20 @@ class ExponentialLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py LinearLR]
+//! `LinearLR`'s options: PyTorch's arguments and defaults.
 struct LinearLROptions {
   double start_factor = 1.0 / 3;  //!< in (0, 1]
   double end_factor = 1.0;        //!< in [0, 1]
-  std::int64_t total_iters = 5;
-  std::int64_t last_epoch = -1;
+  std::int64_t total_iters = 5;   //!< steps from `start_factor` to `end_factor`
+  std::int64_t last_epoch = -1;   //!< -1: a new schedule; k: resume at step k+1
 };
+//! The initial rates times a factor that goes linearly from `start_factor` to `end_factor` over `total_iters` steps,
+//! then stays (PyTorch's `LinearLR`).
 class LinearLR : public ExactScheduler {
  public:
+  //! The options struct, `LinearLROptions`.
   using Options = LinearLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   LinearLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), start_(o.start_factor), end_(o.end_factor), total_(o.total_iters) {
     detail::require(start_ > 0 && start_ <= 1, "accel::LinearLR: start_factor must be in (0, 1]");
@@ -255,6 +275,7 @@ class LinearLR : public ExactScheduler {
   //! The positional spellings of earlier versions (a template only so that `LinearLR(opt, {})` is the options form,
   //! PyTorch's defaults, not a `start_factor` of 0).
   explicit LinearLR(torch::optim::Optimizer& opt) : LinearLR(opt, Options{}) {}
+  //! The positional spelling `LinearLR(opt, start_factor, end_factor, total_iters, last_epoch)`.
   template <class Start>
   requires std::is_arithmetic_v<Start> LinearLR(torch::optim::Optimizer& opt, Start start_factor,
                                                 double end_factor = 1.0, std::int64_t total_iters = 5,
@@ -288,15 +309,18 @@ class LinearLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py PolynomialLR]
+//! `PolynomialLR`'s options: PyTorch's arguments and defaults.
 struct PolynomialLROptions {
   std::int64_t total_iters = 5;  //!< positive
-  double power = 1.0;
-  std::int64_t last_epoch = -1;
+  double power = 1.0;            //!< the polynomial's power
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
 //! The initial rates times `(1 - t / total_iters)^power`, 0 from `total_iters` on.
 class PolynomialLR : public ExactScheduler {
  public:
+  //! The options struct, `PolynomialLROptions`.
   using Options = PolynomialLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   PolynomialLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), total_(o.total_iters), power_(o.power) {
     detail::require(total_ > 0, "accel::PolynomialLR: total_iters must be positive (PyTorch divides by it)");
@@ -325,14 +349,19 @@ class PolynomialLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py CosineAnnealingLR]
+//! `CosineAnnealingLR`'s options: PyTorch's arguments and defaults.
 struct CosineAnnealingLROptions {
-  std::int64_t T_max = 0;  //!< required: positive  NOLINT(readability-identifier-naming): PyTorch's name
-  double eta_min = 0.0;
-  std::int64_t last_epoch = -1;
+  std::int64_t T_max = 0;        //!< required: positive  NOLINT(readability-identifier-naming): PyTorch's name
+  double eta_min = 0.0;          //!< the lowest rate
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
+//! The rates follow a cosine from the initial rates down to `eta_min` over `T_max` steps (PyTorch's
+//! `CosineAnnealingLR`, its chainable recurrence; no restarts: past `T_max` the cosine goes on, back up).
 class CosineAnnealingLR : public ExactScheduler {
  public:
+  //! The options struct, `CosineAnnealingLROptions`.
   using Options = CosineAnnealingLROptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   CosineAnnealingLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), t_max_(o.T_max), eta_min_(o.eta_min) {
     detail::require(o.T_max > 0, "accel::CosineAnnealingLR: T_max must be positive");
@@ -380,17 +409,20 @@ class CosineAnnealingLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py CosineAnnealingWarmRestarts]
+//! `CosineAnnealingWarmRestarts`' options: PyTorch's arguments and defaults.
 struct CosineAnnealingWarmRestartsOptions {
-  std::int64_t T_0 = 0;     //!< required: the first period, positive  NOLINT(readability-identifier-naming)
-  std::int64_t T_mult = 1;  //!< each period this many times the last, >= 1  NOLINT(readability-identifier-naming)
-  double eta_min = 0.0;
-  std::int64_t last_epoch = -1;
+  std::int64_t T_0 = 0;          //!< required: the first period, positive  NOLINT(readability-identifier-naming)
+  std::int64_t T_mult = 1;       //!< each period this many times the last, >= 1  NOLINT(readability-identifier-naming)
+  double eta_min = 0.0;          //!< the lowest rate
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
 //! A cosine from the initial rates to `eta_min` over `T_0` steps, then again from the initial rates over
 //! `T_0 * T_mult`, ... (SGDR). Stepped without an epoch, as here, PyTorch counts `T_cur` up and restarts it.
 class CosineAnnealingWarmRestarts : public ExactScheduler {
  public:
+  //! The options struct, `CosineAnnealingWarmRestartsOptions`.
   using Options = CosineAnnealingWarmRestartsOptions;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   CosineAnnealingWarmRestarts(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch),
         t_0_(o.T_0),
@@ -404,8 +436,10 @@ class CosineAnnealingWarmRestarts : public ExactScheduler {
                                        std::to_string(o.T_mult));
     initial_step();
   }
+  //! Steps since the last restart (PyTorch's `T_cur`).
   [[nodiscard]] std::int64_t T_cur() const noexcept { return t_cur_; }  // NOLINT(readability-identifier-naming)
-  [[nodiscard]] std::int64_t T_i() const noexcept { return t_i_; }      // NOLINT(readability-identifier-naming)
+  //! The current period (PyTorch's `T_i`).
+  [[nodiscard]] std::int64_t T_i() const noexcept { return t_i_; }  // NOLINT(readability-identifier-naming)
 
  protected:
   std::vector<double> get_lr() override {
@@ -416,6 +450,7 @@ class CosineAnnealingWarmRestarts : public ExactScheduler {
     return out;
   }
   // [torch:optim/lr_scheduler.py CosineAnnealingWarmRestarts.step] (its own step: `_step_count` stays 0)
+  //! PyTorch's own `step()` of this scheduler: `T_cur` counts up and restarts at `T_i`, which then grows by `T_mult`.
   void advance() override {
     if (last_epoch_ < 0) {  // step(epoch = 0)
       t_i_ = t_0_;
@@ -450,25 +485,30 @@ class CosineAnnealingWarmRestarts : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py CyclicLR]
+//! `CyclicLR`'s policy (PyTorch's `mode`): a constant triangle, a triangle halved each cycle, or one scaled by
+//! `gamma^iteration`.
 enum class CyclicMode { triangular, triangular2, exp_range };
+//! `CyclicLR`'s options: PyTorch's arguments and defaults (no custom `scale_fn`).
 struct CyclicLROptions {
-  std::vector<double> base_lr;  //!< required: one value, or one per group (the groups' rates are set to it)
-  std::vector<double> max_lr;   //!< required: one value, or one per group
-  std::int64_t step_size_up = 2000;
+  std::vector<double> base_lr;       //!< required: one value, or one per group (the groups' rates are set to it)
+  std::vector<double> max_lr;        //!< required: one value, or one per group
+  std::int64_t step_size_up = 2000;  //!< steps from `base_lr` up to `max_lr`
   std::optional<std::int64_t> step_size_down;  //!< step_size_up when unset
-  CyclicMode mode = CyclicMode::triangular;
-  double gamma = 1.0;  //!< exp_range's decay per iteration
-  bool cycle_momentum = true;
-  std::vector<double> base_momentum{0.8};  //!< one value, or one per group
-  std::vector<double> max_momentum{0.9};   //!< one value, or one per group
-  std::int64_t last_epoch = -1;
+  CyclicMode mode = CyclicMode::triangular;    //!< the cycle's shape
+  double gamma = 1.0;                          //!< exp_range's decay per iteration
+  bool cycle_momentum = true;                  //!< cycle the momentum (or beta1) inversely
+  std::vector<double> base_momentum{0.8};      //!< one value, or one per group
+  std::vector<double> max_momentum{0.9};       //!< one value, or one per group
+  std::int64_t last_epoch = -1;                //!< -1: a new schedule; k: resume at step k+1
 };
 //! The rates cycle between `base_lr` and `max_lr` (and the momentum, or Adam's beta1, between `max_momentum` and
 //! `base_momentum`), up over `step_size_up` steps and down over `step_size_down`; triangular2 halves the height each
 //! cycle, exp_range multiplies it by `gamma^iteration`. PyTorch's custom `scale_fn` is not offered.
 class CyclicLR : public ExactScheduler {
  public:
+  //! The options struct, `CyclicLROptions`.
   using Options = CyclicLROptions;
+  //! Sets the groups' rates to `base_lr` (and the momentum to `max_momentum`) and takes PyTorch's initial step.
   CyclicLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(start_at_base(opt, o), o.last_epoch), o_(std::move(o)) {
     const auto n = opt.param_groups().size();
@@ -556,9 +596,12 @@ class CyclicLR : public ExactScheduler {
 
 //! One function of the step per parameter group (a single function serves every group).
 struct LrLambdas : std::vector<std::function<double(std::int64_t)>> {
+  //! A function of the step count returning a factor.
   using Fn = std::function<double(std::int64_t)>;
   using std::vector<Fn>::vector;
+  //! No function (the options' default; `lr_lambda` is required).
   LrLambdas() = default;
+  //! One function for every group (so that `.lr_lambda = fn` reads as PyTorch's `lr_lambda=fn`).
   template <class F>
   requires std::is_invocable_r_v<double, F&, std::int64_t> &&
       (!std::same_as<std::remove_cvref_t<F>, LrLambdas>)LrLambdas(F f)
@@ -573,16 +616,20 @@ struct LrLambdas : std::vector<std::function<double(std::int64_t)>> {
 };
 
 // [torch:optim/lr_scheduler.py LambdaLR]
+//! `LambdaLR`'s options: PyTorch's arguments.
 struct LambdaLROptions {
-  LrLambdas lr_lambda;  //!< required
-  std::int64_t last_epoch = -1;
+  LrLambdas lr_lambda;           //!< required
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
 //! Each group's rate is its initial rate times `lr_lambda(last_epoch)`. The functions are not state (PyTorch saves
 //! only callable objects' attributes): a resumed job builds the scheduler with the same functions and `load`s.
 class LambdaLR : public ExactScheduler {
  public:
+  //! The options struct, `LambdaLROptions`.
   using Options = LambdaLROptions;
+  //! A function of the step count returning a factor (`LrLambdas::Fn`).
   using Fn = LrLambdas::Fn;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   LambdaLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch), fns_(o.lr_lambda.per_group(opt.param_groups().size(), "accel::LambdaLR")) {
     initial_step();
@@ -593,6 +640,7 @@ class LambdaLR : public ExactScheduler {
   requires std::is_invocable_r_v<double, F&, std::int64_t> LambdaLR(torch::optim::Optimizer& opt, F fn,
                                                                     std::int64_t last_epoch = -1)
       : LambdaLR(opt, Options{.lr_lambda = Fn(std::move(fn)), .last_epoch = last_epoch}) {}
+  //! The positional spelling with one function per group (exactly one per group).
   template <class Fns = std::vector<Fn>>
   requires std::same_as<Fns, std::vector<Fn>> LambdaLR(torch::optim::Optimizer& opt, Fns fns,
                                                        std::int64_t last_epoch = -1)
@@ -617,15 +665,19 @@ class LambdaLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py MultiplicativeLR]
+//! `MultiplicativeLR`'s options: PyTorch's arguments.
 struct MultiplicativeLROptions {
-  LrLambdas lr_lambda;  //!< required
-  std::int64_t last_epoch = -1;
+  LrLambdas lr_lambda;           //!< required
+  std::int64_t last_epoch = -1;  //!< -1: a new schedule; k: resume at step k+1
 };
 //! Each step multiplies each group's current rate by `lr_lambda(last_epoch)`. The functions are not state.
 class MultiplicativeLR : public ExactScheduler {
  public:
+  //! The options struct, `MultiplicativeLROptions`.
   using Options = MultiplicativeLROptions;
+  //! A function of the step count returning a factor (`LrLambdas::Fn`).
   using Fn = LrLambdas::Fn;
+  //! Takes the optimizer's current rates as initial rates and takes PyTorch's initial step.
   MultiplicativeLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, o.last_epoch),
         fns_(o.lr_lambda.per_group(opt.param_groups().size(), "accel::MultiplicativeLR")) {
@@ -645,9 +697,10 @@ class MultiplicativeLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py SequentialLR]
+//! `SequentialLR`'s options: PyTorch's arguments.
 struct SequentialLROptions {
-  std::vector<std::shared_ptr<ExactScheduler>> schedulers;
-  std::vector<std::int64_t> milestones;  //!< one fewer than schedulers
+  std::vector<std::shared_ptr<ExactScheduler>> schedulers;  //!< run in turn, all built on `opt`
+  std::vector<std::int64_t> milestones;                     //!< one fewer than schedulers
 };
 //! The schedulers run one after the other, switching at `milestones`. At its milestone a scheduler restarts from
 //! epoch 0 through its closed form where PyTorch has one (StepLR, MultiStepLR, ConstantLR, ExponentialLR, LinearLR,
@@ -655,7 +708,9 @@ struct SequentialLROptions {
 //! `opt` first, as in PyTorch: each built scheduler has stepped once, which this constructor undoes.
 class SequentialLR : public ExactScheduler {
  public:
+  //! The options struct, `SequentialLROptions`.
   using Options = SequentialLROptions;
+  //! Undoes the initial step each scheduler took when built, then takes the first one's.
   SequentialLR(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, Bare{}), subs_(std::move(o.schedulers)), milestones_(std::move(o.milestones)) {
     detail::require(!subs_.empty(), "accel::SequentialLR expects at least one scheduler, but got no scheduler");
@@ -679,6 +734,7 @@ class SequentialLR : public ExactScheduler {
   SequentialLR(torch::optim::Optimizer& opt, std::vector<std::shared_ptr<ExactScheduler>> schedulers,
                std::vector<std::int64_t> milestones)
       : SequentialLR(opt, Options{.schedulers = std::move(schedulers), .milestones = std::move(milestones)}) {}
+  //! The schedulers it runs in turn.
   [[nodiscard]] const std::vector<std::shared_ptr<ExactScheduler>>& schedulers() const noexcept { return subs_; }
 
  protected:
@@ -689,6 +745,7 @@ class SequentialLR : public ExactScheduler {
     io.exactly("milestones", milestones_, subs_.size() - 1);
     for (std::size_t i = 0; i < subs_.size(); ++i) io.nested("scheduler_" + std::to_string(i), *subs_[i]);
   }
+  //! Steps the scheduler of the current milestone interval; at a milestone, restarts the next one from epoch 0.
   void advance() override {
     ++last_epoch_;
     const auto i = index(last_epoch_);
@@ -717,6 +774,7 @@ class SequentialLR : public ExactScheduler {
 };
 
 // [torch:optim/lr_scheduler.py ChainedScheduler]
+//! `ChainedScheduler`'s options (PyTorch's arguments).
 struct ChainedSchedulerOptions {
   std::vector<std::shared_ptr<ExactScheduler>> schedulers;  //!< at least one, all of `opt`
 };
@@ -724,7 +782,9 @@ struct ChainedSchedulerOptions {
 //! initial step of its own; `last_epoch()` counts its steps (PyTorch's has no `last_epoch`).
 class ChainedScheduler : public ExactScheduler {
  public:
+  //! The options struct, `ChainedSchedulerOptions`.
   using Options = ChainedSchedulerOptions;
+  //! Takes no initial step (PyTorch's takes none): each scheduler took its own when built.
   ChainedScheduler(torch::optim::Optimizer& opt, Options o)
       : ExactScheduler(opt, Bare{}), subs_(std::move(o.schedulers)) {
     detail::require(!subs_.empty(),
@@ -737,6 +797,7 @@ class ChainedScheduler : public ExactScheduler {
     last_epoch_ = 0;
     last_lr_ = current_lrs();
   }
+  //! The schedulers it steps.
   [[nodiscard]] const std::vector<std::shared_ptr<ExactScheduler>>& schedulers() const noexcept { return subs_; }
 
  protected:
@@ -745,6 +806,7 @@ class ChainedScheduler : public ExactScheduler {
     io.per_group("last_lr", last_lr_, opt_.param_groups().size());
     for (std::size_t i = 0; i < subs_.size(); ++i) io.nested("scheduler_" + std::to_string(i), *subs_[i]);
   }
+  //! Steps every scheduler in turn.
   void advance() override {
     for (auto& s : subs_) s->step();
     ++last_epoch_;
@@ -763,9 +825,10 @@ class ChainedScheduler : public ExactScheduler {
 
 // ---- transformers' schedules (transformers/optimization.py), as the LambdaLRs transformers returns ----------
 
+//! `constant_schedule_with_warmup`'s options (transformers' arguments).
 struct ConstantScheduleWithWarmupOptions {
-  std::int64_t num_warmup_steps = 0;
-  std::int64_t last_epoch = -1;
+  std::int64_t num_warmup_steps = 0;  //!< the rate climbs linearly from 0 over these steps
+  std::int64_t last_epoch = -1;       //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_constant_schedule_with_warmup]
 //! Linear warmup from 0 over `num_warmup_steps`, then the initial rate.
@@ -785,10 +848,11 @@ inline std::shared_ptr<LambdaLR> constant_schedule_with_warmup(torch::optim::Opt
   return constant_schedule_with_warmup(opt, {.num_warmup_steps = warmup, .last_epoch = last_epoch});
 }
 
+//! `linear_schedule_with_warmup`'s options (transformers' arguments).
 struct LinearScheduleWithWarmupOptions {
-  std::int64_t num_warmup_steps = 0;
+  std::int64_t num_warmup_steps = 0;    //!< the rate climbs linearly from 0 over these steps
   std::int64_t num_training_steps = 0;  //!< required
-  std::int64_t last_epoch = -1;
+  std::int64_t last_epoch = -1;         //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_linear_schedule_with_warmup]
 //! Linear warmup from 0 over `num_warmup_steps`, then a linear decay to 0 at `num_training_steps`.
@@ -810,11 +874,12 @@ inline std::shared_ptr<LambdaLR> linear_schedule_with_warmup(torch::optim::Optim
       opt, {.num_warmup_steps = warmup, .num_training_steps = total, .last_epoch = last_epoch});
 }
 
+//! `cosine_schedule_with_warmup`'s options (transformers' arguments and defaults).
 struct CosineScheduleWithWarmupOptions {
-  std::int64_t num_warmup_steps = 0;
+  std::int64_t num_warmup_steps = 0;    //!< the rate climbs linearly from 0 over these steps
   std::int64_t num_training_steps = 0;  //!< required
   double num_cycles = 0.5;              //!< 0.5: one half-wave from the initial rate to 0
-  std::int64_t last_epoch = -1;
+  std::int64_t last_epoch = -1;         //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_cosine_schedule_with_warmup]
 //! Linear warmup from 0 over `num_warmup_steps`, then `num_cycles` cosine waves down to 0 at `num_training_steps`.
@@ -844,11 +909,12 @@ inline std::shared_ptr<LambdaLR> cosine_schedule_with_warmup(torch::optim::Optim
       {.num_warmup_steps = warmup, .num_training_steps = total, .num_cycles = num_cycles, .last_epoch = last_epoch});
 }
 
+//! `cosine_with_hard_restarts_schedule_with_warmup`'s options (transformers' arguments and defaults).
 struct CosineWithHardRestartsScheduleWithWarmupOptions {
-  std::int64_t num_warmup_steps = 0;
+  std::int64_t num_warmup_steps = 0;    //!< the rate climbs linearly from 0 over these steps
   std::int64_t num_training_steps = 0;  //!< required
   std::int64_t num_cycles = 1;          //!< hard restarts
-  std::int64_t last_epoch = -1;
+  std::int64_t last_epoch = -1;         //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_cosine_with_hard_restarts_schedule_with_warmup]
 //! Linear warmup from 0 over `num_warmup_steps`, then `num_cycles` cosine half-waves from the initial rate to 0,
@@ -870,12 +936,13 @@ inline std::shared_ptr<LambdaLR> cosine_with_hard_restarts_schedule_with_warmup(
                .last_epoch = o.last_epoch});
 }
 
+//! `polynomial_decay_schedule_with_warmup`'s options (transformers' arguments and defaults).
 struct PolynomialDecayScheduleWithWarmupOptions {
-  std::int64_t num_warmup_steps = 0;
+  std::int64_t num_warmup_steps = 0;    //!< the rate climbs linearly from 0 over these steps
   std::int64_t num_training_steps = 0;  //!< required
   double lr_end = 1e-7;                 //!< below the optimizer's default rate
-  double power = 1.0;
-  std::int64_t last_epoch = -1;
+  double power = 1.0;                   //!< the decay's power
+  std::int64_t last_epoch = -1;         //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_polynomial_decay_schedule_with_warmup]
 //! Linear warmup from 0 over `num_warmup_steps`, then a polynomial decay from the optimizer's *default* rate
@@ -902,10 +969,11 @@ inline std::shared_ptr<LambdaLR> polynomial_decay_schedule_with_warmup(torch::op
                            .last_epoch = o.last_epoch});
 }
 
+//! `inverse_sqrt_schedule`'s options (transformers' arguments and defaults).
 struct InverseSqrtScheduleOptions {
-  std::int64_t num_warmup_steps = 0;
+  std::int64_t num_warmup_steps = 0;      //!< the rate climbs linearly from 0 over these steps
   std::optional<std::int64_t> timescale;  //!< unset: num_warmup_steps, or 10'000 when that is 0
-  std::int64_t last_epoch = -1;
+  std::int64_t last_epoch = -1;           //!< -1: a new schedule; k: resume at step k+1
 };
 // [transformers:optimization.py get_inverse_sqrt_schedule]
 //! Linear warmup from 0 over `num_warmup_steps`, then the initial rate times `1 / sqrt((step + shift) / timescale)`

@@ -21,37 +21,42 @@ namespace accel {
 //! options. Specialise it for an optimizer of your own that qualifies.
 template <class O>
 struct ShardTraits {
-  static constexpr bool per_parameter = false;
+  static constexpr bool per_parameter = false;  //!< unknown optimizers are not sharded
 };
+//! SGD: state per parameter (the momentum buffer), elementwise update.
 template <>
 struct ShardTraits<torch::optim::SGD> {
-  static constexpr bool per_parameter = true;
-  using Options = torch::optim::SGDOptions;
-  using State = torch::optim::SGDParamState;
+  static constexpr bool per_parameter = true;  //!< ZeRO may shard it
+  using Options = torch::optim::SGDOptions;    //!< its options
+  using State = torch::optim::SGDParamState;   //!< its per-parameter state
 };
+//! Adam: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::Adam> {
-  static constexpr bool per_parameter = true;
-  using Options = torch::optim::AdamOptions;
-  using State = torch::optim::AdamParamState;
+  static constexpr bool per_parameter = true;  //!< ZeRO may shard it
+  using Options = torch::optim::AdamOptions;   //!< its options
+  using State = torch::optim::AdamParamState;  //!< its per-parameter state
 };
+//! AdamW: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::AdamW> {
-  static constexpr bool per_parameter = true;
-  using Options = torch::optim::AdamWOptions;
-  using State = torch::optim::AdamWParamState;
+  static constexpr bool per_parameter = true;   //!< ZeRO may shard it
+  using Options = torch::optim::AdamWOptions;   //!< its options
+  using State = torch::optim::AdamWParamState;  //!< its per-parameter state
 };
+//! RMSprop: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::RMSprop> {
-  static constexpr bool per_parameter = true;
-  using Options = torch::optim::RMSpropOptions;
-  using State = torch::optim::RMSpropParamState;
+  static constexpr bool per_parameter = true;     //!< ZeRO may shard it
+  using Options = torch::optim::RMSpropOptions;   //!< its options
+  using State = torch::optim::RMSpropParamState;  //!< its per-parameter state
 };
+//! Adagrad: state per parameter, elementwise update.
 template <>
 struct ShardTraits<torch::optim::Adagrad> {
-  static constexpr bool per_parameter = true;
-  using Options = torch::optim::AdagradOptions;
-  using State = torch::optim::AdagradParamState;
+  static constexpr bool per_parameter = true;     //!< ZeRO may shard it
+  using Options = torch::optim::AdagradOptions;   //!< its options
+  using State = torch::optim::AdagradParamState;  //!< its per-parameter state
 };
 
 namespace detail {
@@ -97,6 +102,7 @@ void set_state_step(S& s, std::int64_t n) {
 }
 }  // namespace detail
 
+//! An optimizer ZeRO may shard (`ShardTraits<O>::per_parameter`).
 template <class O>
 concept ShardableOptimizer = ShardTraits<O>::per_parameter;
 

@@ -55,6 +55,8 @@
 
 namespace accel {
 
+//! ZeRO stage 1 (`shard::optimizer`, and stage 2's optimizer side): the optimizer's parameters in one flat buffer, this
+//! rank's inner optimizer stepping its 1/N slice, the buffer all-gathered after each step (see the file's comment).
 class ShardedOptimizer {
  public:
   //! Builds the inner optimizer over the shards' parameter groups.
@@ -79,6 +81,8 @@ class ShardedOptimizer {
   }
   ShardedOptimizer(const ShardedOptimizer&) = delete;  // consolidate_ refers to this object
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+  //! Shards `user` (stage 1, 2 or 3) over `comm`'s ranks; `make` builds the inner optimizer of the user's type.
+  //! `build()` lays it out.
   ShardedOptimizer(std::shared_ptr<torch::optim::Optimizer> user, comm::Communicator* comm, Factory make, int stage = 1)
       : user_(std::move(user)), comm_(comm), make_(std::move(make)), stage_(stage) {
     detail::require(stage >= 1 && stage <= 3,
@@ -106,6 +110,7 @@ class ShardedOptimizer {
   //! The optimizer whose parameters' gradients are the ones to unscale and check (GradScaler): the user's under
   //! stage 1 (every gradient, averaged), the partition's under stage 2.
   [[nodiscard]] torch::optim::Optimizer& gradient_holder() const { return stage_ >= 2 && inner_ ? *inner_ : *user_; }
+  //! The ZeRO stage: 1, 2 or 3.
   [[nodiscard]] int stage() const noexcept { return stage_; }
 
   //! Stage 2: where the models' gradients go (every parameter's offset, P, this rank's partition of the gradients).
@@ -129,12 +134,16 @@ class ShardedOptimizer {
     }
   }
 
+  //! This rank's optimizer, over its partition.
   [[nodiscard]] torch::optim::Optimizer& inner() const { return *inner_; }
+  //! The user's optimizer (groups and options; state only after `consolidate`).
   [[nodiscard]] torch::optim::Optimizer& user() const { return *user_; }
+  //!@{
   //! Elements of the flat parameter space (without padding), of one rank's partition, and of the padding.
   [[nodiscard]] std::int64_t total_numel() const noexcept { return total_; }
   [[nodiscard]] std::int64_t partition_numel() const noexcept { return part_; }
   [[nodiscard]] std::int64_t padding_numel() const noexcept { return part_ * processes() - total_; }
+  //!@}
   //! Bytes of this rank's optimizer state.
   [[nodiscard]] std::int64_t state_bytes() const { return inner_ ? optimizer_state_bytes(*inner_) : 0; }
 
@@ -153,6 +162,7 @@ class ShardedOptimizer {
   //! `torch::load`); the other ranks' user optimizers stay empty. One reduce per group and state tensor, each the
   //! size of the group. `release_consolidated()` empties the user's optimizer again (steps never read it).
   ACCEL_DECL void consolidate(int to = 0);
+  //! Empties the user's optimizer's state after `consolidate`.
   void release_consolidated() { user_->state().clear(); }
 
   //! Restores this rank's partition from the partitions a job of another number of processes saved (`parts[k]`:

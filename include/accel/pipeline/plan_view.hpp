@@ -27,21 +27,26 @@
 #include <numeric>
 #include <ranges>
 
+//! The machinery of a prepared loader. Only its plan view, which `accel::data` declares too, is in the API reference.
 namespace accel::pipeline {
 
 //! One planned batch: which dataset indices, how many are real, whether it ends the epoch.
 class PlannedBatch {
  public:
   PlannedBatch() = default;
+  //! Batch `j` of plan `p` over the order `o` (`drawn`: its indices, or null for the identity).
   PlannedBatch(const plan::BatchPlan* p, const data::IndexOrder* o, const std::int64_t* drawn, std::int64_t j)
       : plan_(p), order_(o), drawn_(drawn), j_(j), span_(p->span(j)) {}
 
   //! Position of this batch in the process's epoch (0-based, counting skipped batches out).
   [[nodiscard]] std::int64_t number() const noexcept { return j_; }
+  //! The number of entries (real and padding).
   [[nodiscard]] std::int64_t size() const noexcept { return span_.size(); }
   //! Leading entries that are real samples; the rest are padding duplicates.
   [[nodiscard]] std::int64_t real() const noexcept { return plan_->real(j_); }
+  //! The trailing entries that are padding duplicates.
   [[nodiscard]] std::int64_t padding() const noexcept { return size() - real(); }
+  //! Whether this is the process's last batch of the epoch.
   [[nodiscard]] bool end_of_dataloader() const noexcept { return plan_->end_of_dataloader(j_); }
   //! Dataset index of entry `i`.
   [[nodiscard]] std::int64_t operator[](std::int64_t i) const noexcept {
@@ -82,8 +87,11 @@ class PlannedBatch {
 //! A plan applied to an epoch's order: a sized random-access view of `PlannedBatch`es.
 class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
  public:
+  //! A random-access iterator over the batches.
   class iterator {
    public:
+    //!@{
+    //! The standard random-access iterator's types and operations, over `PlannedBatch` values.
     using iterator_concept = std::random_access_iterator_tag;
     using iterator_category = std::random_access_iterator_tag;
     using value_type = PlannedBatch;
@@ -126,6 +134,7 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
     friend difference_type operator-(const iterator& a, const iterator& b) { return a.j_ - b.j_; }
     friend bool operator==(const iterator& a, const iterator& b) { return a.j_ == b.j_; }
     friend auto operator<=>(const iterator& a, const iterator& b) { return a.j_ <=> b.j_; }
+    //!@}
 
    private:
     const PlannedBatches* v_ = nullptr;
@@ -133,11 +142,14 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
   };
 
   PlannedBatches() = default;
+  //! The batches of plan `p` over the epoch's order `o` (which must hold the plan's samples).
   PlannedBatches(plan::BatchPlan p, data::IndexOrder o) : plan_(p), order_(std::move(o)), drawn_(order_.data()) {
     if (p.samples() > order_.size()) mismatch(p.samples(), order_.size());  // by value: `this` must not escape
   }
   // The iterators point into this object: copies must not share them.
+  //! A copy (its iterators point into it, not into `o`).
   PlannedBatches(const PlannedBatches& o) : plan_(o.plan_), order_(o.order_), drawn_(order_.data()) {}
+  //! A copy (its iterators point into it).
   PlannedBatches& operator=(const PlannedBatches& o) {
     plan_ = o.plan_;
     order_ = o.order_;
@@ -145,10 +157,15 @@ class PlannedBatches : public std::ranges::view_interface<PlannedBatches> {
     return *this;
   }
 
+  //! The first batch.
   [[nodiscard]] iterator begin() const { return {this, 0}; }
+  //! Past the last batch.
   [[nodiscard]] iterator end() const { return {this, plan_.size()}; }
+  //! The number of batches.
   [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(plan_.size()); }
+  //! The plan.
   [[nodiscard]] const plan::BatchPlan& plan() const noexcept { return plan_; }
+  //! The epoch's order.
   [[nodiscard]] const data::IndexOrder& order() const noexcept { return order_; }
 
  private:
@@ -170,5 +187,8 @@ static_assert(std::ranges::view<PlannedBatches>);
 
 }  // namespace accel::pipeline
 
+// range-v3's customisation point (these ranges are views), not one of accel's names: out of the API reference.
+//! \cond
 template <>
 inline constexpr bool ranges::enable_view<accel::pipeline::PlannedBatches> = true;
+//! \endcond

@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <string>
 
+//! Sharding plans: the index arithmetic of Accelerate's samplers, shards and dispatcher, closed-form (what `accel-plan`
+//! prints).
 namespace accel::plan {
 
 //! How one process takes part in an epoch: the data-loading half of an `Accelerator`'s configuration plus the
@@ -49,10 +51,10 @@ struct ShardSpec {
   std::int64_t batch_size =
       1;                   //!< the user's `batch_size` (global under `split_batches`); `varying` for a batch sampler's
   bool drop_last = false;  //!< the user's `drop_last`
-  int num_processes = 1;
-  int process_index = 0;
-  bool split_batches = false;
-  bool even_batches = true;
+  int num_processes = 1;   //!< N, the processes of the job
+  int process_index = 0;   //!< this process's rank
+  bool split_batches = false;  //!< Accelerate's `split_batches`
+  bool even_batches = true;    //!< Accelerate's `even_batches`
 };
 
 //! `ShardSpec::batch_size` of a batch sampler whose batches vary in size (`data::BatchSamplerShard` only).
@@ -71,8 +73,9 @@ inline constexpr std::int64_t varying = 0;
 
 //! Stream positions `[begin, end)` of one batch.
 struct Span {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
+  std::int64_t begin = 0;  //!< the first position
+  std::int64_t end = 0;    //!< past the last position
+  //! The number of positions.
   [[nodiscard]] constexpr std::int64_t size() const noexcept { return end - begin; }
   friend constexpr bool operator==(Span, Span) = default;
 };
@@ -85,6 +88,7 @@ class BatchPlan {
 
   //! Number of batches this process yields.
   [[nodiscard]] constexpr std::int64_t size() const noexcept { return count_; }
+  //! Whether the process yields no batch.
   [[nodiscard]] constexpr bool empty() const noexcept { return count_ == 0; }
   //! Number of real samples in the epoch (positions below this are real).
   [[nodiscard]] constexpr std::int64_t samples() const noexcept { return n_; }
@@ -118,14 +122,19 @@ class BatchPlan {
     p.count_ -= dropped;
     return p;
   }
+  //! Batches skipped from the front (`skip`).
   [[nodiscard]] constexpr std::int64_t skipped() const noexcept { return skipped_; }
 
   friend constexpr bool operator==(const BatchPlan&, const BatchPlan&) = default;
 
   //! Batches `j` at `j * stride + offset`, `width` wide, clipped to `limit`; the last one may be overridden.
   struct Layout {
+    //!@{
+    //! The layout's parameters: real samples, the wrap-around modulus, the batch count, stride, offset, width, limit.
     std::int64_t samples, wrap, count, stride, offset, width, limit;
+    //!@}
   };
+  //! A plan of `l`'s affine batches.
   static constexpr BatchPlan affine(Layout l) noexcept {
     BatchPlan p;
     p.n_ = l.samples;
@@ -137,6 +146,7 @@ class BatchPlan {
     p.limit_ = l.limit;
     return p;
   }
+  //! The same plan with its last batch covering `last` instead.
   constexpr BatchPlan with_last(Span last) const noexcept {
     BatchPlan p = *this;
     p.has_last_ = true;
@@ -196,6 +206,7 @@ struct DispatchCut {
   std::int64_t per = 0;       //!< samples per rank
   std::int64_t total = 0;     //!< samples of the step, appended padding included
   std::int64_t observed = 0;  //!< real samples of the step
+  //! Rank `r`'s part of the step.
   [[nodiscard]] constexpr Span slice(int r) const noexcept {
     const std::int64_t b = std::min(r * per, total);
     return {b, std::min(b + per, total)};
@@ -205,6 +216,8 @@ struct DispatchCut {
     return std::clamp<std::int64_t>(observed - r * per, 0, slice(r).size());
   }
 };
+//! The cut of a step of `observed` samples between `N` ranks (`last`: the epoch's last step; `first`: samples the epoch
+//! starts with, for the padding).
 [[nodiscard]] constexpr DispatchCut dispatch_cut(std::int64_t observed, int N, bool last, bool drop_last,
                                                  std::int64_t first) noexcept {
   const bool pad = last && !drop_last && observed % N != 0;

@@ -14,33 +14,48 @@
 //! | `loading`     | `loading::sharded, dispatched`         | `DataLoaderConfiguration.dispatch_batches`      |
 //! | `rng`         | `rng::sync<kinds...>, rng::none`       | `Accelerator(rng_types=[...])`                  |
 //! | `placement`   | `place::none, device, async`           | `device_placement` (+ `non_blocking`)           |
-//! | `sharding`    | `shard::none, optimizer`               | DeepSpeed's ZeRO stage (0, 1)                   |
+//! | `sharding`    | `shard::none, optimizer, gradients`    | DeepSpeed's ZeRO stage (0, 1, 2)                |
 
 #include <concepts>
 #include <string_view>
 #include <type_traits>
 
+//! The seven slots of a configuration (each policy tag names one).
 namespace accel::slot {
 
+//! The `dist` slot: the distributed engine.
 struct distributed {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "distributed";
 };
+//! The `batches` slot: `split_batches`.
 struct batching {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "batching";
 };
+//! The `tail` slot: `even_batches`.
 struct tail {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "tail";
 };
+//! The `loading` slot: `dispatch_batches`.
 struct loading {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "loading";
 };
+//! The `rng` slot: which generators are synchronised at each epoch.
 struct rng {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "rng";
 };
+//! The `place` slot: device placement of batches.
 struct placement {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "placement";
 };
+//! The `shard` slot: ZeRO stage (optimizer state, gradients).
 struct sharding {
+  //! The slot's name in diagnostics.
   static constexpr std::string_view name = "sharding";
 };
 
@@ -51,13 +66,15 @@ namespace accel {
 //! The slot a type fills, or `void` when the type is not a policy.
 template <class T>
 struct slot_of {
-  using type = void;
+  using type = void;  //!< not a policy: no slot
 };
+//! A policy's slot: its nested `slot` type.
 template <class T>
 requires requires { typename T::slot; }
 struct slot_of<T> {
-  using type = typename T::slot;
+  using type = typename T::slot;  //!< the policy's slot
 };
+//! The slot of `T` (`void` when `T` is not a policy).
 template <class T>
 using slot_of_t = typename slot_of<T>::type;
 

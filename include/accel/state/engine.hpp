@@ -51,9 +51,9 @@ struct ProcessOptions {
 
 //! What an engine gives a process: its kind of job, its device and its communicator (null with one process).
 struct Connection {
-  DistributedType type = DistributedType::no;
-  c10::Device device = c10::Device(c10::kCPU);
-  std::unique_ptr<comm::Communicator> comm;
+  DistributedType type = DistributedType::no;   //!< no, multi_cpu or multi_gpu
+  c10::Device device = c10::Device(c10::kCPU);  //!< the process's device
+  std::unique_ptr<comm::Communicator> comm;     //!< null with one process
 };
 
 //! GPUs this process sees: the CUDA device count in a build with CUDA, 0 otherwise.
@@ -88,12 +88,15 @@ struct Engine {
       "or a LibTorch with CUDA");
   static_assert(std::is_same_v<Dist, dist::nccl>,
                 "accel: no engine for this type; use accel::dist::none, gloo, nccl or from_env");
+  //! Declared only: an unknown tag stops the build at the assertions above.
   static Connection connect(const LaunchEnv&,
                             const ProcessOptions&);  // declared only: the assertion above is the error
 };
 
+//! `dist::none`: one process, no communicator; the GPU when the build has CUDA and one is visible.
 template <>
 struct Engine<dist::none> {
+  //! The engine for the launch environment `env`.
   static Connection connect(const LaunchEnv& env, const ProcessOptions&) {
     detail::require(env.world_size == 1, "accel: dist::none runs one process, but the launcher started " +
                                              std::to_string(env.world_size) +
@@ -102,8 +105,10 @@ struct Engine<dist::none> {
   }
 };
 
+//! `dist::gloo`: c10d's ProcessGroupGloo over accel's rendezvous, on the CPU.
 template <>
 struct Engine<dist::gloo> {
+  //! The engine for the launch environment `env`: the rendezvous, then a c10d Gloo group over it.
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
     Connection c;
     if (env.world_size == 1) return c;
@@ -115,6 +120,7 @@ struct Engine<dist::gloo> {
 
   // [accelerate:state.py PartialState.__init__] (MULTI_CPU): without OMP_NUM_THREADS, the processes of a node
   // share its cores instead of each taking all of them.
+  //! Without `OMP_NUM_THREADS`, sets the intra-op threads to this node's cores divided by its processes.
   static void share_cores(const EnvLookup& env, int local_processes) {
     if (local_processes <= 1) return;
     if (auto v = env("OMP_NUM_THREADS");
@@ -126,8 +132,10 @@ struct Engine<dist::gloo> {
 };
 
 #if ACCEL_WITH_CUDA
+//! `dist::nccl`: NCCL on accel's own stream, one GPU per process (CUDA builds only).
 template <>
 struct Engine<dist::nccl> {
+  //! The engine for the launch environment `env`: the rendezvous, then an NCCL communicator on GPU `local_rank`.
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
     const int gpus = visible_gpus();
     detail::require(gpus > 0,
@@ -144,8 +152,11 @@ struct Engine<dist::nccl> {
 };
 #endif
 
+//! `dist::from_env`: `dist::none` for one process; for several, NCCL when the build has CUDA and the process sees a
+//! GPU, else Gloo.
 template <>
 struct Engine<dist::from_env> {
+  //! The engine for the launch environment `env`, chosen as above.
   static Connection connect(const LaunchEnv& env, const ProcessOptions& opt) {
     if (env.world_size == 1) return Engine<dist::none>::connect(env, opt);
 #if ACCEL_WITH_CUDA

@@ -47,12 +47,16 @@
 
 namespace accel {
 
+//! Accelerate's `GradientState`, one per process (`instance()`): whether this step synchronises gradients, whether the
+//! loop's batch is its loader's last (`end_of_dataloader`), which rows are padding (`layout`), and the joined steps of
+//! uneven tails (Note [Joined steps]).
 class GradientState {
  public:
   //! What a loader publishes about the batch the loop holds: whether it is the last, and every rank's plan
   //! (the layout of the batch is computed from them only when someone asks).
   struct LoaderView {
     bool end_of_dataloader = false;  //!< Accelerate's flag: this rank's last batch
+    //! Every rank's plan of the epoch (null: use `direct`).
     std::shared_ptr<const std::vector<plan::BatchPlan>> plans;
     std::int64_t batch = 0;  //!< the step of the epoch (after skipped ones)
     GatherLayout direct;     //!< used when there are no plans (streams, batch samplers)
@@ -63,6 +67,7 @@ class GradientState {
     int starved = -1;
     //! Whether this is the last step of the epoch on every rank: where accumulation must sync.
     [[nodiscard]] bool last_step() const { return steps >= 0 ? batch + 1 == steps : end_of_dataloader; }
+    //! Every rank's rows of this batch and how many are real (not padding): what `gather_for_metrics` drops.
     [[nodiscard]] GatherLayout layout() const {
       GatherLayout out;
       if (!plans) return direct;
@@ -75,11 +80,13 @@ class GradientState {
     }
   };
 
+  //! This process's one `GradientState`.
   static GradientState& instance() {
     static GradientState s;
     return s;
   }
 
+  //! Whether a prepared loader's epoch is in progress.
   [[nodiscard]] bool in_dataloader() const {
     std::lock_guard<std::mutex> lock(mu_);
     return !stack_.empty();
@@ -123,12 +130,14 @@ class GradientState {
     boundary_ = std::move(hook);
     boundary_owner_.store(owner, std::memory_order_relaxed);
   }
+  //! Removes the step boundary hook if `owner` set it.
   void clear_step_boundary_hook(const void* owner) {
     std::lock_guard<std::mutex> lock(mu_);
     if (boundary_owner_.load(std::memory_order_relaxed) != owner) return;
     boundary_ = nullptr;
     boundary_owner_.store(nullptr, std::memory_order_relaxed);
   }
+  //! Who set the step boundary hook (null: none).
   [[nodiscard]] const void* step_boundary_owner() const noexcept {
     return boundary_owner_.load(std::memory_order_relaxed);
   }
@@ -191,6 +200,7 @@ class GradientState {
     for (const auto& v : e.missing) out.push_back(v.layout());
     return out;
   }
+  //! How many loaders' epochs are in progress (nested loops).
   [[nodiscard]] std::size_t active_loaders() const {
     std::lock_guard<std::mutex> lock(mu_);
     return stack_.size();
@@ -201,6 +211,7 @@ class GradientState {
     std::lock_guard<std::mutex> lock(mu_);
     return sync_gradients_;
   }
+  //! Sets `sync_gradients()` (the `Accumulation` does, once per step).
   void set_sync_gradients(bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
     sync_gradients_ = sync;

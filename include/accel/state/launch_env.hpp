@@ -41,19 +41,22 @@ namespace accel {
 
 //! Arguments that override the environment (all optional).
 struct LaunchOverrides {
+  //!@{
+  //! Each, when set, replaces what the environment says (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`).
   std::optional<int> rank, world_size, local_rank, local_world_size;
-  std::optional<std::string> master_addr;
-  std::optional<int> master_port;
+  //!@}
+  std::optional<std::string> master_addr;  //!< replaces `MASTER_ADDR`
+  std::optional<int> master_port;          //!< replaces `MASTER_PORT`
 };
 
 //! Where this process stands in the job.
 struct LaunchEnv {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int rank = 0;                           //!< this process's rank (`RANK`)
+  int world_size = 1;                     //!< the number of processes (`WORLD_SIZE`)
+  int local_rank = 0;                     //!< its index on its node (`LOCAL_RANK`)
+  int local_world_size = 1;               //!< processes on its node (`LOCAL_WORLD_SIZE`)
+  std::string master_addr = "127.0.0.1";  //!< where rank 0's store listens (`MASTER_ADDR`)
+  int master_port = 29500;                //!< `MASTER_PORT`
   std::string launcher =
       "none";  //!< "none", "torchrun", "mpi" (Open MPI, MVAPICH, MPICH, Intel MPI, PMIx), "slurm", "arguments"
   //! torchrun's agent already hosts the rendezvous store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
@@ -62,6 +65,7 @@ struct LaunchEnv {
   //! Which attempt of the job this is: 0, then 1 after the launcher's first restart (`TORCHELASTIC_RESTART_COUNT`,
   //! set by accel-launch --max-restarts and torchrun). Every rendezvous key is scoped by it.
   int restart_count = 0;
+  //! Whether the job has several processes.
   [[nodiscard]] bool distributed() const noexcept { return world_size > 1; }
 };
 

@@ -32,12 +32,15 @@ struct PreemptionOptions {
 
 //! Thrown (with `PreemptionOptions::exit = false`) on every process once the checkpoint is saved.
 struct Preempted : Error {
+  //! The signal received and where the checkpoint was saved.
   Preempted(int signal, std::filesystem::path checkpoint)
       : Error("accel: preempted by signal " + std::to_string(signal) + "; checkpoint saved to " + checkpoint.string() +
               " (resume with load_state())"),
         signal_(signal),
         checkpoint_(std::move(checkpoint)) {}
+  //! The signal that preempted the job (SIGTERM, SIGUSR1).
   [[nodiscard]] int signal() const noexcept { return signal_; }
+  //! The checkpoint saved before stopping.
   [[nodiscard]] const std::filesystem::path& checkpoint() const noexcept { return checkpoint_; }
 
  private:

@@ -58,6 +58,9 @@ struct on_process_result<void> {
 template <class F>
 using OnProcessResult = typename detail::on_process_result<std::invoke_result_t<F>>::type;
 
+//! Which process this is, its device and its communicator (Accelerate's `PartialState`): ranks, barriers,
+//! `main_process_first`, `split_between_processes`, `print`, `on_main_process` and its kin. One per process: the first
+//! construction connects, later ones share it.
 class ProcessState {
   struct Shared {
     LaunchEnv env;
@@ -89,26 +92,38 @@ class ProcessState {
     std::lock_guard<std::mutex> lock(mutex());
     instance().reset();
   }
+  //! Whether a `ProcessState` exists in this process (a first construction has connected it).
   static bool initialized() {
     std::lock_guard<std::mutex> lock(mutex());
     return instance() != nullptr;
   }
 
+  //! The number of processes of the job (`WORLD_SIZE`).
   [[nodiscard]] int num_processes() const noexcept { return s_->env.world_size; }
+  //! This process's rank (`RANK`).
   [[nodiscard]] int process_index() const noexcept { return s_->env.rank; }
+  //! This process's index on its node (`LOCAL_RANK`).
   [[nodiscard]] int local_process_index() const noexcept { return s_->env.local_rank; }
+  //! The number of processes on this node (`LOCAL_WORLD_SIZE`).
   [[nodiscard]] int local_num_processes() const noexcept { return s_->env.local_world_size; }
+  //! The kind of job (Accelerate's `distributed_type`: NO, MULTI_CPU, MULTI_GPU).
   [[nodiscard]] DistributedType distributed_type() const noexcept { return s_->conn.type; }
+  //! This process's device: its GPU under NCCL (or one process on a GPU machine), else the CPU.
   [[nodiscard]] const c10::Device& device() const noexcept { return s_->conn.device; }
+  //! The launch environment as read at the first construction.
   [[nodiscard]] const LaunchEnv& launch_env() const noexcept { return s_->env; }
   //! 0 on the job's first attempt; after the launcher restarted every process (accel-launch --max-restarts, torchrun),
   //! the restart's number (`TORCHELASTIC_RESTART_COUNT`): a restarted program resumes from its latest checkpoint.
   [[nodiscard]] int restart_count() const noexcept { return s_->env.restart_count; }
+  //! Whether several processes are connected (Accelerate's `use_distributed`).
   [[nodiscard]] bool use_distributed() const noexcept {
     return s_->conn.type != DistributedType::no && num_processes() > 1;
   }
+  //! Whether this is rank 0.
   [[nodiscard]] bool is_main_process() const noexcept { return process_index() == 0; }
+  //! Whether this is the first process of its node.
   [[nodiscard]] bool is_local_main_process() const noexcept { return local_process_index() == 0; }
+  //! Whether this is the last rank.
   [[nodiscard]] bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
   //! The communicator, or nullptr with one process (the collectives accept both).
   [[nodiscard]] comm::Communicator* comm() const noexcept { return s_->conn.comm.get(); }
@@ -122,6 +137,7 @@ class ProcessState {
   //! Unlike Python, an exception in the main process's scope still releases the others.
   class FirstGuard {
    public:
+    //! `is_first`: this process runs first (it waits at the guard's end); the others wait at its start.
     FirstGuard(const ProcessState& s, bool is_first) : s_(s), first_(is_first) {
       if (!first_) s_.wait_for_everyone();
     }
@@ -143,7 +159,9 @@ class ProcessState {
     const ProcessState& s_;
     bool first_;
   };
+  //! Accelerate's `main_process_first`: the main process runs the guard's scope first, then the others.
   [[nodiscard]] FirstGuard main_process_first() const { return {*this, is_main_process()}; }
+  //! Accelerate's `local_main_process_first`: each node's first process runs first, then that node's others.
   [[nodiscard]] FirstGuard local_main_process_first() const { return {*this, is_local_main_process()}; }
 
   // [accelerate:state.py PartialState.on_main_process]
@@ -207,6 +225,7 @@ class ProcessState {
       while (int64_t(out.size()) < ceil_share(int64_t(inputs.size()))) out.push_back(inputs.back());
     return out;
   }
+  //! A tensor's contiguous share along dim 0 (padded with its last row to the largest share when `apply_padding`).
   at::Tensor split_between_processes(const at::Tensor& inputs, bool apply_padding = false) const {
     detail::require(inputs.dim() > 0, "accel::split_between_processes: cannot split a 0-dim tensor");
     const auto [start, end] = share(inputs.size(0));
@@ -218,6 +237,7 @@ class ProcessState {
     shape[0] = target - out.size(0);
     return at::cat({out, inputs.narrow(0, inputs.size(0) - 1, 1).expand(shape)}, 0);
   }
+  //! Each list of a map split alike (every list of one length), the keys kept.
   template <class K, class V>
   std::map<K, std::vector<V>> split_between_processes(const std::map<K, std::vector<V>>& inputs,
                                                       bool apply_padding = false) const {

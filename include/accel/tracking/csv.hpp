@@ -26,9 +26,10 @@
 
 namespace accel::tracking {
 
+//! The CSV tracker (`Tracker::csv`): `metrics.csv`, a "step" column and one column per logged name.
 class CsvWriter final : public Writer {
  public:
-  static constexpr const char* file_name = "metrics.csv";
+  static constexpr const char* file_name = "metrics.csv";  //!< the file it writes
 
   //! Opens the run's file as `start` says: anew, continued as it is (the rows already in it kept), or continued
   //! from a position.

@@ -103,9 +103,10 @@ inline std::string json_object(const Values& values, std::optional<std::int64_t>
 }
 }  // namespace detail
 
+//! The JSONL tracker (`Tracker::jsonl`): `metrics.jsonl`, one JSON object per `log` call.
 class JsonlWriter final : public Writer {
  public:
-  static constexpr const char* file_name = "metrics.jsonl";
+  static constexpr const char* file_name = "metrics.jsonl";  //!< the file it writes
 
   //! Opens the run's file as `start` says: anew, continued as it is, or continued from a position.
   explicit JsonlWriter(const std::filesystem::path& run_dir, const Start& start = {}) : path_(run_dir / file_name) {

@@ -114,6 +114,8 @@ inline Proto text_value(const std::string& tag, const std::string& text) { retur
 
 }  // namespace detail
 
+//! The TensorBoard tracker (`Tracker::tensorboard`): an event file of scalars and text summaries, as PyTorch's
+//! `SummaryWriter` writes.
 class TensorBoardWriter final : public Writer {
  public:
   //! Creates the event file in `run_dir` and writes its first records: the file version and (unless `start` continues
@@ -186,6 +188,7 @@ class TensorBoardWriter final : public Writer {
     write_summary(summary, step);
   }
   void finish() override { out_.close(); }
+  //! The event file it writes.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
  private:

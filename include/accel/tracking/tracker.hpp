@@ -14,13 +14,14 @@
 #include <string>
 #include <variant>
 
+//! Experiment trackers: JSONL, CSV and TensorBoard event files.
 namespace accel::tracking {
 
 //! The trackers `Options::log_with` can name; each writes into `<logging_dir>/<project_name>/`.
 enum class Tracker {
   jsonl,        //!< metrics.jsonl: one JSON object per `log` call, {"step": s, name: value, ...}
   csv,          //!< metrics.csv: a "step" column, then one column per name
-  tensorboard,  //!< events.out.tfevents.<time>.<host>: TensorBoard's event file (scalars, text)
+  tensorboard,  //!< `events.out.tfevents.<time>.<host>`: TensorBoard's event file (scalars, text)
 };
 
 //! A logged value (an `int` literal is an integer, a `double` a double, a string literal a string).
@@ -52,6 +53,7 @@ struct Position {
     if (!last_step) return 0;
     return *last_step == std::numeric_limits<std::int64_t>::max() ? *last_step : *last_step + 1;
   }
+  //! The same position.
   bool operator==(const Position&) const = default;
 };
 

@@ -36,9 +36,11 @@
 
 namespace accel::tracking {
 
+//! The trackers of one run (what `Accelerator::init_trackers`, `log` and `end_training` act on): the main process
+//! writes, every process keeps the position (see the file's comment).
 class Trackers {
  public:
-  static constexpr const char* config_file = "config.json";
+  static constexpr const char* config_file = "config.json";  //!< the run's configuration
 
   Trackers() = default;
   //! Creates `dir` and one writer per kind in `kinds` (each kind once), opening their files as `start` says, then
@@ -56,10 +58,14 @@ class Trackers {
     t.known_ = position.has_value();
     return t;
   }
+  //! Movable.
   Trackers(Trackers&&) = default;
+  //! Movable.
   Trackers& operator=(Trackers&&) = default;
   ~Trackers() { finish(); }
 
+  //! Logs `values` at `step` (none: the number of `log` calls so far) into every tracker; counts the call on every
+  //! process.
   void log(const Values& values, std::optional<std::int64_t> step) {
     check_names(values, "log");
     const std::int64_t s = step.value_or(position_.calls);
@@ -72,6 +78,7 @@ class Trackers {
   [[nodiscard]] std::optional<Position> position() const {
     return known_ ? std::optional<Position>(position_) : std::nullopt;
   }
+  //! Closes every tracker's file (`end_training`).
   void finish() {
     for (auto& w : writers_) w->finish();
     writers_.clear();

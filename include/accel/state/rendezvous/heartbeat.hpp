@@ -12,9 +12,9 @@
 //! snapshot that stopped ageing, and is abandoned (detached) when the process ends.
 //!
 //! Note [The heartbeat at scale]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 //! Hundreds of ranks share one store (a c10d TCPStore: one thread serving every request), so the heartbeat's
-//! traffic grows O(N) in total, never O(N^2) (measured by benchmarks/heartbeat_sim.cpp; README, "Scale"):
+//! traffic grows O(N) in total, never O(N^2) (measured by benchmarks/heartbeat_sim.cpp; README, "Scale: a job of
+//! 1,024 ranks"):
 //! - every rank writes its beat key once a heartbeat, in one compare-and-set against what it wrote last (a foreign
 //!   writer is found by the same request: `JobStore::rewrite`);
 //! - rank 0, the aggregator, reads every rank's beat key in one check and one multi-get a heartbeat, and publishes

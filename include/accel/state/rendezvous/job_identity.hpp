@@ -5,14 +5,12 @@
 //! random ids and secrets accel-launch generates.
 //!
 //! Note [Job keys]
-//! ~~~~~~~~~~~~~~~
 //! Every key lives under `accel/<job id>/<restart generation>/` (the launcher's under `accel-launch/<job id>/`):
 //! two jobs, or two attempts of one job, that meet on one port never read each other's keys. The id is
 //! `ACCEL_JOB_ID` (accel-launch generates one, or takes `--job-id`), else the scheduler's (torchrun's
 //! `TORCHELASTIC_RUN_ID`, SLURM's `SLURM_JOB_ID.SLURM_STEP_ID`, PMIx's namespace, PBS, LSF), else `none`.
 //!
 //! Note [Ended ranks]
-//! ~~~~~~~~~~~~~~~~~~
 //! A launcher knows at once when one of its processes ends (accel-launch waits on a pidfd per process); the other
 //! processes of the job would learn it only from a closed connection, or from a heartbeat that stops for
 //! `CommOptions::peer_timeout`. So the launcher writes the first process of a generation that ended abnormally to
@@ -49,8 +47,8 @@ namespace accel::rendezvous {
 //! Who the job is on its store: the id its keys live under, and the secret its values are sealed with (empty:
 //! not authenticated).
 struct JobIdentity {
-  std::string id = "none";
-  std::string secret;
+  std::string id = "none";  //!< the id every key lives under
+  std::string secret;       //!< the secret every value is sealed with
 };
 
 //! Checks a job id: letters, digits, `.`, `_`, `-`, at most 128 characters (it becomes part of every key).
@@ -141,7 +139,7 @@ inline std::string job_prefix(const std::string& id, int generation) {
 
 //! A process of the job that ended abnormally, as its launcher reports it (Note [Ended ranks]).
 struct EndedRank {
-  int rank = -1;
+  int rank = -1;     //!< its rank
   int signal = 0;    //!< the signal that killed it; 0: it exited with a code
   std::string what;  //!< "was killed by signal 9 (Killed)", "exited with code 1"
 

@@ -5,7 +5,6 @@
 //! (`host_store`) and a client of it (`connect_store`).
 //!
 //! Note [Listening surface]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~
 //! c10d's `TCPStore` server listens on every interface. accel binds the socket itself and hands it to the server
 //! (`TCPStoreOptions::masterListenFd`): a loopback master address (127.0.0.0/8, ::1, localhost) is a job on one
 //! host, and its store listens on loopback only; any other master address must be an address of the host that
@@ -36,7 +35,9 @@ namespace accel::rendezvous {
 
 // ---- where the store listens (Note [Listening surface]) -----------------------------------------------------
 
+//! Address helpers of the listening surface.
 namespace net {
+//! The numeric address of `sa` ("10.0.0.1", "::1").
 inline std::string numeric(const sockaddr* sa) {
   char host[NI_MAXHOST];
   const socklen_t len = sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
@@ -110,9 +111,10 @@ inline std::string listen_address(const std::string& addr) {
 
 //! A socket listening on `addr:port` (port 0: a free one), for the store server to take over.
 struct ListenSocket {
-  int fd = -1;
-  int port = 0;
+  int fd = -1;   //!< the socket
+  int port = 0;  //!< the port it listens on
 };
+//! A socket listening on `addr:port` (port 0: a free one); an address this machine does not have is an error.
 inline ListenSocket listen_on(const std::string& addr, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

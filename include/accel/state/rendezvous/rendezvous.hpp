@@ -16,7 +16,6 @@
 //! The heartbeat thread, and the snapshot it shares with the waiting thread, are state/rendezvous/heartbeat.hpp.
 //!
 //! Note [Exit]
-//! ~~~~~~~~~~~
 //! A process that ends normally (`main` returns, `std::exit`, a `Preempted` caught and returned from) runs its exit
 //! handlers in the reverse order of their registration, interleaved with the destructors of static objects. accel's
 //! threads must not outlive what they use: the heartbeat signs every beat with OpenSSL's HMAC, and OpenSSL frees its
@@ -69,6 +68,8 @@ class Rendezvous final : public comm::Monitor {
   using Beat = detail::Heartbeat::Beat;
 
  public:
+  //! Meets the job as `spec` says: rank 0 hosts the store (or connects to the launcher's), every rank arrives, and the
+  //! heartbeat starts.
   Rendezvous(const RendezvousSpec& spec, const comm::CommOptions& opt)
       : addr_(spec.addr),
         port_(spec.port),
@@ -128,6 +129,7 @@ class Rendezvous final : public comm::Monitor {
   //! The job's store, scoped by the job id and the restart generation (the engines exchange their addresses
   //! through it); its values are authenticated when the job has a secret.
   [[nodiscard]] c10::intrusive_ptr<c10d::Store> store() const noexcept { return store_; }
+  //! "address:port" of the store, for messages.
   [[nodiscard]] std::string where() const { return addr_ + ":" + std::to_string(port_); }
   //! The engine is connected: the one-shot keys are read no more (Note [Authenticated keys]).
   void settled() { kv_->settled(); }

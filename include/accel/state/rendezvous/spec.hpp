@@ -7,15 +7,17 @@
 
 #include <string>
 
+//! Where a job meets: its store (scoped by the job id, its values sealed with the job secret), where it listens, the
+//! arrival check and the heartbeat; `accel-launch` uses it too.
 namespace accel::rendezvous {
 
 //! Where the processes of a job meet: the store's address (rank 0 hosts it unless `host_store` is false), this
 //! process's rank and the number of processes.
 struct RendezvousSpec {
-  std::string addr = "127.0.0.1";
-  int port = 29500;
-  int rank = 0;
-  int size = 1;
+  std::string addr = "127.0.0.1";  //!< the store's address
+  int port = 29500;                //!< the store's port
+  int rank = 0;                    //!< this process's rank
+  int size = 1;                    //!< the number of processes
   bool host_store =
       true;  //!< rank 0 starts the store (false: the launcher, accel-launch or torchrun's agent, hosts it)
   //! The restart generation (torchrun's and accel-launch's `TORCHELASTIC_RESTART_COUNT`): every key this job

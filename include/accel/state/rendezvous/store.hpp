@@ -7,7 +7,6 @@
 //! store (`Seal`, `JobStore`) and includes both.
 //!
 //! Note [Authenticated keys]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~~
 //! With a job secret (`ACCEL_JOB_SECRET`, or the file `ACCEL_JOB_SECRET_FILE` names; accel-launch generates one
 //! for a job on one host), every value a process writes carries an HMAC-SHA256 of the key and the value
 //! (OpenSSL), and every value read is checked: a value that fails is reported once by the name of its key and
@@ -52,7 +51,8 @@ namespace accel::rendezvous {
 //! OpenSSL frees its state in its own exit handler, and a thread still running then must not call into it.
 class Seal {
  public:
-  static constexpr std::size_t tag_size = 32;
+  static constexpr std::size_t tag_size = 32;  //!< bytes of an HMAC-SHA256 tag
+  //! A seal under `secret`.
   explicit Seal(std::string secret) : secret_(std::move(secret)) {
     // OpenSSL registers its exit handler here at the latest, so that the handler accel registers after a
     // connection (Note [Exit]) runs before it.
@@ -65,12 +65,14 @@ class Seal {
     closed() = true;
   }
 
+  //! `value` followed by the tag of `key` and `value`.
   [[nodiscard]] std::vector<std::uint8_t> seal(const std::string& key, const std::vector<std::uint8_t>& value) const {
     std::vector<std::uint8_t> out(value);
     out.resize(value.size() + tag_size);
     tag(key, value.data(), value.size(), out.data() + value.size());
     return out;
   }
+  //! `sealed` without its tag when the tag is `key`'s and the value's; none otherwise.
   [[nodiscard]] std::optional<std::vector<std::uint8_t>> open(const std::string& key,
                                                               const std::vector<std::uint8_t>& sealed) const {
     if (sealed.size() < tag_size) return std::nullopt;
@@ -110,7 +112,10 @@ class Seal {
 //! of ranks is the resource the heartbeat must spare (Note [The heartbeat at scale] in state/rendezvous/heartbeat.hpp).
 //! accel-launch prints its own with `ACCEL_STORE_TRAFFIC=1`.
 struct StoreTraffic {
+  //!@{
+  //! Requests, and keys named by them.
   std::uint64_t requests = 0, keys = 0;
+  //!@}
   //! This process's totals so far.
   [[nodiscard]] static StoreTraffic now() noexcept {
     return {counters().requests.load(std::memory_order_relaxed), counters().keys.load(std::memory_order_relaxed)};
@@ -139,11 +144,11 @@ class JobStore final : public c10d::Store {
  public:
   //! What the instances of one process share: which keys were reported, and the one-shot keys it wrote.
   struct Shared {
-    std::string who;  // "rank 1", "accel-launch (node 0)"
-    std::mutex mu;
-    std::set<std::string> reported;
-    std::map<std::string, std::vector<std::uint8_t>> ledger;  // key -> sealed value, while repairing
-    bool repairing = false;                                   // from the first write with a secret to `settled`
+    std::string who;                 //!< this process in reports: "rank 1", "accel-launch (node 0)"
+    std::mutex mu;                   //!< guards the rest
+    std::set<std::string> reported;  //!< keys already reported as replaced
+    std::map<std::string, std::vector<std::uint8_t>> ledger;  //!< key -> sealed value, while repairing
+    bool repairing = false;                                   //!< from the first write with a secret to `settled`
   };
 
   //! `secret` empty: values are not sealed.
@@ -153,6 +158,7 @@ class JobStore final : public c10d::Store {
     shared_->who = std::move(who);
     shared_->repairing = bool(seal_);
   }
+  //! A store over `inner` with `seal` (null: not sealed), sharing `shared` with the process's other connections.
   JobStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<const Seal> seal, std::shared_ptr<Shared> shared)
       : c10d::Store(inner->getTimeout()),
         inner_(std::move(inner)),
@@ -166,8 +172,10 @@ class JobStore final : public c10d::Store {
   //! Whether values are sealed with a job secret.
   [[nodiscard]] bool authenticated() const noexcept { return bool(seal_); }
 
+  //! Another connection of the same process (c10d's `clone`), sharing the secret, report and ledger.
   c10::intrusive_ptr<c10d::Store> clone() override { return sharing(inner_->clone()); }
 
+  //! Writes `value` under `key`, sealed (c10d's `set`).
   void set(const std::string& key, const std::vector<std::uint8_t>& value) override {
     auto sealed = seal(key, value);
     {
@@ -194,6 +202,7 @@ class JobStore final : public c10d::Store {
     return sealed;
   }
 
+  //! The authentic value of `key`, waiting for it to exist (c10d's `get`); a forged value is reported and waited past.
   std::vector<std::uint8_t> get(const std::string& key) override {
     if (auto o = open_or_report(key, req()->get(key))) return std::move(*o);  // waits for the key to exist
     return authentic(key, Clock::now() + timeout_);  // a forged value: wait for an authentic one
@@ -228,6 +237,7 @@ class JobStore final : public c10d::Store {
     return out;
   }
 
+  //! c10d's `compareSet` on sealed values; a forged value holding the key is reported and replaced by this write.
   std::vector<std::uint8_t> compareSet(const std::string& key, const std::vector<std::uint8_t>& expected,
                                        const std::vector<std::uint8_t>& desired) override {
     const auto sealed = seal(key, desired);
@@ -238,6 +248,7 @@ class JobStore final : public c10d::Store {
     return desired;
   }
 
+  //! Whether every key exists (c10d's `check`).
   bool check(const std::vector<std::string>& keys) override {
     if (!req(keys.size())->check(keys)) return false;
     if (!seal_) return true;
@@ -245,7 +256,9 @@ class JobStore final : public c10d::Store {
       if (!open_or_report(k, req()->get(k))) return false;
     return true;
   }
+  //! Waits until every key exists, within the store's timeout (c10d's `wait`).
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  //! Waits until every key exists, within `timeout` (c10d's `wait`).
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     const auto deadline = Clock::now() + timeout;
     req(keys.size())->wait(keys, timeout);
@@ -253,9 +266,13 @@ class JobStore final : public c10d::Store {
     for (const auto& k : keys) authentic(k, deadline);
   }
 
+  //! c10d's `add`: a counter (not sealed; accel decides nothing on one).
   int64_t add(const std::string& key, int64_t value) override { return req()->add(key, value); }
+  //! c10d's `deleteKey`.
   bool deleteKey(const std::string& key) override { return req()->deleteKey(key); }
+  //! c10d's `getNumKeys`.
   int64_t getNumKeys() override { return req()->getNumKeys(); }
+  //! c10d's `setTimeout`: how long this connection's waits last.
   void setTimeout(const std::chrono::milliseconds& timeout) override {
     c10d::Store::setTimeout(timeout);
     inner_->setTimeout(timeout);

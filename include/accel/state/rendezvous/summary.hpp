@@ -21,13 +21,13 @@ namespace accel::rendezvous {
 struct Summary {
   //! Ranks that issued one operation under a collective's number.
   struct Variant {
-    comm::CollectiveId id;
-    std::vector<int> ranks;
+    comm::CollectiveId id;   //!< the operation
+    std::vector<int> ranks;  //!< the ranks that issued it
   };
   //! A rank whose beat has not changed for `age_ms` (listed from two heartbeats on).
   struct Late {
-    int rank = 0;
-    std::int64_t age_ms = 0;
+    int rank = 0;             //!< the rank
+    std::int64_t age_ms = 0;  //!< how long its beat has not changed
   };
   static constexpr std::size_t kMismatches = 16;  //!< collectives listed, the earliest first (two ranks' windows)
   static constexpr std::size_t kLate = 64;        //!< late ranks listed, the oldest beats first
@@ -157,6 +157,7 @@ struct Summary {
     }
     return out;
   }
+  //! The ranks of a list such as "1,3,4".
   [[nodiscard]] static std::vector<int> ranks_of(const std::string& text) {
     std::vector<int> out;
     std::istringstream in(text);
