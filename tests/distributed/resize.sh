@@ -10,6 +10,7 @@
 #             same global batches
 #   refused   a checkpoint saved inside a gradient-accumulation window, resumed at another size: a clear error
 #   zero      the training case under ZeRO stage 2 (sharded momentum and gradients), 3 -> 2 and 2 -> 3 processes
+#   fsdp      the training case under full sharding (sharded parameters, momentum and gradients), 3 -> 2 and 2 -> 3
 set -uo pipefail
 case=$1 launch=$2 mp=$3 work=$4 port=${5:-0}
 rm -rf "$work" && mkdir -p "$work"
@@ -42,17 +43,17 @@ case $case in
     show save.log resume.log
     [ $rc -eq 0 ] && passed resume.log || fail "training resumed 3 -> 2 (rc $rc)"
     echo "ok: training checkpointed with 3 processes and resumed with 2 equals one process on the same global batches";;
-  zero)
+  zero | fsdp)
     for resize in "3 2" "2 3"; do
       read -r n m <<< "$resize"
       rm -rf "$work/train_ckpt"
-      job "save_${n}.log" "$n" resize-training save "$work" 3 zero || { show "save_${n}.log"; fail "saving with $n"; }
-      job "resume_${n}_${m}.log" "$m" resize-training resume "$work" 3 zero
+      job "save_${n}.log" "$n" resize-training save "$work" 3 "$case" || { show "save_${n}.log"; fail "saving with $n"; }
+      job "resume_${n}_${m}.log" "$m" resize-training resume "$work" 3 "$case"
       rc=$?
       show "save_${n}.log" "resume_${n}_${m}.log"
-      [ $rc -eq 0 ] && passed "resume_${n}_${m}.log" || fail "ZeRO training resumed $n -> $m (rc $rc)"
+      [ $rc -eq 0 ] && passed "resume_${n}_${m}.log" || fail "$case training resumed $n -> $m (rc $rc)"
     done
-    echo "ok: ZeRO stage 2 training resumed 3 -> 2 and 2 -> 3 processes equals one process on the same global batches";;
+    echo "ok: $case training resumed 3 -> 2 and 2 -> 3 processes equals one process on the same global batches";;
   refused)
     job save.log 2 resize-training save "$work" 1 window || { show save.log; fail "saving with 2"; }
     grep -q "inside an accumulation window" "$work/save.log" || { show save.log; fail "the checkpoint was not saved inside a window"; }

@@ -200,10 +200,12 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! A parameter's piece on this rank: elements [at, at + numel) of the parameter (flattened), as a tensor that
   //! aliases the unit's shard and one that aliases its gradient shard (undefined `shard`: none on this rank).
   struct Piece {
-    at::Tensor shard;        //!< the piece of the parameter (an alias of the unit's shard)
-    at::Tensor grad;         //!< the piece of its averaged gradient (an alias of the unit's gradient shard)
-    std::int64_t at = 0;     //!< its first element in the parameter
-    std::int64_t numel = 0;  //!< its elements
+    at::Tensor shard;             //!< the piece of the parameter (an alias of the unit's shard)
+    at::Tensor grad;              //!< the piece of its averaged gradient (an alias of the unit's gradient shard)
+    std::int64_t at = 0;          //!< its first element in the parameter
+    std::int64_t numel = 0;       //!< its elements
+    std::int64_t unit_total = 0;  //!< elements of the parameter's unit (what another number of processes cuts)
+    std::int64_t offset = 0;      //!< the parameter's first element in its unit
   };
 
   //! Cuts `root` into the units `options` names and shards every parameter across `comm`'s processes. `trainable`:
@@ -272,7 +274,8 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! Collective: gathers every unit (for reading or writing the whole model: a checkpoint, `unwrap_model`).
   ACCEL_DECL void gather_all();
   //! Frees every unit gathered; `write_back`: first copies each unit's part of this rank back into its shard (the
-  //! full parameters were written: a checkpoint loaded into them).
+  //! full parameters were written: a checkpoint loaded into them), taking a parameter's values from wherever it
+  //! points now (loading may have replaced its memory) and making it an alias of its unit's buffer again.
   ACCEL_DECL void release_all(bool write_back);
 
   //! Rethrows the error of a gather that failed inside an operator (Note [Intercepting a unit ...]); nothing else.

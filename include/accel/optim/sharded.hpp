@@ -255,7 +255,14 @@ class ShardedOptimizer {
   std::vector<Shard> shards_;
   struct OwnPiece {
     at::Tensor param, grad;  // the user's parameter; its piece's gradient on this rank (undefined: none here)
+    at::Tensor shard;        // its piece, an inner parameter (undefined: none here)
+    std::size_t group = 0;
+    std::int64_t unit_total = 0, offset = 0;  // its unit's elements, and its first element in the unit
+    std::int64_t at = 0, numel = 0;           // this rank's piece: elements [at, at + numel) of the parameter
   };
+  // reshard_as for stage 3: each saved rank's pieces, computed for its number of processes, re-cut into this rank's.
+  template <class S>
+  void reshard_pieces_as(std::vector<torch::serialize::InputArchive>& parts);
   std::vector<OwnPiece> pieces_;  // stage 3
   at::Tensor flat_, grads_;       // the parameters (N * P), this rank's partition of the gradients (P)
   int stage_ = 1;

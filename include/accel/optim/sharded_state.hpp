@@ -11,6 +11,7 @@ namespace accel {
 // load_resharded() and consolidate() for the state type `S` (ShardTraits<O>::State).
 template <class S>
 void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& parts) {
+  if (stage_ == 3) return reshard_pieces_as<S>(parts);
   c10::AutoGradMode no_grad(false);
   const std::int64_t n = std::int64_t(parts.size()), old_part = (total_ + n - 1) / n, G = std::int64_t(shards_.size());
   const std::int64_t F = detail::state_tensor_count<S>();
@@ -63,6 +64,72 @@ void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& p
       if (f.defined()) set(f);
     });
     inner_->state()[sh.tensor.unsafeGetTensorImpl()] = std::move(st);
+  }
+}
+
+// Stage 3: saved rank k of n held, of each parameter, the elements of its unit's [k * P', (k + 1) * P') (P' =
+// ceil(unit elements / n)); its inner optimizer stepped those pieces in group order, skipping empty ones. Each is
+// rebuilt so, loaded, and the part of every state tensor that falls in this rank's piece copied there.
+template <class S>
+void ShardedOptimizer::reshard_pieces_as(std::vector<torch::serialize::InputArchive>& parts) {
+  c10::AutoGradMode no_grad(false);
+  const std::int64_t n = std::int64_t(parts.size()), Q = std::int64_t(pieces_.size());
+  const std::int64_t F = detail::state_tensor_count<S>();
+  std::vector<std::vector<at::Tensor>> fields(static_cast<std::size_t>(Q),
+                                              std::vector<at::Tensor>(static_cast<std::size_t>(F)));
+  std::vector<std::int64_t> steps(static_cast<std::size_t>(Q), -1);
+  const auto& user_groups = user_->param_groups();
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::vector<at::Tensor> tensor_of;                          // each piece's tensor in saved rank k's optimizer
+    std::vector<std::pair<std::int64_t, std::int64_t>> bounds;  // saved rank k's piece of each parameter
+    std::vector<std::vector<at::Tensor>> params(user_groups.size());
+    for (const auto& q : pieces_) {
+      const std::int64_t part = (q.unit_total + n - 1) / n;
+      const std::int64_t lo = std::max(q.offset, k * part), hi = std::min(q.offset + q.param.numel(), (k + 1) * part);
+      bounds.emplace_back(lo - q.offset, hi - q.offset);
+      at::Tensor t;
+      if (lo < hi) {
+        t = at::zeros({hi - lo}, q.param.options().requires_grad(false));
+        params[q.group].push_back(t);
+      }
+      tensor_of.push_back(t);
+    }
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    for (std::size_t g = 0; g < params.size(); ++g) groups.emplace_back(params[g], user_groups[g].options().clone());
+    auto saved = make_(std::move(groups));
+    torch::serialize::InputArchive inner;
+    parts[std::size_t(k)].read("partition", inner);
+    saved->load(inner);
+    for (std::int64_t i = 0; i < Q; ++i) {
+      const auto& q = pieces_[std::size_t(i)];
+      const auto [lo, hi] = bounds[std::size_t(i)];
+      const std::int64_t a = std::max(lo, q.at), b = std::min(hi, q.at + q.numel);
+      if (!q.shard.defined() || !tensor_of[std::size_t(i)].defined() || a >= b) continue;
+      const auto it = saved->state().find(tensor_of[std::size_t(i)].unsafeGetTensorImpl());
+      if (it == saved->state().end()) continue;
+      auto& st = static_cast<S&>(*it->second);
+      steps[std::size_t(i)] = std::max(steps[std::size_t(i)], detail::state_step(st));
+      std::int64_t f = 0;
+      detail::state_tensors(st, [&](const at::Tensor& v, auto&&) {
+        auto& out = fields[std::size_t(i)][std::size_t(f++)];
+        if (!v.defined()) return;
+        if (!out.defined()) out = at::zeros({q.numel}, v.options());
+        out.narrow(0, a - q.at, b - a).copy_(v.reshape({-1}).narrow(0, a - lo, b - a));
+      });
+    }
+  }
+  inner_->state().clear();
+  for (std::int64_t i = 0; i < Q; ++i) {
+    const auto& q = pieces_[std::size_t(i)];
+    if (!q.shard.defined() || steps[std::size_t(i)] < 0) continue;
+    auto st = std::make_unique<S>();
+    detail::set_state_step(*st, steps[std::size_t(i)]);
+    std::int64_t f = 0;
+    detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+      const at::Tensor& v = fields[std::size_t(i)][std::size_t(f++)];
+      if (v.defined()) set(v);
+    });
+    inner_->state()[q.shard.unsafeGetTensorImpl()] = std::move(st);
   }
 }
 

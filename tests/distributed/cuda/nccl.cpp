@@ -45,6 +45,10 @@ at::Tensor state_of(at::Generator g) {
 }
 
 struct NcclTrainer : accel::Accelerator<accel::dist::nccl, accel::rng::sync<accel::rng::cuda, accel::rng::torch>> {};
+// The same job fully sharded (shard::parameters): each unit gathered on the GPU by NCCL all-gathers, its gradients
+// reduce-scattered.
+struct NcclFsdpTrainer : accel::Accelerator<accel::dist::nccl, accel::rng::sync<accel::rng::cuda, accel::rng::torch>,
+                                            accel::shard::parameters> {};
 
 // The communicator's own operations, each on the GPU, against the values every rank can compute.
 void communicator_ops(accel::comm::Communicator* c, int N, int r) {
@@ -186,9 +190,13 @@ void rng_sync(accel::comm::Communicator* c, const c10::Device& dev, int N, int r
   check(equal, "every rank draws the same numbers after the synchronisation");
 }
 
-// A short DDP run with the Accelerator on NCCL: its parameters equal one process trained on the concatenated batches.
+// A short DDP run with the Accelerator on NCCL (and the same fully sharded): its parameters equal one process trained
+// on the concatenated batches.
+template <class Trainer>
 void ddp_training(int N, int r) {
-  NcclTrainer acc{accel::Options{.bucket_bytes = 256, .comm = options(60000).comm}};
+  constexpr bool full = Trainer::config::zero_stage == 3;
+  const std::string mode = full ? "full sharding" : "DDP";
+  Trainer acc{accel::Options{.bucket_bytes = 256, .sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
   check(acc.num_processes() == N && acc.process_index() == r, "the Accelerator shares the NCCL job");
   const std::int64_t B = 3, steps = 4;
   auto make = [] { return torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)); };
@@ -201,9 +209,10 @@ void ddp_training(int N, int r) {
       acc.prepare(net, sgd, accel::data::DataLoader(accel::data::TensorDataset(x, y), {.batch_size = B}));
   check(net->parameters()[0].device() == acc.device() && acc.device().is_cuda(),
         "prepare put the model on this process's GPU");
-  check(model.distributed().buckets() > 1, "several gradient buckets");
+  if constexpr (!full) check(model.distributed().buckets() > 1, "several gradient buckets");
   auto reference = make();  // one process on the CPU: the same start (rank 0's), one step on each N*B consecutive rows
   {
+    const auto whole = acc.gather_parameters(model);  // full sharding: the whole model readable (nothing otherwise)
     torch::NoGradGuard no_grad;
     auto dst = reference->parameters();
     auto src = net->parameters();
@@ -229,10 +238,14 @@ void ddp_training(int N, int r) {
   check(batches == steps, "every rank ran " + std::to_string(steps) + " steps (" + std::to_string(batches) + ")");
   check(on_gpu, "every batch arrived on this process's GPU");
   double worst = 0;
-  auto a = net->parameters(), ref = reference->parameters();
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i].cpu() - ref[i]).abs().max().item<double>());
+  {
+    const auto whole = acc.gather_parameters(model);
+    auto a = net->parameters(), ref = reference->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, (a[i].cpu() - ref[i]).abs().max().template item<double>());
+  }
   check(worst < 1e-5,
-        "DDP over NCCL equals one process on the concatenated batches (max diff " + std::to_string(worst) + ")");
+        mode + " over NCCL equals one process on the concatenated batches (max diff " + std::to_string(worst) + ")");
   auto states = accel::gather_object(acc.comm(), [] {
     auto s = state_of(at::detail::getDefaultCPUGenerator()).contiguous();
     return std::vector<std::uint8_t>(s.data_ptr<std::uint8_t>(), s.data_ptr<std::uint8_t>() + s.numel());
@@ -240,7 +253,7 @@ void ddp_training(int N, int r) {
   bool equal = int(states.size()) == N;
   for (int q = 1; equal && q < N; ++q) equal = states[std::size_t(q)] == states[0];
   check(equal, "the epoch synchronised the CPU generators of every rank");
-  acc.print("NCCL DDP on ", N, " GPUs: max parameter difference to one process ", worst);
+  acc.print("NCCL ", mode, " on ", N, " GPUs: max parameter difference to one process ", worst);
 }
 
 }  // namespace
@@ -263,7 +276,8 @@ void nccl(const Args&) {
   communicator_ops(c, N, r);
   structured_collectives(c, N, r);
   rng_sync(c, state.device(), N, r);
-  ddp_training(N, r);
+  ddp_training<NcclTrainer>(N, r);
+  ddp_training<NcclFsdpTrainer>(N, r);
 #else
   skip("needs 2 CUDA devices, found 0 (this build has no CUDA: ACCEL_WITH_CUDA=0)");
 #endif

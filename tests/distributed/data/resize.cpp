@@ -211,6 +211,10 @@ struct ResizeTrainer : accel::Accelerator<accel::dist::from_env, accel::batches:
 // The same under ZeRO stage 2: the partitions of the optimizer state are re-cut for the new number of processes.
 struct ResizeZeroTrainer
     : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::gradients> {};
+// The same under full sharding: the model's shards and the optimizer's pieces are re-cut (one unit of 5 elements:
+// 2 + 2 + 1 with 3 processes, 3 + 2 with 2, so pieces cross parameter boundaries).
+struct ResizeFsdpTrainer
+    : accel::Accelerator<accel::dist::from_env, accel::batches::per_process, accel::shard::parameters> {};
 
 template <class Trainer>
 void resize_training_with(const Args& args) {
@@ -291,6 +295,7 @@ void resize_training_with(const Args& args) {
   train_steps(M, position, INT64_MAX);  // epoch 1, after it
   train_steps(M, 0, INT64_MAX);         // epoch 2
   double worst = 0;
+  const auto full = acc.gather_parameters(model);  // full sharding: the whole model readable (nothing otherwise)
   auto a = net->parameters(), r = reference->parameters();
   for (std::size_t i = 0; i < a.size(); ++i) {
     const at::Tensor d = (a[i] - r[i]).abs().max();
@@ -305,6 +310,8 @@ void resize_training_with(const Args& args) {
 void resize_training(const Args& args) {
   if (arg(args, 3, "") == "zero")
     resize_training_with<ResizeZeroTrainer>(args);
+  else if (arg(args, 3, "") == "fsdp")
+    resize_training_with<ResizeFsdpTrainer>(args);
   else
     resize_training_with<ResizeTrainer>(args);
 }

@@ -188,27 +188,25 @@ void fully_sharded_edges(const Args& args) {
         sharder->peak_gathered_bytes() <= (110 + 70 + 2 * N) * 4,
         "at most two units gathered at once in a step (" + std::to_string(sharder->peak_gathered_bytes()) + " bytes)");
   }
-  // A checkpoint: saved whole, loaded back into every rank's shards exactly.
+  // A checkpoint: two steps after it, loaded back, the same two steps give the same parameters bit for bit (the
+  // model is loaded into the shards, the optimizer's pieces restored), and the parameters stay sharded.
   acc.save_state(dir);
-  at::Tensor before;
-  {
+  auto two_steps = [&] {
+    for (int s = 0; s < 2; ++s) {
+      acc.backward(torch::mse_loss(model(x), y));
+      opt.step();
+      opt.zero_grad();
+    }
     auto full = acc.gather_parameters(model);
-    before = torch::cat(
-        {net[0]->as<torch::nn::Linear>()->weight.flatten(), net[4]->as<torch::nn::Linear>()->bias.flatten()});
-  }
-  for (int s = 0; s < 2; ++s) {
-    acc.backward(torch::mse_loss(model(x), y));
-    opt.step();
-    opt.zero_grad();
-  }
+    std::vector<at::Tensor> flat;
+    for (const auto& p : net->parameters()) flat.push_back(p.detach().flatten().clone());
+    return torch::cat(flat);
+  };
+  const at::Tensor first = two_steps();
   acc.load_state(dir);
-  {
-    auto full = acc.gather_parameters(model);
-    const at::Tensor after = torch::cat(
-        {net[0]->as<torch::nn::Linear>()->weight.flatten(), net[4]->as<torch::nn::Linear>()->bias.flatten()});
-    check(at::equal(before, after), "load_state restores the saved parameters into the shards");
-  }
-  // The same steps after the resume give the same parameters as the first time.
+  check(sharder->gathered_bytes() == 0, "load_state leaves the model sharded");
+  const at::Tensor again = two_steps();
+  check(at::equal(first, again), "resumed from the checkpoint, the same steps give the same parameters");
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
                      bool freeze_first = false) {

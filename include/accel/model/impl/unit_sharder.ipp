@@ -180,6 +180,7 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
     const std::int64_t lo = std::int64_t(r) * unit.part, hi = lo + unit.part;
     for (const auto& p : unit.params) {
       Piece piece;
+      piece.unit_total = unit.total, piece.offset = p.offset;
       const std::int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
       if (a < b) {
         auto alias = [&](const at::Tensor& of) {
@@ -332,7 +333,21 @@ ACCEL_DECL void UnitSharder::release_all(bool write_back) {
   c10::AutoGradMode no_grad(false);
   at::RecordFunctionGuard no_callbacks(false);
   for (auto& u : units_) {
-    if (write_back && u.gathered) u.shard.copy_(u.full.narrow(0, r * u.part, u.part));
+    if (write_back && u.gathered) {
+      // A parameter may have been given other memory (LibTorch's InputArchive::read, as load_state's, calls set_ on
+      // it): its values go into the unit's buffer and it becomes an alias of its slice again.
+      for (auto& p : u.params) {
+        at::Tensor& t = p.tensor;
+        if (t.storage().unsafeGetStorageImpl() == u.full.storage().unsafeGetStorageImpl() &&
+            t.storage_offset() == u.full.storage_offset() + p.offset && t.is_contiguous())
+          continue;
+        u.full.narrow(0, p.offset, p.numel).copy_(t.detach().reshape({-1}));
+        std::vector<std::int64_t> strides(std::size_t(t.dim()), 1);
+        for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * t.size(std::int64_t(d));
+        t.set_(u.full.storage(), u.full.storage_offset() + p.offset, t.sizes(), strides);
+      }
+      u.shard.copy_(u.full.narrow(0, r * u.part, u.part));
+    }
     if (!in_forward_ && !backward_due_) free(u);
   }
 }

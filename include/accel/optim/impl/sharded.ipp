@@ -94,7 +94,7 @@ ACCEL_DECL void ShardedOptimizer::build_over(
                                              " does not require a gradient; leave frozen parameters out of the "
                                              "optimizer");
       total_ += p.numel();
-      pieces_.push_back({p, piece->grad});
+      pieces_.push_back({p, piece->grad, piece->shard, g, piece->unit_total, piece->offset, piece->at, piece->numel});
       if (!piece->shard.defined()) continue;  // none of it on this rank
       at::Tensor t = piece->shard;
       t.mutable_grad() = piece->grad;
@@ -185,18 +185,13 @@ ACCEL_DECL void ShardedOptimizer::consolidate(int to) {
 }
 
 ACCEL_DECL void ShardedOptimizer::check_resharded(std::vector<torch::serialize::InputArchive>& parts) const {
-  detail::require(stage_ != 3,
-                  "accel::load_state: the optimizer state of a fully sharded model (shard::parameters) "
-                  "was saved by " +
-                      std::to_string(parts.size()) + " processes and this job has " + std::to_string(processes()) +
-                      "; re-cutting it to another number of processes is not supported: resume with " +
-                      std::to_string(parts.size()) + " processes");
   detail::require(bool(reshard_),
                   "accel::ShardedOptimizer: resuming at another number of processes needs the optimizer's "
                   "type (construct the ShardedOptimizer from a std::shared_ptr of a type with ShardTraits)");
   for (std::size_t k = 0; k < parts.size(); ++k) {
     const auto [stage, procs, r, total] = layout_of(parts[k]);
-    if ((stage != 1 && stage != 2) || procs != std::int64_t(parts.size()) || r != std::int64_t(k) || total != total_)
+    const bool same_layout = stage_ == 3 ? stage == 3 : (stage == 1 || stage == 2);
+    if (!same_layout || procs != std::int64_t(parts.size()) || r != std::int64_t(k) || total != total_)
       throw InvalidArgument("accel::ShardedOptimizer: mismatched partitions: partition file " + std::to_string(k) +
                             " of " + std::to_string(parts.size()) + " holds rank " + std::to_string(r) +
                             "'s partition of " + std::to_string(procs) + " processes over " + std::to_string(total) +
