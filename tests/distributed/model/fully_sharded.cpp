@@ -17,6 +17,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -207,6 +208,22 @@ void fully_sharded_edges(const Args& args) {
   check(sharder->gathered_bytes() == 0, "load_state leaves the model sharded");
   const at::Tensor again = two_steps();
   check(at::equal(first, again), "resumed from the checkpoint, the same steps give the same parameters");
+  // Weights loaded by LibTorch's own torch::load inside gather_parameters(model, true) (its archive gives each
+  // parameter new memory) go into the shards: the prepared model then computes what a plain one with them does.
+  torch::manual_seed(5);
+  auto other = mlp();
+  const auto file = dir / ("other_rank" + std::to_string(tally.rank) + ".pt");
+  torch::save(other, file.string());
+  {
+    auto full = acc.gather_parameters(model, /*write_back=*/true);
+    torch::load(net, file.string());
+  }
+  check(sharder->gathered_bytes() == 0, "the loaded model is sharded again");
+  {
+    torch::NoGradGuard no_grad;
+    const at::Tensor probe = torch::randn({3, 6});
+    check(at::equal(model(probe), other->forward(probe)), "a model loaded by torch::load into the gathered parameters");
+  }
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
                      bool freeze_first = false) {

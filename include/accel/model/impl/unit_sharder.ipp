@@ -227,6 +227,25 @@ ACCEL_DECL void UnitSharder::before_forward() {
   detail::watch_on_this_thread();
   std::lock_guard<std::mutex> lock(mu_);
   in_forward_ = true;
+  // A parameter given other memory since (`torch::load(*net, path)` after prepare: LibTorch's archive calls set_ on
+  // it) holds the whole new values on every process: this rank takes its part of them into its shard, and the
+  // parameter becomes an alias of its unit's buffer again. Otherwise the forward would read the loaded tensor while
+  // the optimizer steps the shards.
+  const std::int64_t r = rank();
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  for (auto& u : units_)
+    for (auto& p : u.params) {
+      at::Tensor& t = p.tensor;
+      if (t.storage().unsafeGetStorageImpl() == u.full.storage().unsafeGetStorageImpl()) continue;
+      const std::int64_t lo = std::max(p.offset, r * u.part), hi = std::min(p.offset + p.numel, (r + 1) * u.part);
+      if (lo < hi)
+        u.shard.narrow(0, lo - r * u.part, hi - lo).copy_(t.detach().reshape({-1}).narrow(0, lo - p.offset, hi - lo));
+      if (u.gathered) u.full.narrow(0, p.offset, p.numel).copy_(t.detach().reshape({-1}));
+      std::vector<std::int64_t> strides(std::size_t(t.dim()), 1);
+      for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * t.size(std::int64_t(d));
+      t.set_(u.full.storage(), u.full.storage_offset() + p.offset, t.sizes(), strides);
+    }
 }
 
 ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
@@ -244,8 +263,9 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
     std::fprintf(stderr,
                  "accel: error: accel::shard::parameters: an operator read the parameters of %s, which are sharded "
                  "(each process holds 1/N of them), outside a forward through the prepared model and its backward; "
-                 "call the prepared model itself, model(x), not model->forward(x), and read full parameters inside "
-                 "`auto full = acc.gather_parameters(model);` (every process must open it)\n",
+                 "call the prepared model itself, model(x), not model->forward(x), and read (or load) full parameters "
+                 "inside `auto full = acc.gather_parameters(model);` (every process must open it; write_back = true "
+                 "keeps what is written or loaded into them)\n",
                  names.c_str());
     std::fflush(stderr);
     std::abort();
