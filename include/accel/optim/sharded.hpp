@@ -31,6 +31,7 @@
 #include <accel/optim/state_check.hpp>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Type.h>
@@ -198,6 +199,11 @@ class ShardedOptimizer {
     std::string name;
     std::int64_t offset = 0, numel = 0;
   };
+  // Stage 3: per piece (in order) its parameter's elements, its unit's elements and the parameter's offset in the unit:
+  // what the pieces of any number of processes are cut from; saved with them and compared when loading.
+  ACCEL_DECL at::Tensor unit_layout() const;
+  // Whether `a` (described as `what`) holds pieces of the same unit layout (an error naming it if not).
+  ACCEL_DECL void check_units(torch::serialize::InputArchive& a, const std::string& what) const;
   // What a saved partition says of itself: its stage, number of processes, rank and elements of the flat space.
   ACCEL_DECL static std::array<std::int64_t, 4> layout_of(torch::serialize::InputArchive& a);
 

@@ -224,6 +224,22 @@ void fully_sharded_edges(const Args& args) {
     const at::Tensor probe = torch::randn({3, 6});
     check(at::equal(model(probe), other->forward(probe)), "a model loaded by torch::load into the gathered parameters");
   }
+  // The checkpoint into a model cut into other units: refused before anything is restored.
+  {
+    Fsdp other{accel::Options{.sharding = {.units = {"2"}}, .comm = options(60000).comm}};
+    auto m = mlp();
+    auto o = std::make_shared<torch::optim::AdamW>(m->parameters(), torch::optim::AdamWOptions(0.01));
+    auto prepared = other.prepare(m, o);
+    std::string message;
+    try {
+      other.load_state(dir);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    check(
+        message.find("mismatched units") != std::string::npos && message.find("Options::sharding") != std::string::npos,
+        "a checkpoint of other units is refused naming the fix (" + message + ")");
+  }
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
                      bool freeze_first = false) {

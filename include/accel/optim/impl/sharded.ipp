@@ -165,6 +165,7 @@ ACCEL_DECL void ShardedOptimizer::save(torch::serialize::OutputArchive& a) const
   a.write("zero_processes", c10::IValue(std::int64_t(processes())));
   a.write("zero_rank", c10::IValue(std::int64_t(rank())));
   a.write("zero_total", c10::IValue(total_));
+  if (stage_ == 3) a.write("zero_units", unit_layout());  // what the pieces were cut from
   torch::serialize::OutputArchive inner(a.compilation_unit());
   inner_->save(inner);
   a.write("partition", inner);
@@ -197,6 +198,7 @@ ACCEL_DECL void ShardedOptimizer::check_resharded(std::vector<torch::serialize::
                             "'s partition of " + std::to_string(procs) + " processes over " + std::to_string(total) +
                             " elements, this optimizer has " + std::to_string(total_) +
                             "; resume with the same model and optimizer");
+    if (stage_ == 3) check_units(parts[k], "partition file " + std::to_string(k));
   }
 }
 
@@ -210,6 +212,7 @@ ACCEL_DECL void ShardedOptimizer::check(torch::serialize::InputArchive& a) const
                           std::to_string(total) + " elements, this is rank " + std::to_string(rank()) + " of " +
                           std::to_string(processes()) + " over " + std::to_string(total_) +
                           "; resume with the same number of processes and the same optimizer");
+  if (stage_ == 3) check_units(a, "the checkpoint");
   // The partition's state itself, as an optimizer over this rank's shards holds it once loaded (Note [An
   // optimizer's state from elsewhere]): loaded into the inner optimizer, checked, and the inner optimizer's own
   // put back.
@@ -218,6 +221,31 @@ ACCEL_DECL void ShardedOptimizer::check(torch::serialize::InputArchive& a) const
   a.read("partition", part);
   const auto what = load_and_check(*inner_, part, /*keep=*/false);
   if (!what.empty()) throw InvalidArgument("optimizer partition: " + what);
+}
+
+ACCEL_DECL at::Tensor ShardedOptimizer::unit_layout() const {
+  at::Tensor t = at::empty({std::int64_t(pieces_.size()), 3}, at::TensorOptions().dtype(at::kLong));
+  auto v = t.accessor<std::int64_t, 2>();
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    v[std::int64_t(i)][0] = pieces_[i].param.numel();
+    v[std::int64_t(i)][1] = pieces_[i].unit_total;
+    v[std::int64_t(i)][2] = pieces_[i].offset;
+  }
+  return t;
+}
+
+ACCEL_DECL void ShardedOptimizer::check_units(torch::serialize::InputArchive& a, const std::string& what) const {
+  at::Tensor saved;
+  const bool has = a.try_read("zero_units", saved);
+  if (has && saved.scalar_type() == at::kLong && saved.dim() == 2 && saved.layout() == at::kStrided &&
+      at::equal(saved.cpu().contiguous(), unit_layout()))
+    return;
+  throw InvalidArgument(
+      "accel::ShardedOptimizer: mismatched units: " + what +
+      " holds the optimizer pieces of a model cut into other "
+      "units (or other parameters) than this one, " +
+      (has ? std::string("so its state would land on other elements") : std::string("and records no unit layout")) +
+      "; resume with the same model and the same Options::sharding (units, min_num_params, unit_if)");
 }
 
 ACCEL_DECL std::array<std::int64_t, 4> ShardedOptimizer::layout_of(torch::serialize::InputArchive& a) {
