@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Edit-compile time of a user's training loop: the README's first example, recompiled after an edit.
 
-Compiles (g++ -O2 -std=c++20, the project's include directories and definitions, no ccache) the first ```cpp block
+Compiles (g++ -O2 -std=c++20 unless --opt, the project's include directories and definitions, no ccache) the first ```cpp block
 of README.md (the training loop a user starts from) after an edit (a line appended, so nothing is reused but what the
 variant keeps on purpose), in interleaved rounds (A, B, C, ... A, B, C, ...: the machine may be shared and noisy):
 
@@ -19,7 +19,8 @@ Records user seconds (getrusage of the compiler) and wall seconds of each compil
 round. Writes a JSON list of {"name", "accel_seconds" (min user s), "baseline", "baseline_seconds" (torch.h's min),
 "ratio" (median over the rounds of the round's ratio to torch.h), "ratio_min" (min/min), "wall_min", "rounds", "one_time", "load_average"}.
 
-    edit_compile.py FLAGS_FILE OUT.json [--rounds N]
+    edit_compile.py FLAGS_FILE OUT.json [--rounds N] [--opt -O0]
+--opt: the optimisation level of every compile (-O2 by default; -O0 is a debug build's edit loop).
 FLAGS_FILE: one flag per line (build/tests/fail_torch_flags.txt: -isystem dirs and -D definitions of the tests).
 """
 import json
@@ -57,7 +58,8 @@ def main() -> int:
     flags_file, out = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
     flags = [l.strip() for l in open(flags_file) if l.strip()]
-    base = ["g++", "-std=c++20", "-O2", f"-I{ROOT}/include"] + flags
+    opt = sys.argv[sys.argv.index("--opt") + 1] if "--opt" in sys.argv else "-O2"
+    base = ["g++", "-std=c++20", opt, f"-I{ROOT}/include"] + flags
     example = readme_example()
     with tempfile.TemporaryDirectory() as d:
         once = {}
@@ -105,7 +107,8 @@ def main() -> int:
         if name == "torch.h":
             continue
         per_round = [x["user"] / t["user"] for x, t in zip(runs, torch)]
-        entries.append({"name": "edit_compile_readme_" + name.replace(" + ", "_").replace("-", "_"),
+        suffix = "" if opt == "-O2" else "_" + opt.lstrip("-")
+        entries.append({"name": "edit_compile_readme_" + name.replace(" + ", "_").replace("-", "_") + suffix,
                         "accel_seconds": min(x["user"] for x in runs), "baseline": "torch.h alone",
                         "baseline_seconds": min(t["user"] for t in torch), "ratio": statistics.median(per_round),
                         "ratio_min": min(x["user"] for x in runs) / min(t["user"] for t in torch),
