@@ -42,7 +42,9 @@ class AccelConan(ConanFile):
         cmake_dir = os.path.join(self.package_folder, "lib", "cmake", "accel")
         copy(self, "accelDependencies.cmake", os.path.join(self.source_folder, "cmake"), cmake_dir)
         # The build module does on the consumer's side what the installed accelConfig.cmake does: find LibTorch
-        # (its pip wheel needs link fixes), range-v3, Boost.Hana and nlohmann_json, and set ACCEL_WITH_CUDA from the option.
+        # (its pip wheel needs link fixes), range-v3, Boost.Hana and nlohmann_json, and set ACCEL_WITH_CUDA from the option;
+        # accelDependencies.cmake also defines the helpers accel_add_separate_library and
+        # accel_target_precompile_headers, so a Conan consumer has them as an installed one does.
         # One module per value of with_cuda, chosen in package_info: the package of a header library is the same for
         # both (auto_header_only clears the options from its id), so the option must not be written into it.
         for name, value in (("accel-conan-cuda.cmake", "ON"), ("accel-conan-cpu.cmake", "OFF")):

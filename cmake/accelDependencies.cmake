@@ -138,4 +138,68 @@ function(accel_add_separate_library name)
   add_library(${name} STATIC "${_src}")
   target_link_libraries(${name} PUBLIC accel::accel)
   target_compile_definitions(${name} PUBLIC ACCEL_SEPARATE_COMPILATION)
+  # <accel/src.hpp> must come first in its translation unit: never behind a precompiled header.
+  set_source_files_properties("${_src}" TARGET_DIRECTORY ${name} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  set_target_properties(${name} PROPERTIES ACCEL_SEPARATE_LIBRARY ON)
+endfunction()
+
+# accel_target_precompile_headers(<target> [PRIVATE|PUBLIC|INTERFACE]): precompiles <torch/torch.h> and
+# <accel/accel.hpp> once for <target> (target_precompile_headers; PRIVATE by default), so that an edit of one of its
+# sources recompiles only that source's own code (benchmarks/README.md, "Edit-compile time"). The header is compiled
+# with <target>'s own definitions and flags, so it is in the target's mode: header-only, or
+# ACCEL_SEPARATE_COMPILATION when the target links a library of accel_add_separate_library (then define
+# ACCEL_SEPARATE_COMPILATION through CMake as that library does, never by a #define in a source file, which would
+# come after the precompiled header). A precompiled header is included before each source's first line: a source
+# that must not have it takes the source property SKIP_PRECOMPILE_HEADERS. When the target compiles through ccache
+# (CMAKE_CXX_COMPILER_LAUNCHER or the target's CXX_COMPILER_LAUNCHER), its launcher runs ccache with
+# CCACHE_SLOPPINESS set to ccache's configured sloppiness plus pch_defines,time_macros,include_file_mtime,
+# include_file_ctime, which ccache needs to cache compilations that use a precompiled header; other targets keep
+# ccache's settings.
+function(accel_target_precompile_headers target)
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "accel_target_precompile_headers: no target '${target}' (call it after add_executable/add_library)")
+  endif()
+  set(scope PRIVATE)
+  if(ARGC GREATER 2 OR (ARGC EQUAL 2 AND NOT ARGV1 MATCHES "^(PRIVATE|PUBLIC|INTERFACE)$"))
+    message(FATAL_ERROR "accel_target_precompile_headers(${ARGV}): expected a target and at most one of PRIVATE, "
+                        "PUBLIC, INTERFACE")
+  elseif(ARGC EQUAL 2)
+    set(scope ${ARGV1})
+  endif()
+  get_target_property(_separate ${target} ACCEL_SEPARATE_LIBRARY)
+  if(_separate)
+    message(FATAL_ERROR "accel_target_precompile_headers(${target}): '${target}' is a library of "
+                        "accel_add_separate_library, whose one source includes <accel/src.hpp> first; call it on the "
+                        "targets that link '${target}' instead")
+  endif()
+  get_target_property(_done ${target} ACCEL_PRECOMPILED_HEADERS)
+  if(_done)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES ACCEL_PRECOMPILED_HEADERS ON)
+  target_precompile_headers(${target} ${scope} <torch/torch.h> <accel/accel.hpp>)
+  if(scope STREQUAL "INTERFACE")
+    return()  # the targets that link it compile the header, with their own launcher
+  endif()
+  get_target_property(_launcher ${target} CXX_COMPILER_LAUNCHER)
+  if(NOT _launcher)
+    return()
+  endif()
+  list(GET _launcher 0 _ccache)
+  get_filename_component(_name "${_ccache}" NAME)
+  if(NOT _name MATCHES "^ccache")
+    return()
+  endif()
+  execute_process(COMMAND "${_ccache}" --get-config sloppiness OUTPUT_VARIABLE _sloppiness
+                  OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    set(_sloppiness "")
+  endif()
+  string(REPLACE "," ";" _sloppiness "${_sloppiness}")
+  list(APPEND _sloppiness pch_defines time_macros include_file_mtime include_file_ctime)
+  list(FILTER _sloppiness EXCLUDE REGEX "^ *$")
+  list(REMOVE_DUPLICATES _sloppiness)
+  list(JOIN _sloppiness "," _sloppiness)
+  set_target_properties(${target} PROPERTIES
+    CXX_COMPILER_LAUNCHER "${CMAKE_COMMAND};-E;env;CCACHE_SLOPPINESS=${_sloppiness};${_launcher}")
 endfunction()

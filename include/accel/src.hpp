@@ -26,6 +26,11 @@ template Metadata read_safetensors_metadata<void>(const std::filesystem::path&);
 template void write_safetensors<void>(const std::filesystem::path&, const TensorMap&, const Metadata&);
 template ShardPlan save_model<void>(const torch::nn::Module&, const std::filesystem::path&, const SaveModelOptions&);
 template void load_model<void>(torch::nn::Module&, const std::filesystem::path&, const LoadModelOptions&);
+template ShardPlan save_safetensors_sharded<void>(const NamedTensors&, const std::filesystem::path&,
+                                                  const SaveShardedOptions&);
+template ShardPlan save_safetensors_sharded<void>(const TensorMap&, const std::filesystem::path&,
+                                                  const SaveShardedOptions&);
+template TensorMap load_safetensors_sharded<void>(const std::filesystem::path&, const std::string&);
 }  // namespace accel::checkpoint
 
 #endif

@@ -659,3 +659,34 @@ TEST_CASE("hostile files: a model's safetensors file (save_model's, through load
   });
   fs::remove_all(dir);
 }
+
+TEST_CASE(
+    "hostile files: a sharded safetensors directory (its index, then a shard) read whole by "
+    "load_safetensors_sharded",
+    "[fuzz][safetensors]") {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("accel_fuzz_safetensors_dir_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto [model, opt] = trained();
+  const auto plan =
+      accel::checkpoint::save_safetensors_sharded(accel::checkpoint::model_state(*model), dir, {.max_shard_size = 64});
+  REQUIRE(plan.files.size() >= 3);
+  auto bytes = [&](const std::string& name) {
+    std::ifstream in(dir / name, std::ios::binary);
+    return Bytes(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string index = accel::checkpoint::safe_weights_index_name, shard = plan.files[1].first;
+  const auto index_bytes = bytes(index), shard_bytes = bytes(shard);
+  // The index is JSON (no size fields); a shard's header length is its size field.
+  mutate::Format i{"model.safetensors.index.json", index_bytes, {}, {}, {}, {}};
+  campaign(i, (dir / index).string(),
+           [&](std::span<const std::uint8_t> b) { readers::safetensors_dir(b, dir, index); });
+  std::ofstream(dir / index, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(index_bytes.data()), std::streamsize(index_bytes.size()));
+  mutate::Format s{
+      shard, shard_bytes, {}, {}, [](std::span<const std::uint8_t>) {
+                     return std::vector<mutate::Field>{{0, 8}}; }, {}};
+  campaign(s, (dir / shard).string(),
+           [&](std::span<const std::uint8_t> b) { readers::safetensors_dir(b, dir, shard); });
+  fs::remove_all(dir);
+}

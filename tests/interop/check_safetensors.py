@@ -10,16 +10,24 @@
   byte-identical;
 - Accelerate's save_model (sharded with max_shard_size="1KB", and whole) is loaded by accel into the same
   network, which accel's save_model writes again: the same file names, index and bytes as Accelerate's; the
-  sharded copy loads back in Python (accelerate's load_checkpoint_in_model) equal to the model.
+  sharded copy loads back in Python (accelerate's load_checkpoint_in_model) equal to the model;
+- a map of names to tensors (no module) saved by accel's save_safetensors_sharded, sharded and whole, with a tied
+  weight: the same files, byte for byte, as Accelerate's save_model recipe writes for the same dict (sorted by name:
+  clean_state_dict_for_safetensors, huggingface_hub's split_torch_state_dict_into_shards, save_file, the index);
+  the same shards as huggingface_hub's save_torch_state_dict (its index is the same JSON, without the final
+  newline); and those directories read back whole by load_safetensors_sharded.
 Prints "N passed, M failed"; exits 1 on any failure.
 """
 import json
+import logging
 import os
+import shutil
 import subprocess
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import load_checkpoint_in_model
+from accelerate.utils import clean_state_dict_for_safetensors, load_checkpoint_in_model
+from huggingface_hub import save_torch_state_dict, split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -117,5 +125,63 @@ for name, t in model.state_dict().items():
     check(same(other.state_dict()[name], t), f"{name} after loading accel's shards in PyTorch")
 index = json.loads((work / "accel_sharded" / "model.safetensors.index.json").read_text())
 check(sorted(index["weight_map"]) == sorted(model.state_dict()), "the index names every tensor")
+
+# ---- a map without a module: save_safetensors_sharded and load_safetensors_sharded --------------------------------
+g = torch.Generator().manual_seed(11)
+state = {"embed.weight": torch.randn(40, 8, generator=g), "head.bias": torch.randn(40, generator=g).half(),
+         "layers.0.weight": torch.randn(16, 8, generator=g).bfloat16(), "layers.1.weight": torch.randn(300, generator=g),
+         "norm.steps": torch.tensor(12), "mask": torch.randn(64, generator=g) > 0, "empty": torch.empty(0, 5),
+         "zeta.scale": torch.randn(3, generator=g).double()}
+save_file(state, work / "map.safetensors")
+
+
+def accelerate_recipe(tensors, out, max_shard_size):
+    """What Accelerator.save_model does with a state_dict (accelerator.py), for a dict."""
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # its warning of the tie, expected here
+    tensors = clean_state_dict_for_safetensors(dict(tensors))
+    split = split_torch_state_dict_into_shards(tensors, filename_pattern="model{suffix}.safetensors",
+                                               max_shard_size=max_shard_size)
+    out.mkdir(parents=True)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({n: tensors[n] for n in names}, out / filename, metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+ordered = dict(sorted(state.items()))  # a TensorMap's order
+tied = dict(ordered)
+tied["unembed.weight"] = tied["embed.weight"]  # shares storage: saved once, under the first name
+tied = dict(sorted(tied.items()))
+for size in ("1KB", "10GB"):
+    ours, theirs, hub = work / f"map_accel_{size}", work / f"map_python_{size}", work / f"map_hub_{size}"
+    for d in (ours, theirs, hub, work / f"map_accel_untied_{size}"):
+        shutil.rmtree(d, ignore_errors=True)
+    hub.mkdir(parents=True)
+    run("map-save", work / "map.safetensors", ours, size, "embed.weight", "unembed.weight")
+    accelerate_recipe(tied, theirs, size)
+    a, b = tree(ours), tree(theirs)
+    check(list(a) == list(b), f"{ours.name} holds {list(a)}, the Python recipe {list(b)}")
+    check(size == "10GB" or len(a) > 3, f"{ours.name} is not sharded: {list(a)}")
+    for f in b:
+        check(a.get(f) == b[f], f"{ours.name}/{f} differs from Python's")
+    # huggingface_hub's save_torch_state_dict (no tie: it keeps another name of a tied pair): the same shards.
+    run("map-save", work / "map.safetensors", work / f"map_accel_untied_{size}", size)
+    save_torch_state_dict(ordered, hub, max_shard_size=size)
+    a, b = tree(work / f"map_accel_untied_{size}"), tree(hub)
+    check(list(a) == list(b), f"untied {size}: accel wrote {list(a)}, huggingface_hub {list(b)}")
+    for f in b:
+        if f.endswith(".index.json"):
+            check(json.loads(a.get(f, b"null")) == json.loads(b[f]), f"the index differs from huggingface_hub's ({size})")
+        else:
+            check(a.get(f) == b[f], f"untied {size}: {f} differs from huggingface_hub's")
+    # Read back whole, from accel's directory and from huggingface_hub's.
+    for src in (ours, hub):
+        run("map-load", src, work / f"{src.name}.whole.safetensors")
+        back = load_file(work / f"{src.name}.whole.safetensors")
+        want = {k: v for k, v in ordered.items()}
+        check(sorted(back) == sorted(want), f"{src.name} read back holds {sorted(back)}")
+        for name, t in want.items():
+            check(name in back and same(back[name], t), f"{src.name}: tensor {name} read back")
 
 finish()

@@ -4,6 +4,9 @@
 //   same) copy SRC DST                  read_safetensors(SRC), then write_safetensors(DST) with SRC's metadata
 //   load-save SRC DST MAX_SHARD   load_model(net, SRC) then save_model(net, DST, MAX_SHARD) for the network of
 //                                 check_safetensors.py (its Accelerate save_model output is SRC)
+//   map-save SRC DST MAX_SHARD [FROM TO]  save_safetensors_sharded(read_safetensors(SRC), DST, MAX_SHARD), with
+//                                 tensor TO, if given, sharing FROM's storage (a tied weight)
+//   map-load SRC DST              write_safetensors(DST, load_safetensors_sharded(SRC))
 //   track DIR                     a run of every tracker: init_trackers, 10 log calls, end_training
 //   track-resume DIR              the same run twice: in DIR/straight uninterrupted, in DIR/resumed stopped after a
 //                                 checkpoint (save_state after step 105, then 106..109 logged, no end_training) and
@@ -113,13 +116,19 @@ int main(int argc, char** argv) {
       auto n = net();
       ck::load_model(*n, argv[2]);
       ck::save_model(*n, argv[3], {.max_shard_size = ck::parse_size(argv[4])});
+    } else if (mode == "map-save" && (argc == 5 || argc == 7)) {
+      auto tensors = ck::read_safetensors(argv[2]);
+      if (argc == 7) tensors[argv[6]] = tensors.at(argv[5]);
+      ck::save_safetensors_sharded(tensors, argv[3], {.max_shard_size = ck::parse_size(argv[4])});
+    } else if (mode == "map-load" && argc == 4) {
+      ck::write_safetensors(argv[3], ck::load_safetensors_sharded(argv[2]));
     } else if (mode == "track" && argc == 3) {
       track(argv[2]);
     } else if (mode == "track-resume" && argc == 3) {
       track_resume(argv[2]);
     } else {
-      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | track DIR | "
-                   "track-resume DIR\n";
+      std::cerr << "usage: accel_interop_tests write FILE | copy SRC DST | load-save SRC DST MAX_SHARD | "
+                   "map-save SRC DST MAX_SHARD [FROM TO] | map-load SRC DST | track DIR | track-resume DIR\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -27,3 +27,5 @@ fi
 grep -q "ACCEL_WITH_CUDA=OFF; ACCEL_CPU_ONLY=ON" "$log"
 grep "accel test_package:" "$log"
 grep -q "ACCEL_WITH_CUDA=0" "$log"
+# The package's accel_target_precompile_headers (test_package/CMakeLists.txt) precompiled the header for the program.
+grep -q "cmake_pch.hxx.gch" "$log"

@@ -6,6 +6,7 @@
 #include <accel/checkpoint/archive.hpp>
 #include <accel/checkpoint/format.hpp>
 #include <accel/checkpoint/manifest.hpp>
+#include <accel/checkpoint/safetensors.hpp>
 #include <accel/core/generator_state.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,7 +15,10 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -47,6 +51,23 @@ inline void model(Bytes b, const std::string& path, torch::nn::Module& target) {
 //! accel-plan's golden file: read, then every case recomputed; returns the cases that passed.
 inline std::size_t golden(Bytes b, const std::string& path) {
   return accel_plan::check_golden(accel_plan::read_golden(text(b), path), path).passed;
+}
+
+//! A safetensors checkpoint directory read whole (load_safetensors_sharded: the index, then every shard), its file
+//! `name` (the index or a shard) replaced by `b`. A refusal must name a file of the directory (a damaged index may
+//! be refused by the shard it now misnames); it becomes the FileError of the file changed. Returns the tensors read.
+inline std::size_t safetensors_dir(Bytes b, const std::filesystem::path& dir, const std::string& name) {
+  const auto path = dir / name;
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+  try {
+    return accel::checkpoint::load_safetensors_sharded(dir).size();
+  } catch (const accel::checkpoint::SafetensorsError& e) {
+    const std::string what = e.what();
+    if (what.rfind("accel: " + dir.string() + "/", 0) != 0)
+      throw std::runtime_error("a SafetensorsError naming no file of the checkpoint: " + what);
+    throw accel::FileError(path.string(), what);
+  }
 }
 
 }  // namespace readers

@@ -23,12 +23,12 @@
 //!   (tracking/jsonl.hpp, csv.hpp, tensorboard.hpp);
 //! - the JSON function templates (Note [JSON at the call site]): `read_header` (checkpoint/safetensors_format.hpp;
 //!   checkpoint/impl/safetensors_format.ipp), `read_safetensors`, `read_safetensors_metadata`, `write_safetensors`
-//!   (safetensors_file.hpp; impl/safetensors_file.ipp), `save_model`, `load_model` (safetensors.hpp;
-//!   impl/safetensors.ipp): nlohmann-json;
+//!   (safetensors_file.hpp; impl/safetensors_file.ipp), `save_model`, `load_model`, `save_safetensors_sharded`,
+//!   `load_safetensors_sharded` (safetensors.hpp; impl/safetensors.ipp): nlohmann-json;
 //! - and, for their cost alone (no heavy header, but g++'s work in every translation unit: 72 MB of its 2,000,
 //!   measured one header at a time; benchmarks/README.md, "Separate compilation"): `Checkpointer::save`, `load`
 //!   (checkpoint/impl/checkpointer.ipp), `RandomSampler::next_epoch`, `settle` (data/impl/sampler.ipp, std::async),
-//!   `parse_size`, `model_state`, `plan_shards` (checkpoint/impl/safetensors.ipp), `check_pickle`
+//!   `parse_size`, `unique_storages`, `model_state`, `plan_shards` (checkpoint/impl/safetensors.ipp), `check_pickle`
 //!   (checkpoint/impl/pickle.ipp), `check_zip`, `check_layout`, `check_module` (checkpoint/impl/archive.ipp),
 //!   `read_meta`, `parse_process_record`, `read_process_record` (checkpoint/impl/format.ipp), ShardedOptimizer's
 //!   members (optim/impl/sharded.ipp) and PartitionReducer's (model/impl/partition_reducer.ipp).

@@ -18,7 +18,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 namespace ck = accel::checkpoint;
@@ -260,4 +262,152 @@ TEST_CASE("safetensors: every kind of bad file is one error naming the file and 
   std::ofstream(dir / "idx" / ck::safe_weights_index_name) << index.dump();
   CHECK_THROWS_WITH(ck::load_model(*net, dir / "idx"), Catch::Contains("model-00009-of-00009.safetensors: is missing"));
   CHECK_THROWS_WITH(ck::load_model(*net, dir / "nowhere"), Catch::Contains("nowhere does not exist"));
+}
+
+namespace {
+
+//! Every file of `dir` by name, with its bytes.
+std::map<std::string, std::string> tree(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = bytes_of(e.path());
+  return out;
+}
+
+//! The message of the SafetensorsError that load_safetensors_sharded(p) raises ("" if none).
+std::string load_error(const fs::path& p) {
+  try {
+    (void)ck::load_safetensors_sharded(p);
+  } catch (const ck::SafetensorsError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: a map saved sharded or whole is the module's files, and a directory loads into one map",
+          "[safetensors]") {
+  const auto dir = scratch("maps");
+  at::manual_seed(5);
+  auto net = small_net();
+  // The map path and the module path write the same bytes for the same state (one implementation).
+  const auto state = ck::model_state(*net);
+  for (const std::int64_t limit : {std::int64_t(100), ck::default_max_shard_size}) {
+    INFO(limit);
+    const auto sub = std::to_string(limit);
+    const auto a = ck::save_model(*net, dir / ("module" + sub), {.max_shard_size = limit});
+    const auto b = ck::save_safetensors_sharded(state, dir / ("map" + sub), {.max_shard_size = limit});
+    CHECK(a.files == b.files);
+    CHECK(tree(dir / ("module" + sub)) == tree(dir / ("map" + sub)));
+    const auto back = ck::load_safetensors_sharded(dir / ("map" + sub));
+    REQUIRE(back.size() == state.size());
+    for (const auto& [name, t] : state) {
+      INFO(name);
+      CHECK(same_bytes(back.at(name), t));
+    }
+  }
+  // The index file, a shard alone and a single file are paths too.
+  CHECK(ck::load_safetensors_sharded(dir / "map100" / ck::safe_weights_index_name).size() == state.size());
+  const auto first = ck::plan_shards(state, 100).files.front();  // model-00001-of-00005.safetensors
+  CHECK(ck::load_safetensors_sharded(dir / "map100" / first.first).size() == first.second.size());
+  CHECK(ck::load_safetensors_sharded(dir / ("map" + std::to_string(ck::default_max_shard_size)) / "model.safetensors")
+            .size() == state.size());
+
+  // A TensorMap splits in name order; storage shared with an earlier name is saved once, under that name.
+  const auto w = at::randn({4, 4});
+  ck::TensorMap tied{{"a.weight", w}, {"b.weight", w}, {"c.bias", at::randn({30})}, {"d", at::zeros({0})}};
+  const auto plan = ck::save_safetensors_sharded(tied, dir / "tied", {.max_shard_size = 100});
+  REQUIRE(plan.files.size() == 2);
+  CHECK(plan.files[0].second == std::vector<std::string>{"c.bias"});  // over the limit: a shard of its own, now
+  CHECK(plan.files[1].second == std::vector<std::string>{"a.weight", "d"});
+  CHECK(plan.total_size == 64 + 120);
+  const auto loaded = ck::load_safetensors_sharded(dir / "tied");
+  CHECK(loaded.size() == 3);
+  CHECK_FALSE(loaded.contains("b.weight"));
+  CHECK(same_bytes(loaded.at("a.weight"), w));
+
+  // Another weights_name: its own shards and index, and a save of it leaves model.* alone.
+  ck::save_safetensors_sharded(tied, dir / "tied", {.max_shard_size = 100, .weights_name = "adapter.safetensors"});
+  std::vector<std::string> names;
+  for (const auto& [f, bytes] : tree(dir / "tied")) names.push_back(f);
+  CHECK(names == std::vector<std::string>{"adapter-00001-of-00002.safetensors", "adapter-00002-of-00002.safetensors",
+                                          "adapter.safetensors.index.json", "model-00001-of-00002.safetensors",
+                                          "model-00002-of-00002.safetensors", "model.safetensors.index.json"});
+  CHECK(ck::load_safetensors_sharded(dir / "tied", "adapter.safetensors").size() == 3);
+  ck::save_safetensors_sharded(tied, dir / "tied", {.weights_name = "adapter.safetensors"});
+  CHECK(fs::exists(dir / "tied" / "adapter.safetensors"));
+  CHECK_FALSE(fs::exists(dir / "tied" / "adapter.safetensors.index.json"));
+  CHECK(fs::exists(dir / "tied" / ck::safe_weights_index_name));
+  CHECK_THAT(load_error(dir / "nothing_here"), Catch::Contains("nothing_here does not exist"));
+  fs::create_directories(dir / "empty");
+  CHECK_THAT(load_error(dir / "empty"),
+             Catch::Contains("holds neither model.safetensors nor model.safetensors.index.json"));
+  CHECK_THROWS_WITH(ck::save_safetensors_sharded(tied, dir / "x", {.weights_name = "../model.safetensors"}),
+                    Catch::Contains("must be a file name <stem>.safetensors"));
+  CHECK_THROWS_WITH(ck::save_safetensors_sharded(ck::TensorMap{}, dir / "x"), Catch::Contains("nothing to save"));
+  CHECK_THROWS_WITH(ck::save_safetensors_sharded(ck::NamedTensors{{"a", w}, {"a", w}}, dir / "x"),
+                    Catch::Contains("tensor 'a' is named twice"));
+}
+
+TEST_CASE("safetensors: a directory whose index and shards disagree is refused naming the file and the fix",
+          "[safetensors]") {
+  const auto dir = scratch("forged");
+  ck::TensorMap map{{"a", at::randn({10})}, {"b", at::randn({10})}, {"c", at::randn({10})}, {"d", at::randn({10})}};
+  const std::string one = "model-00001-of-00002.safetensors", two = "model-00002-of-00002.safetensors";
+  auto fresh = [&](const std::string& name) {  // [a b] in one, [c d] in two
+    ck::save_safetensors_sharded(map, dir / name, {.max_shard_size = 80});
+    return nlohmann::json::parse(std::ifstream(dir / name / ck::safe_weights_index_name));
+  };
+  auto rewrite = [&](const std::string& name, const nlohmann::json& index) {
+    std::ofstream(dir / name / ck::safe_weights_index_name) << index.dump();
+    return load_error(dir / name);
+  };
+  // A shard outside the directory, however spelled.
+  ck::write_safetensors(dir / "outside.safetensors", {{"a", at::zeros({10})}});
+  for (const std::string bad : {"../outside.safetensors", "/abs/outside.safetensors", "..", "sub/x.safetensors",
+                                "..\\outside.safetensors", ""}) {
+    INFO(bad);
+    auto index = fresh("out");
+    index["weight_map"]["a"] = bad;
+    CHECK_THAT(rewrite("out", index),
+               Catch::Contains("model.safetensors.index.json: weight_map[\"a\"] is '" + bad + "'") &&
+                   Catch::Contains("a shard must be a file beside the index"));
+  }
+  // A tensor the index names that no shard holds.
+  auto index = fresh("missing");
+  index["weight_map"]["z"] = one;
+  CHECK_THAT(rewrite("missing", index), Catch::Contains(one + ": the index names tensor 'z' in this file, which does "
+                                                              "not hold it (nor does any other shard)"));
+  // A tensor named in one shard, held by the other.
+  index["weight_map"].erase("z");
+  index["weight_map"]["a"] = two;
+  CHECK_THAT(rewrite("missing", index),
+             Catch::Contains(two + ": the index names tensor 'a' in this file, which does not hold it (") &&
+                 Catch::Contains(one + " does)"));
+  // A shard holding a tensor the index does not name.
+  index = fresh("extra");
+  index["weight_map"].erase("b");
+  CHECK_THAT(rewrite("extra", index),
+             Catch::Contains(one + ": holds tensor 'b', which the index") && Catch::Contains("does not name"));
+  // The same name in two shards.
+  fresh("twice");
+  ck::write_safetensors(dir / "twice" / two, {{"a", at::zeros({10})}, {"c", at::zeros({10})}});
+  CHECK_THAT(load_error(dir / "twice"), Catch::Contains(two + ": tensor 'a' is also in") &&
+                                            Catch::Contains(one + " (a name may be in one file only"));
+  // A shard gone, an index that is not one, an empty weight_map, a damaged shard.
+  fresh("gone");
+  fs::remove(dir / "gone" / two);
+  CHECK_THAT(load_error(dir / "gone"), Catch::Contains(two + ": is missing (named by"));
+  CHECK_THAT(rewrite("gone", nlohmann::json::array()), Catch::Contains("the index has no \"weight_map\" object"));
+  CHECK_THAT(rewrite("gone", {{"weight_map", nlohmann::json::object()}}),
+             Catch::Contains("the index's weight_map names no tensor"));
+  fresh("cut");
+  fs::resize_file(dir / "cut" / two, 20);
+  CHECK_THAT(load_error(dir / "cut"), Catch::Contains(two + ": the header length is"));
+  // load_model reads through the same checks.
+  index = fresh("model");
+  index["weight_map"]["a"] = "../outside.safetensors";
+  std::ofstream(dir / "model" / ck::safe_weights_index_name) << index.dump();
+  auto net = small_net();
+  CHECK_THROWS_WITH(ck::load_model(*net, dir / "model"), Catch::Contains("a shard must be a file beside the index"));
 }
