@@ -120,6 +120,7 @@ struct SaveModelOptions {
   //! `<stem>.safetensors.index.json` (huggingface_hub's `filename_pattern` "<stem>{suffix}.safetensors").
   std::string weights_name = safe_weights_name;
 };
+//! `save_safetensors_sharded`'s settings: the same as `save_model`'s (one split rule, one naming rule).
 using SaveShardedOptions = SaveModelOptions;
 
 // [accelerate:accelerator.py Accelerator.save_model]
