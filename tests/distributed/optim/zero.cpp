@@ -17,6 +17,7 @@
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
@@ -286,6 +287,36 @@ void compressed(accel::CommHook hook, const std::string& name) {
 }
 }  // namespace
 
+// An optimizer chosen at run time (std::shared_ptr<torch::optim::Optimizer>): sharded by its dynamic type, training
+// equal to DDP's; a type ZeRO cannot shard is refused at prepare naming it.
+template <class Zero>
+void chosen_at_run_time(const std::string& name) {
+  auto ddp_net = make_net();
+  Ddp ddp{zero_options()};
+  auto [dm, dopt] = ddp.prepare(ddp_net, make_opt<torch::optim::Adam>(ddp_net, torch::optim::AdamOptions(0.01)));
+  train(ddp, dm, dopt, 0, 6);
+  auto zero_net = make_net();
+  Zero zero{zero_options()};
+  std::shared_ptr<torch::optim::Optimizer> chosen =
+      make_opt<torch::optim::Adam>(zero_net, torch::optim::AdamOptions(0.01));
+  auto [zm, zopt] = zero.prepare(zero_net, chosen);
+  check(zopt.sharded() != nullptr, name + ": a run-time optimizer is sharded");
+  train(zero, zm, zopt, 0, 6);
+  const double diff = max_diff(ddp_net, zero_net);
+  check(diff < 1e-6, name + ": training with it equals DDP's (max diff " + std::to_string(diff) + ")");
+  auto other = make_net();
+  Zero refusing{zero_options()};
+  std::shared_ptr<torch::optim::Optimizer> lbfgs = std::make_shared<torch::optim::LBFGS>(other->parameters());
+  std::string message;
+  try {
+    (void)refusing.prepare(other, lbfgs);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  check(message.find("torch::optim::LBFGS") != std::string::npos,
+        name + ": an LBFGS chosen at run time is refused naming it (" + message + ")");
+}
+
 void zero(const Args& args) {
   const std::string scratch = arg(args, 0, ".");
   std::filesystem::create_directories(scratch);
@@ -304,6 +335,8 @@ void zero(const Args& args) {
                                       scratch);
   exact<Zero2, torch::optim::Adagrad>("adagrad", torch::optim::AdagradOptions(0.1), scratch);
   two_models();
+  chosen_at_run_time<Zero1>("run-time optimizer, stage 1");
+  chosen_at_run_time<Zero2>("run-time optimizer, stage 2");
   scaled<Zero1>("grad scaler, stage 1");
   scaled<Zero2>("grad scaler, stage 2");
   compressed(accel::CommHook::fp16, "fp16 hook");
