@@ -8,7 +8,7 @@ The model: 8 x Linear(2560, 2560) with ReLU between (52,480,000 parameters), Ada
 randn rows, loss mse_loss(model(x), y), a step = forward, backward, step, zero_grad. Time: the median (and range) of
 10 steps after 2 warm-up steps, a barrier before each, `torch.set_num_threads(OMP_NUM_THREADS)` (1 unless set).
 
-Memory, per rank, measured on a second, fresh model so the timed steps run without the profiler:
+Memory, per rank, measured on a second, fresh model, in an untimed step:
 - tensor bytes: PyTorch has no CPU allocator statistics, so this process loads accel_bench_zero's own counter
   (tensor_counter.hpp, built as libaccel_bench_tensor_counter.so, argv[2]) through ctypes before any tensor is made:
   every CPU tensor allocation of the process, any thread, malloc_usable_size bytes, exactly as the C++ side counts.
