@@ -11,6 +11,15 @@
 // median step time over 20 steps after 2 warm-up steps (wait_for_everyone before each).
 // Rank 0 writes entries of build/bench/results.json to argv[1]: stage 1 and 2 against DDP, ratio = sharded / DDP
 // (bytes entries carry "unit": "bytes", "accel_bytes" and "baseline_bytes" instead of seconds).
+//
+// `--model linear52M` (2 or 4 processes): 8 x Linear(2560, 2560) with ReLU between (52,480,000 parameters, 210 MB in
+// fp32; batch 8 per process, 2 warm-up and 10 timed steps) through the three above and a fourth,
+//   full     accel::Accelerator<dist::from_env, shard::parameters>     1/N of each Linear (a unit each) per rank
+// with, per rank, the parameter bytes held (full sharding: the shards, and the most bytes of full parameters gathered
+// at once during a step, `UnitSharder::peak_gathered_bytes`), the peak resident set of a step above the one before
+// the model was built (VmHWM after a reset, for comparison with benchmarks/python_fsdp.py) and the goal: shards + peak
+// gathered <= model / N + the two largest units. Its entries carry the suffix _<N>proc_cpu_adamw_linear52M; rank 0 also
+// prints a table.
 #include "alloc_counter.hpp"
 #include "mlp.hpp"
 
@@ -25,9 +34,13 @@
 #include <torch/optim/adamw.h>
 #include <nlohmann/json.hpp>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -42,14 +55,65 @@ using accel_bench::TensorCounter;
 struct Ddp : accel::Accelerator<accel::dist::from_env> {};
 struct Zero1 : accel::Accelerator<accel::dist::from_env, accel::shard::optimizer> {};
 struct Zero2 : accel::Accelerator<accel::dist::from_env, accel::shard::gradients> {};
+struct Full : accel::Accelerator<accel::dist::from_env, accel::shard::parameters> {};
 
-constexpr std::int64_t kBatch = 32, kInputs = 1024, kHidden = 4096;
-constexpr int kWarmup = 2, kSteps = 20;
+// The model and how it is trained: `mlp8M` (the default, DDP and stages 1 and 2) or `linear52M` (all four modes).
+struct Workload {
+  std::string name;
+  std::int64_t batch, inputs;
+  int warmup, steps;
+  std::function<torch::nn::Sequential()> make;
+  bool full;  // with full sharding (each Linear a unit)
+};
 
-torch::nn::Sequential make_mlp() {
-  at::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(kInputs, kHidden), torch::nn::Tanh(),
-                               torch::nn::Linear(kHidden, kInputs));
+Workload workload(const std::string& name) {
+  if (name == "mlp8M")
+    return {name,
+            32,
+            1024,
+            2,
+            20,
+            [] {
+              at::manual_seed(3);
+              return torch::nn::Sequential(torch::nn::Linear(1024, 4096), torch::nn::Tanh(),
+                                           torch::nn::Linear(4096, 1024));
+            },
+            false};
+  if (name == "linear52M")
+    return {name,
+            8,
+            2560,
+            2,
+            10,
+            [] {
+              at::manual_seed(3);
+              torch::nn::Sequential net;
+              for (int l = 0; l < 8; ++l) {
+                net->push_back(torch::nn::Linear(2560, 2560));
+                if (l < 7) net->push_back(torch::nn::ReLU());
+              }
+              return net;
+            },
+            true};
+  throw accel::InvalidArgument("zero_bench: --model is mlp8M or linear52M, not '" + name + "'");
+}
+
+// The process's resident set: VmHWM (the peak) after `reset_rss_peak`, and VmRSS now, in bytes (Linux /proc).
+double proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return 1024.0 * std::stod(line.substr(std::strlen(key)));
+  return 0;
+}
+void reset_rss_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+// The resident set follows the live tensors only if freed blocks go back to the system: before reading it, the heap's
+// free pages are returned (malloc_trim) and, for the measured step, every block of 1 MiB or more is mmapped (unmapped
+// when freed; glibc's dynamic threshold would have put 26 MB weights on the heap after the first was freed). After
+// it, 32 MiB (where the dynamic threshold ends up) for the next mode's timed steps. python_fsdp.py does the same.
+void rss_follows_tensors(bool on) {
+  if (on) malloc_trim(0);
+  mallopt(M_MMAP_THRESHOLD, on ? 1 << 20 : 32 << 20);
 }
 
 // One rank's figures for one Accelerator (doubles: they travel in one all-reduce; every value fits exactly).
@@ -57,13 +121,45 @@ struct Figures {
   double state_bytes = 0, gradient_bytes = 0, peak_bytes = 0, resident_bytes = 0, step_seconds = 0;
   double total_numel = 0, partition_numel = 0, padding_numel = 0;
   double backward_peak_bytes = 0, step_peak_bytes = 0;  // the peak's two halves: forward + backward, step + zero_grad
-  static constexpr int kFields = 10;
+  // Parameters held between steps (full sharding: the shards), the most full parameters gathered at once during a
+  // step (full sharding), the two largest units' full bytes (the goal's allowance), the peak resident set of a step
+  // above the resident set before the model was built, and that.
+  double parameter_bytes = 0, peak_gathered_bytes = 0, two_largest_unit_bytes = 0, peak_rss_bytes = 0,
+         rss_before_bytes = 0, step_min_seconds = 0, step_max_seconds = 0;
+  static constexpr int kFields = 17;
   [[nodiscard]] std::vector<double> row() const {
-    return {state_bytes, gradient_bytes,  peak_bytes,    resident_bytes,      step_seconds,
-            total_numel, partition_numel, padding_numel, backward_peak_bytes, step_peak_bytes};
+    return {state_bytes,
+            gradient_bytes,
+            peak_bytes,
+            resident_bytes,
+            step_seconds,
+            total_numel,
+            partition_numel,
+            padding_numel,
+            backward_peak_bytes,
+            step_peak_bytes,
+            parameter_bytes,
+            peak_gathered_bytes,
+            two_largest_unit_bytes,
+            peak_rss_bytes,
+            rss_before_bytes,
+            step_min_seconds,
+            step_max_seconds};
   }
-  static Figures of(const double* r) { return {r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]}; }
+  static Figures of(const double* r) {
+    return {r[0], r[1],  r[2],  r[3],  r[4],  r[5],  r[6],  r[7], r[8],
+            r[9], r[10], r[11], r[12], r[13], r[14], r[15], r[16]};
+  }
 };
+
+// Bytes of the distinct storages behind `tensors` (parameters that alias one flat buffer count it once).
+std::int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_map<const void*, std::int64_t> storages;
+  for (const auto& t : tensors) storages.emplace(t.storage().data(), std::int64_t(t.storage().nbytes()));
+  std::int64_t n = 0;
+  for (const auto& [ptr, bytes] : storages) n += bytes;
+  return n;
+}
 
 // Bytes of the distinct storages behind the gradients of `params` (a DDP gradient is an alias of its bucket, whose
 // whole storage is counted once; a stage 2 partition's gradient is one storage).
@@ -87,17 +183,22 @@ void settle(Acc& acc) {
 }
 
 template <class Acc>
-Figures measure(Acc& acc) {
+Figures measure(Acc& acc, const Workload& w) {
   settle(acc);
   const std::int64_t before = TensorCounter::live();
   Figures f;
-  auto net = make_mlp();
+  malloc_trim(0);
+  f.rss_before_bytes = proc_status_bytes("VmRSS:");
+  auto net = w.make();
   auto [model, opt] =
       acc.prepare(net, std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4)));
+  std::shared_ptr<accel::UnitSharder> sharder;
+  if constexpr (std::is_same_v<Acc, Full>) sharder = model.distributed().sharder();
   at::manual_seed(100 + acc.process_index());
-  const at::Tensor x = at::randn({kBatch, kInputs}), y = at::randn({kBatch, kInputs});
+  const at::Tensor x = at::randn({w.batch, w.inputs}), y = at::randn({w.batch, w.inputs});
   std::vector<double> times;
-  for (int s = 0; s < kWarmup + kSteps; ++s) {
+  if (sharder) sharder->reset_peak();
+  for (int s = 0; s < w.warmup + w.steps; ++s) {
     acc.wait_for_everyone();
     const auto t0 = Clock::now();
     {
@@ -106,12 +207,17 @@ Figures measure(Acc& acc) {
       opt.step();
       opt.zero_grad();
     }
-    if (s >= kWarmup) times.push_back(seconds_since(t0));
+    if (s >= w.warmup) times.push_back(seconds_since(t0));
   }
   f.step_seconds = median(times);
+  f.step_min_seconds = *std::min_element(times.begin(), times.end());
+  f.step_max_seconds = *std::max_element(times.begin(), times.end());
+  if (sharder) f.peak_gathered_bytes = double(sharder->peak_gathered_bytes());
   // One more step, untimed, for the memory figures: the peaks of forward + backward and of step + zero_grad.
   settle(acc);
+  rss_follows_tensors(true);
   TensorCounter::reset_peak();
+  reset_rss_peak();
   {
     auto scope = acc.accumulate(model);
     acc.backward(torch::mse_loss(model(x), y));
@@ -126,14 +232,34 @@ Figures measure(Acc& acc) {
     opt.zero_grad();
     f.step_peak_bytes = double(TensorCounter::peak() - before);
   }
+  f.peak_rss_bytes = proc_status_bytes("VmHWM:") - f.rss_before_bytes;
+  rss_follows_tensors(false);
+  if (sharder) f.peak_gathered_bytes = std::max(f.peak_gathered_bytes, double(sharder->peak_gathered_bytes()));
   f.peak_bytes = std::max(f.backward_peak_bytes, f.step_peak_bytes);
   settle(acc);
   f.resident_bytes = double(TensorCounter::live() - before);
-  if (const auto& z = opt.sharded()) {
+  if (sharder) {
+    // Each unit's shard (P elements) and full size (N x P); the goal allows the two largest gathered at once.
+    std::vector<double> full;
+    std::vector<at::Tensor> shards;
+    for (const auto& u : sharder->units()) {
+      if (!u.shard.defined()) continue;
+      shards.push_back(u.shard);
+      full.push_back(double(u.part) * acc.num_processes() * double(u.shard.element_size()));
+      f.total_numel += double(u.total), f.partition_numel += double(u.part);
+    }
+    f.parameter_bytes = double(storage_bytes(shards));
+    std::sort(full.rbegin(), full.rend());
+    for (std::size_t k = 0; k < full.size() && k < 2; ++k) f.two_largest_unit_bytes += full[k];
+    f.padding_numel = f.partition_numel * acc.num_processes() - f.total_numel;
+    f.state_bytes = double(opt.sharded()->state_bytes());
+  } else if (const auto& z = opt.sharded()) {
+    f.parameter_bytes = double(storage_bytes(net->parameters()));
     f.state_bytes = double(z->state_bytes());
     f.total_numel = double(z->total_numel()), f.partition_numel = double(z->partition_numel()),
     f.padding_numel = double(z->padding_numel());
   } else {
+    f.parameter_bytes = double(storage_bytes(net->parameters()));
     f.state_bytes = double(accel::optimizer_state_bytes(opt.inner()));
     for (const auto& p : net->parameters()) f.total_numel += double(p.numel());
     f.partition_numel = f.total_numel;
@@ -155,18 +281,33 @@ std::vector<Figures> per_rank(accel::comm::Communicator* comm, const Figures& mi
 
 int main(int argc, char** argv) try {
   accel_bench::count_tensor_bytes();
-  const std::string out_path = argc > 1 ? argv[1] : "zero.json";
-  // All three live for the whole run (as one rendezvous each); each measurement frees its model and optimizer.
+  std::string out_path = "zero.json", model_name = "mlp8M";
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--model" && a + 1 < argc)
+      model_name = argv[++a];
+    else
+      out_path = arg;
+  }
+  const Workload w = workload(model_name);
+  // All of them live for the whole run (as one rendezvous each); each measurement frees its model and optimizer.
   Ddp ddp;
   Zero1 zero1;
   Zero2 zero2;
+  std::optional<Full> full;
+  if (w.full) {
+    std::vector<std::string> units;
+    for (int l = 0; l < 8; ++l) units.push_back(std::to_string(2 * l));  // each Linear
+    full.emplace(accel::Options{.sharding = {.units = units}});
+  }
   const int ranks = ddp.num_processes(), rank = ddp.process_index();
   if (ranks < 2) throw accel::InvalidArgument("zero_bench: run it under accel-launch --nproc-per-node 2");
-  const char* modes[] = {"ddp", "zero1", "zero2"};
+  const char* modes[] = {"ddp", "zero1", "zero2", "full"};
   std::vector<std::vector<Figures>> all;  // [mode][rank]
-  all.push_back(per_rank(ddp.comm(), measure(ddp), rank, ranks));
-  all.push_back(per_rank(ddp.comm(), measure(zero1), rank, ranks));
-  all.push_back(per_rank(ddp.comm(), measure(zero2), rank, ranks));
+  all.push_back(per_rank(ddp.comm(), measure(ddp, w), rank, ranks));
+  all.push_back(per_rank(ddp.comm(), measure(zero1, w), rank, ranks));
+  all.push_back(per_rank(ddp.comm(), measure(zero2, w), rank, ranks));
+  if (full) all.push_back(per_rank(ddp.comm(), measure(*full, w), rank, ranks));
   if (rank == 0) {
     for (std::size_t m = 0; m < all.size(); ++m)
       for (int r = 0; r < ranks; ++r) {
@@ -191,6 +332,8 @@ int main(int argc, char** argv) try {
     };
     auto bytes_of = [](const std::vector<double>& v) { return std::vector<std::int64_t>(v.begin(), v.end()); };
     const std::string baseline = "accel DDP (unsharded)";
+    // The default run keeps its names; the linear52M run names the processes and the model in each entry.
+    const std::string tag = w.full ? "_" + std::to_string(ranks) + "proc_cpu_adamw_" + w.name : "";
     nlohmann::json entries = nlohmann::json::array();
     const double total = all[0][0].total_numel;
     for (std::size_t m = 1; m < all.size(); ++m) {
@@ -200,14 +343,11 @@ int main(int argc, char** argv) try {
       const double share = partition / total;
       auto bytes = [&](const std::string& what, double Figures::*field, std::optional<double> goal) {
         const double a = worst(m, field), b = worst(0, field);
-        nlohmann::json e{{"name", stage + "_" + what},
-                         {"unit", "bytes"},
-                         {"accel_bytes", std::int64_t(a)},
-                         {"baseline", baseline},
-                         {"baseline_bytes", std::int64_t(b)},
-                         {"ratio", a / b},
-                         {"per_rank", bytes_of(ranks_of(m, field))},
-                         {"baseline_per_rank", bytes_of(ranks_of(0, field))}};
+        nlohmann::json e{
+            {"name", stage + "_" + what + tag},         {"unit", "bytes"},
+            {"accel_bytes", std::int64_t(a)},           {"baseline", baseline},
+            {"baseline_bytes", std::int64_t(b)},        {"ratio", a / b},
+            {"per_rank", bytes_of(ranks_of(m, field))}, {"baseline_per_rank", bytes_of(ranks_of(0, field))}};
         if (goal) e["goal"] = *goal;
         entries.push_back(std::move(e));
       };
@@ -215,21 +355,78 @@ int main(int argc, char** argv) try {
       entries.back()["total_numel"] = std::int64_t(total), entries.back()["partition_numel"] = std::int64_t(partition);
       entries.back()["padding_numel"] = std::int64_t(padding);
       bytes("gradient_bytes", &Figures::gradient_bytes,
-            m == 2 ? std::optional<double>(share * (1 + 1e-9)) : std::nullopt);
+            m >= 2 ? std::optional<double>(share * (1 + 1e-9)) : std::nullopt);
       bytes("step_peak_bytes", &Figures::peak_bytes, std::nullopt);
       entries.back()["backward_peak_per_rank"] = bytes_of(ranks_of(m, &Figures::backward_peak_bytes));
       entries.back()["optimizer_step_peak_per_rank"] = bytes_of(ranks_of(m, &Figures::step_peak_bytes));
       entries.back()["baseline_backward_peak_per_rank"] = bytes_of(ranks_of(0, &Figures::backward_peak_bytes));
       entries.back()["baseline_optimizer_step_peak_per_rank"] = bytes_of(ranks_of(0, &Figures::step_peak_bytes));
       bytes("resident_bytes", &Figures::resident_bytes, std::nullopt);
+      if (w.full) {
+        bytes("parameter_bytes", &Figures::parameter_bytes,
+              m == 3 ? std::optional<double>(share * (1 + 1e-9)) : std::nullopt);
+        bytes("peak_rss_bytes", &Figures::peak_rss_bytes, std::nullopt);
+        entries.back()["rss_before_per_rank"] = bytes_of(ranks_of(m, &Figures::rss_before_bytes));
+        entries.back()["baseline_rss_before_per_rank"] = bytes_of(ranks_of(0, &Figures::rss_before_bytes));
+      }
+      if (m == 3) {
+        // The goal: shards + the most gathered at once <= model / N + the two largest units (gathered + prefetched).
+        std::vector<double> held;
+        for (const auto& f : all[m]) held.push_back(f.parameter_bytes + f.peak_gathered_bytes);
+        const double a = *std::max_element(held.begin(), held.end()), b = worst(0, &Figures::parameter_bytes);
+        const double allowance = b / ranks + worst(m, &Figures::two_largest_unit_bytes);
+        entries.push_back({{"name", "full_peak_parameter_bytes" + tag},
+                           {"unit", "bytes"},
+                           {"accel_bytes", std::int64_t(a)},
+                           {"baseline", baseline},
+                           {"baseline_bytes", std::int64_t(b)},
+                           {"ratio", a / b},
+                           {"goal", allowance / b},
+                           {"goal_bytes", std::int64_t(allowance)},
+                           {"goal_met", a <= allowance},
+                           {"per_rank", bytes_of(held)},
+                           {"peak_gathered_per_rank", bytes_of(ranks_of(m, &Figures::peak_gathered_bytes))},
+                           {"shard_per_rank", bytes_of(ranks_of(m, &Figures::parameter_bytes))},
+                           {"two_largest_units_bytes", std::int64_t(worst(m, &Figures::two_largest_unit_bytes))}});
+        std::printf(
+            "goal: parameter bytes per rank (shards %.1f MB + peak gathered %.1f MB) = %.1f MB <= model/N "
+            "%.1f MB + two largest units %.1f MB = %.1f MB: %s (%.3f of the allowance)\n",
+            1e-6 * worst(m, &Figures::parameter_bytes), 1e-6 * worst(m, &Figures::peak_gathered_bytes), 1e-6 * a,
+            1e-6 * b / ranks, 1e-6 * worst(m, &Figures::two_largest_unit_bytes), 1e-6 * allowance,
+            a <= allowance ? "met" : "NOT met", a / allowance);
+      }
       const double a = worst(m, &Figures::step_seconds), b = worst(0, &Figures::step_seconds);
-      entries.push_back({{"name", stage + "_train_step_2proc_cpu_adamw_mlp8M"},
-                         {"accel_seconds", a},
-                         {"baseline", baseline},
-                         {"baseline_seconds", b},
-                         {"ratio", a / b},
-                         {"per_rank", ranks_of(m, &Figures::step_seconds)},
-                         {"baseline_per_rank", ranks_of(0, &Figures::step_seconds)}});
+      nlohmann::json e{{"name", stage + (w.full ? "_train_step" + tag : "_train_step_2proc_cpu_adamw_mlp8M")},
+                       {"accel_seconds", a},
+                       {"baseline", baseline},
+                       {"baseline_seconds", b},
+                       {"ratio", a / b},
+                       {"per_rank", ranks_of(m, &Figures::step_seconds)},
+                       {"baseline_per_rank", ranks_of(0, &Figures::step_seconds)}};
+      if (w.full) {
+        e["steps"] = w.steps,
+        e["range_seconds"] = {worst(m, &Figures::step_min_seconds), worst(m, &Figures::step_max_seconds)};
+        e["baseline_range_seconds"] = {worst(0, &Figures::step_min_seconds), worst(0, &Figures::step_max_seconds)};
+        if (m == 3 && ranks == 2) e["goal"] = 1.3;  // the issue's: within 1.3x of DDP on 2 CPU processes
+      }
+      entries.push_back(std::move(e));
+    }
+    if (w.full) {
+      std::printf("\n%-34s %14s %14s %14s %14s\n", ("per rank, " + std::to_string(ranks) + " processes").c_str(), "DDP",
+                  "ZeRO-1", "ZeRO-2", "full");
+      auto row = [&](const char* what, double Figures::*field, double scale, const char* unit) {
+        std::printf("%-34s", what);
+        for (std::size_t m = 0; m < all.size(); ++m) std::printf(" %11.1f %s", scale * worst(m, field), unit);
+        std::printf("\n");
+      };
+      row("parameters held", &Figures::parameter_bytes, 1e-6, "MB");
+      row("  + most gathered at once", &Figures::peak_gathered_bytes, 1e-6, "MB");
+      row("gradients after a sync backward", &Figures::gradient_bytes, 1e-6, "MB");
+      row("optimizer state", &Figures::state_bytes, 1e-6, "MB");
+      row("peak tensor bytes of a step", &Figures::peak_bytes, 1e-6, "MB");
+      row("resident after the step", &Figures::resident_bytes, 1e-6, "MB");
+      row("peak RSS of a step - RSS before", &Figures::peak_rss_bytes, 1e-6, "MB");
+      row("step time (median)", &Figures::step_seconds, 1e3, "ms");
     }
     std::ofstream(out_path) << entries.dump(2);
     for (const auto& e : entries)
