@@ -269,6 +269,10 @@ class ShardedOptimizer {
   // reshard_as for stage 3: each saved rank's pieces, computed for its number of processes, re-cut into this rank's.
   template <class S>
   void reshard_pieces_as(std::vector<torch::serialize::InputArchive>& parts);
+  // A rebuilt state of type `S` (its step, and its tensors in state_tensors' order; undefined: absent) becomes the
+  // inner optimizer's state for `tensor`.
+  template <class S>
+  void install_state(const at::Tensor& tensor, std::int64_t step, const std::vector<at::Tensor>& fields);
   std::vector<OwnPiece> pieces_;  // stage 3
   at::Tensor flat_, grads_;       // the parameters (N * P), this rank's partition of the gradients (P)
   int stage_ = 1;

@@ -55,16 +55,22 @@ void ShardedOptimizer::reshard_as(std::vector<torch::serialize::InputArchive>& p
   inner_->state().clear();
   for (std::int64_t g = 0; g < G; ++g) {
     const Shard& sh = shards_[std::size_t(g)];
-    if (!sh.tensor.defined() || steps[std::size_t(g)] < 0) continue;
-    auto st = std::make_unique<S>();
-    detail::set_state_step(*st, steps[std::size_t(g)]);
-    std::int64_t i = 0;
-    detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
-      const at::Tensor& f = fields[std::size_t(g)][std::size_t(i++)];
-      if (f.defined()) set(f);
-    });
-    inner_->state()[sh.tensor.unsafeGetTensorImpl()] = std::move(st);
+    if (sh.tensor.defined() && steps[std::size_t(g)] >= 0)
+      install_state<S>(sh.tensor, steps[std::size_t(g)], fields[std::size_t(g)]);
   }
+}
+
+template <class S>
+void ShardedOptimizer::install_state(const at::Tensor& tensor, std::int64_t step,
+                                     const std::vector<at::Tensor>& fields) {
+  auto st = std::make_unique<S>();
+  detail::set_state_step(*st, step);
+  std::size_t f = 0;
+  detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
+    const at::Tensor& v = fields[f++];
+    if (v.defined()) set(v);
+  });
+  inner_->state()[tensor.unsafeGetTensorImpl()] = std::move(st);
 }
 
 // Stage 3: saved rank k of n held, of each parameter, the elements of its unit's [k * P', (k + 1) * P') (P' =
@@ -121,15 +127,8 @@ void ShardedOptimizer::reshard_pieces_as(std::vector<torch::serialize::InputArch
   inner_->state().clear();
   for (std::int64_t i = 0; i < Q; ++i) {
     const auto& q = pieces_[std::size_t(i)];
-    if (!q.shard.defined() || steps[std::size_t(i)] < 0) continue;
-    auto st = std::make_unique<S>();
-    detail::set_state_step(*st, steps[std::size_t(i)]);
-    std::int64_t f = 0;
-    detail::state_tensors(*st, [&](const at::Tensor&, auto&& set) {
-      const at::Tensor& v = fields[std::size_t(i)][std::size_t(f++)];
-      if (v.defined()) set(v);
-    });
-    inner_->state()[q.shard.unsafeGetTensorImpl()] = std::move(st);
+    if (q.shard.defined() && steps[std::size_t(i)] >= 0)
+      install_state<S>(q.shard, steps[std::size_t(i)], fields[std::size_t(i)]);
   }
 }
 
