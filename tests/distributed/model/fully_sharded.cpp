@@ -240,6 +240,42 @@ void fully_sharded_edges(const Args& args) {
         message.find("mismatched units") != std::string::npos && message.find("Options::sharding") != std::string::npos,
         "a checkpoint of other units is refused naming the fix (" + message + ")");
   }
+  // bf16 autocast (Options::mixed_precision): the casts of the parameters gather them like any operator; training
+  // equals DDP's under the same autocast.
+  {
+    using Ddp = accel::Accelerator<accel::dist::from_env, accel::batches::per_process>;
+    auto run = [&](auto& a, torch::nn::Sequential& m) {
+      auto o = std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.1));
+      auto [pm, po] = a.prepare(m, o);
+      torch::manual_seed(21 + a.process_index());
+      for (int s = 0; s < 3; ++s) {
+        const at::Tensor xb = torch::randn({4, 6}), yb = torch::randn({4, 4});
+        at::Tensor loss;
+        {
+          auto cast = a.autocast();
+          loss = torch::mse_loss(pm(xb), yb).to(at::kFloat);
+        }
+        a.backward(loss);
+        po.step();
+        po.zero_grad();
+      }
+      auto full = a.gather_parameters(pm);
+      std::vector<at::Tensor> flat;
+      for (const auto& p : m->parameters()) flat.push_back(p.detach().flatten().clone());
+      return torch::cat(flat);
+    };
+    torch::manual_seed(8);
+    auto m1 = mlp();
+    torch::manual_seed(8);
+    auto m2 = mlp();
+    Ddp ddp{accel::Options{.mixed_precision = accel::Precision::bf16, .comm = options(60000).comm}};
+    Fsdp fsdp{accel::Options{.mixed_precision = accel::Precision::bf16,
+                             .sharding = {.units = {"0", "2", "4"}},
+                             .comm = options(60000).comm}};
+    const at::Tensor a = run(ddp, m1), b = run(fsdp, m2);
+    const double diff = (a - b).abs().max().item<double>();
+    check(diff < 1e-5, "bf16 autocast: full sharding trains as DDP does (max diff " + std::to_string(diff) + ")");
+  }
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
                      bool freeze_first = false) {
