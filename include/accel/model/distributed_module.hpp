@@ -32,6 +32,7 @@
 
 #include <accel/comm/collectives.hpp>
 #include <accel/comm/communicator.hpp>
+#include <accel/core/alias.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
@@ -401,13 +402,8 @@ class DistributedModule {
       if (!compressed(s, b)) g.mul_(share);
       return;
     }
-    // An alias of the bucket's storage that is not an autograd view: LibTorch's Optimizer::zero_grad calls
-    // detach_() on gradients, which views refuse.
-    const auto sizes = p.tensor.sizes();
-    std::vector<std::int64_t> strides(sizes.size(), 1);
-    for (std::size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-    at::Tensor view = at::empty({0}, b.flat.options());
-    view.set_(b.flat.storage(), b.flat.storage_offset() + p.offset, sizes, strides);
+    // An alias of the bucket's storage that is not an autograd view (core/alias.hpp).
+    at::Tensor view = detail::alias_of(b.flat, p.offset, p.tensor.sizes());
     if (g.defined())
       at::mul_out(view, g, share);
     else

@@ -14,6 +14,7 @@
 //!   averages (each divided by N, then summed), and the full gradients released.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/core/alias.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 
@@ -188,7 +189,6 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     std::vector<Param> params;   //!< its own parameters (not those of units inside it), in registration order
     std::int64_t total = 0;      //!< elements of its parameters
     std::int64_t part = 0;       //!< P: elements per rank, ceil(total / N)
-    bool trainable = false;      //!< its parameters require gradients (all of them, or none)
     at::Tensor full;             //!< N * P elements; its storage is the parameters' (no memory while freed)
     at::Tensor shard;            //!< this rank's P elements of the parameters
     at::Tensor grad;             //!< this rank's P elements of the averaged gradients (trainable units)
@@ -196,6 +196,8 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     std::size_t ready = 0;       //!< those whose gradient this backward has accumulated
     bool gathered = false;       //!< its full parameters are in memory
     bool complete = false;       //!< this backward is done with it
+    //! Its parameters require gradients (all of them, or none: a unit does not mix them).
+    [[nodiscard]] bool trainable() const noexcept { return trainables > 0; }
   };
   //! A parameter's piece on this rank: elements [at, at + numel) of the parameter (flattened), as a tensor that
   //! aliases the unit's shard and one that aliases its gradient shard (undefined `shard`: none on this rank).
@@ -237,9 +239,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! gradients reduce-scattered in their turn.
   void ready(std::size_t k, bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto [u, i] = owner_of_trainable_[k];
-    (void)i;
-    auto& unit = units_[u];
+    auto& unit = units_[unit_of_trainable_[k]];
     if (unit.complete || ++unit.ready < unit.trainables) return;
     unit.complete = true;
     free(unit);
@@ -250,7 +250,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   void end_of_backward(bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& u : units_)
-      if (u.trainable) u.complete = true;
+      if (u.trainable()) u.complete = true;
     if (sync) reduce_ready();
     reset();
   }
@@ -327,6 +327,15 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   [[nodiscard]] int processes() const noexcept { return comm_ ? comm_->size() : 1; }
   [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
   [[nodiscard]] std::int64_t full_bytes(const Unit& u) const { return u.part * processes() * u.full.element_size(); }
+  // Whether `p` no longer aliases its slice of the unit's buffer (given other memory: set_, set_data).
+  static bool moved(const Unit& u, const Param& p) {
+    const at::Tensor& t = p.tensor;
+    return t.storage().unsafeGetStorageImpl() != u.full.storage().unsafeGetStorageImpl() ||
+           t.storage_offset() != u.full.storage_offset() + p.offset || !t.is_contiguous();
+  }
+  // Takes a moved parameter's values (the whole parameter, on every process) into this rank's shard (and the
+  // unit's buffer, if gathered), and makes it an alias of its slice again.
+  ACCEL_DECL void adopt_moved(Unit& u, Param& p);
   ACCEL_DECL void gather(Unit& u);
   ACCEL_DECL void free(Unit& u);
   // Reduce-scatters complete units in the fixed order (reverse unit order, the root last), stopping at the first
@@ -336,10 +345,10 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
 
   comm::Communicator* comm_;
   ShardingOptions options_;
-  std::vector<Unit> units_;  // [0] is the root unit, then the units in named_modules() order
-  std::vector<std::pair<std::size_t, std::size_t>> owner_of_trainable_;  // (unit, param) per trainable index
-  std::unordered_map<const void*, Piece> pieces_;                        // by the parameter's TensorImpl
-  std::size_t next_reduce_ = 0;                                          // in the reduce order
+  std::vector<Unit> units_;                        // [0] is the root unit, then the units in named_modules() order
+  std::vector<std::size_t> unit_of_trainable_;     // per trainable index
+  std::unordered_map<const void*, Piece> pieces_;  // by the parameter's TensorImpl
+  std::size_t next_reduce_ = 0;                    // in the reduce order
   bool in_forward_ = false, backward_due_ = false, gathering_all_ = false, watching_ = false;
   std::int64_t gathered_bytes_ = 0, peak_bytes_ = 0;
   std::exception_ptr failure_;

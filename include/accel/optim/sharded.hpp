@@ -23,6 +23,7 @@
 //!   when the next forward uses it.
 
 #include <accel/comm/communicator.hpp>
+#include <accel/core/alias.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
 #include <accel/model/partition_reducer.hpp>
@@ -231,19 +232,7 @@ class ShardedOptimizer {
   // Copies the slot's parameter into its slice of the flat buffer and makes the parameter an alias of that slice.
   void bind(const Slot& s) {
     flat_.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
-    at::Tensor p = s.param;
-    p.set_(flat_.storage(), flat_.storage_offset() + s.offset, p.sizes(), contiguous_strides(p.sizes()));
-  }
-  static std::vector<std::int64_t> contiguous_strides(at::IntArrayRef sizes) {
-    std::vector<std::int64_t> strides(sizes.size(), 1);
-    for (std::size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-    return strides;
-  }
-  // A 1-d alias of `flat`'s storage that is not an autograd view (an optimizer's parameter must be a leaf).
-  static at::Tensor alias(const at::Tensor& flat, std::int64_t offset, std::int64_t numel) {
-    at::Tensor t = at::empty({0}, flat.options());
-    t.set_(flat.storage(), flat.storage_offset() + offset, {numel}, {1});
-    return t;
+    detail::rebind_to(s.param, flat_, s.offset);
   }
   static std::string describe(const at::Tensor& p) {
     std::string shape;

@@ -53,6 +53,15 @@ double worst(Fsdp& acc, const accel::PreparedModel<torch::nn::Sequential>& model
   return w;
 }
 
+// Every parameter of a prepared model, flattened into one tensor: read whole inside a gathered scope (collective).
+template <class Acc, class Model>
+at::Tensor flat_parameters(Acc& acc, const Model& model) {
+  const auto full = acc.gather_parameters(model);
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().flatten().clone());
+  return torch::cat(flat);
+}
+
 template <class Opt>
 void run_case(const nlohmann::json& c) {
   const std::string name = c.at("optimizer").at("name").get<std::string>() + " " + c.at("variant").get<std::string>();
@@ -198,10 +207,7 @@ void fully_sharded_edges(const Args& args) {
       opt.step();
       opt.zero_grad();
     }
-    auto full = acc.gather_parameters(model);
-    std::vector<at::Tensor> flat;
-    for (const auto& p : net->parameters()) flat.push_back(p.detach().flatten().clone());
-    return torch::cat(flat);
+    return flat_parameters(acc, model);
   };
   const at::Tensor first = two_steps();
   acc.load_state(dir);
@@ -259,10 +265,7 @@ void fully_sharded_edges(const Args& args) {
         po.step();
         po.zero_grad();
       }
-      auto full = a.gather_parameters(pm);
-      std::vector<at::Tensor> flat;
-      for (const auto& p : m->parameters()) flat.push_back(p.detach().flatten().clone());
-      return torch::cat(flat);
+      return flat_parameters(a, pm);
     };
     torch::manual_seed(8);
     auto m1 = mlp();

@@ -149,7 +149,7 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
     }
     unit.params.push_back({item.key(), p, unit.total, p.numel(), index});
     unit.total += p.numel();
-    if (index >= 0) unit.trainable = true, ++unit.trainables;
+    if (index >= 0) ++unit.trainables;
   }
   for (std::size_t u = 1; u < units_.size(); ++u)
     if (units_[u].params.empty())
@@ -157,7 +157,7 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
                             "' holds no parameter of its own (its units hold them all, or it has none); name units "
                             "that own parameters");
   const int n = processes(), r = rank();
-  owner_of_trainable_.assign(trainable.size(), {0, 0});
+  unit_of_trainable_.assign(trainable.size(), 0);
   c10::AutoGradMode no_grad(false);
   for (std::size_t u = 0; u < units_.size(); ++u) {
     auto& unit = units_[u];
@@ -165,17 +165,13 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
     unit.part = (unit.total + n - 1) / n;
     const auto options = unit.params.front().tensor.options().requires_grad(false);
     unit.full = at::zeros({unit.part * n}, options);
-    for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      auto& p = unit.params[i];
+    for (auto& p : unit.params) {
       unit.full.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
-      std::vector<std::int64_t> strides(std::size_t(p.tensor.dim()), 1);
-      for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * p.tensor.size(std::int64_t(d));
-      at::Tensor t = p.tensor;
-      t.set_(unit.full.storage(), unit.full.storage_offset() + p.offset, t.sizes(), strides);
-      if (p.trainable >= 0) owner_of_trainable_[std::size_t(p.trainable)] = {u, i};
+      detail::rebind_to(p.tensor, unit.full, p.offset);
+      if (p.trainable >= 0) unit_of_trainable_[std::size_t(p.trainable)] = u;
     }
     unit.shard = unit.full.narrow(0, std::int64_t(r) * unit.part, unit.part).clone();
-    if (unit.trainable) unit.grad = at::zeros({unit.part}, options);
+    if (unit.trainable()) unit.grad = at::zeros({unit.part}, options);
     // This rank's piece of each parameter, as aliases (not autograd views: an optimizer's parameter is a leaf).
     const std::int64_t lo = std::int64_t(r) * unit.part, hi = lo + unit.part;
     for (const auto& p : unit.params) {
@@ -183,13 +179,8 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
       piece.unit_total = unit.total, piece.offset = p.offset;
       const std::int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
       if (a < b) {
-        auto alias = [&](const at::Tensor& of) {
-          at::Tensor t = at::empty({0}, of.options());
-          t.set_(of.storage(), of.storage_offset() + (a - lo), {b - a}, {1});
-          return t;
-        };
-        piece.shard = alias(unit.shard);
-        if (unit.grad.defined()) piece.grad = alias(unit.grad);
+        piece.shard = detail::alias_of(unit.shard, a - lo, {b - a});
+        if (unit.grad.defined()) piece.grad = detail::alias_of(unit.grad, a - lo, {b - a});
         piece.at = a - p.offset, piece.numel = b - a;
       }
       pieces_.emplace(p.tensor.unsafeGetTensorImpl(), std::move(piece));
@@ -227,25 +218,22 @@ ACCEL_DECL void UnitSharder::before_forward() {
   detail::watch_on_this_thread();
   std::lock_guard<std::mutex> lock(mu_);
   in_forward_ = true;
-  // A parameter given other memory since (`torch::load(*net, path)` after prepare: LibTorch's archive calls set_ on
-  // it) holds the whole new values on every process: this rank takes its part of them into its shard, and the
-  // parameter becomes an alias of its unit's buffer again. Otherwise the forward would read the loaded tensor while
-  // the optimizer steps the shards.
-  const std::int64_t r = rank();
+  // A parameter given other memory since (`p.set_data(...)` after prepare) would have the forward read it while the
+  // optimizer steps the shards: its values are taken in first.
+  for (auto& u : units_)
+    for (auto& p : u.params)
+      if (moved(u, p)) adopt_moved(u, p);
+}
+
+ACCEL_DECL void UnitSharder::adopt_moved(Unit& u, Param& p) {
   c10::AutoGradMode no_grad(false);
   at::RecordFunctionGuard no_callbacks(false);
-  for (auto& u : units_)
-    for (auto& p : u.params) {
-      at::Tensor& t = p.tensor;
-      if (t.storage().unsafeGetStorageImpl() == u.full.storage().unsafeGetStorageImpl()) continue;
-      const std::int64_t lo = std::max(p.offset, r * u.part), hi = std::min(p.offset + p.numel, (r + 1) * u.part);
-      if (lo < hi)
-        u.shard.narrow(0, lo - r * u.part, hi - lo).copy_(t.detach().reshape({-1}).narrow(0, lo - p.offset, hi - lo));
-      if (u.gathered) u.full.narrow(0, p.offset, p.numel).copy_(t.detach().reshape({-1}));
-      std::vector<std::int64_t> strides(std::size_t(t.dim()), 1);
-      for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * t.size(std::int64_t(d));
-      t.set_(u.full.storage(), u.full.storage_offset() + p.offset, t.sizes(), strides);
-    }
+  const at::Tensor values = p.tensor.detach().reshape({-1});
+  const std::int64_t r = rank(), lo = std::max(p.offset, r * u.part),
+                     hi = std::min(p.offset + p.numel, (r + 1) * u.part);
+  if (lo < hi) u.shard.narrow(0, lo - r * u.part, hi - lo).copy_(values.narrow(0, lo - p.offset, hi - lo));
+  if (u.gathered) u.full.narrow(0, p.offset, p.numel).copy_(values);
+  detail::rebind_to(p.tensor, u.full, p.offset);
 }
 
 ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
@@ -312,8 +300,8 @@ ACCEL_DECL void UnitSharder::reduce_ready() {
   // The reduce order: units from the last to the first, the root (index 0) last.
   while (next_reduce_ < units_.size()) {
     auto& u = units_[units_.size() - 1 - next_reduce_];
-    if (u.trainable && !u.complete) return;
-    if (u.trainable) reduce(u);
+    if (u.trainable() && !u.complete) return;
+    if (u.trainable()) reduce(u);
     ++next_reduce_;
   }
 }
@@ -354,18 +342,8 @@ ACCEL_DECL void UnitSharder::release_all(bool write_back) {
   at::RecordFunctionGuard no_callbacks(false);
   for (auto& u : units_) {
     if (write_back && u.gathered) {
-      // A parameter may have been given other memory (LibTorch's InputArchive::read, as load_state's, calls set_ on
-      // it): its values go into the unit's buffer and it becomes an alias of its slice again.
-      for (auto& p : u.params) {
-        at::Tensor& t = p.tensor;
-        if (t.storage().unsafeGetStorageImpl() == u.full.storage().unsafeGetStorageImpl() &&
-            t.storage_offset() == u.full.storage_offset() + p.offset && t.is_contiguous())
-          continue;
-        u.full.narrow(0, p.offset, p.numel).copy_(t.detach().reshape({-1}));
-        std::vector<std::int64_t> strides(std::size_t(t.dim()), 1);
-        for (std::size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * t.size(std::int64_t(d));
-        t.set_(u.full.storage(), u.full.storage_offset() + p.offset, t.sizes(), strides);
-      }
+      for (auto& p : u.params)  // LibTorch's InputArchive::read (load_state's, torch::load's) calls set_ on them
+        if (moved(u, p)) adopt_moved(u, p);
       u.shard.copy_(u.full.narrow(0, r * u.part, u.part));
     }
     if (!in_forward_ && !backward_due_) free(u);

@@ -56,8 +56,8 @@ ACCEL_DECL void ShardedOptimizer::build() {
     s.group_begin = group_begin[g], s.group_end = group_end[g];
     std::vector<at::Tensor> params;
     if (s.begin < s.end) {
-      s.tensor = alias(flat_, s.begin, s.end - s.begin);
-      s.tensor.mutable_grad() = alias(grads_, s.begin - begin_, s.end - s.begin);
+      s.tensor = detail::alias_of(flat_, s.begin, {s.end - s.begin});
+      s.tensor.mutable_grad() = detail::alias_of(grads_, s.begin - begin_, {s.end - s.begin});
       params.push_back(s.tensor);
     }
     shards_.push_back(s);
