@@ -474,13 +474,6 @@ class Accelerator {
   std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gradients_of(
       const std::vector<at::Tensor>& parameters) const;
   void check_optimizer_parameters(std::size_t first) const;
-  // Full sharding: every prepared model's units gathered (a checkpoint reads or writes the whole models).
-  [[nodiscard]] GatheredParameters gather_all_models() const {
-    std::vector<std::shared_ptr<UnitSharder>> sharders;
-    for (const auto& d : ddps_)
-      if (d->sharder()) sharders.push_back(d->sharder());
-    return {std::move(sharders), false};
-  }
   template <class M>
   static std::shared_ptr<DistributedModule> distributed_of(const M& m);
 

@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
                                                                {"fsdp", mp::fully_sharded},
                                                                {"fsdp-edges", mp::fully_sharded_edges},
                                                                {"fsdp-bypass", mp::fully_sharded_bypass},
+                                                               {"fsdp-checkpoints", mp::fully_sharded_checkpoints},
+                                                               {"fsdp-mixed", mp::fully_sharded_mixed},
                                                                {"comm-hooks", mp::comm_hooks},
                                                                {"sync-bn", mp::sync_batch_norm},
                                                                {"surface", mp::listening_surface},

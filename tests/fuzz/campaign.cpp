@@ -516,6 +516,55 @@ struct ZeroJob {
   }
 };
 
+// A fully sharded model (shard::parameters, one process: units "0" and "2", the BatchNorm in the root unit) and its
+// Adam over its pieces: the checkpoint holds the model's shards and buffers, model_0_rank0.pt, and the optimizer's
+// pieces, zero_0_rank0.pt. Trained as the prepared model's door drives the sharder.
+struct FsdpJob {
+  torch::nn::Sequential model = small_model();
+  std::shared_ptr<torch::optim::Adam> adam =
+      std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  std::shared_ptr<accel::UnitSharder> sharder = shard(model);
+  std::shared_ptr<accel::ShardedOptimizer> sharded = std::make_shared<accel::ShardedOptimizer>(adam, nullptr, 3);
+  accel::checkpoint::Checkpointer ck;
+
+  static std::shared_ptr<accel::UnitSharder> shard(torch::nn::Sequential& m) {
+    std::vector<std::pair<std::string, at::Tensor>> trainable;
+    for (const auto& p : m->named_parameters()) trainable.emplace_back(p.key(), p.value());
+    auto s = std::make_shared<accel::UnitSharder>(*m, nullptr, accel::ShardingOptions{.units = {"0", "2"}}, trainable);
+    s->watch();
+    return s;
+  }
+  FsdpJob() {
+    sharded->build_over([s = sharder](const at::Tensor& p) { return s->piece_of(p); });
+    ck.add_model(model.ptr(), accel::checkpoint::sharded_model(sharder));
+    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); },
+                       [s = sharded](auto& a) { s->check(a); }},
+                      [s = sharded](auto& parts) { s->check_resharded(parts); },
+                      [s = sharded](auto& parts) { s->load_resharded(parts); }});
+  }
+  void train(std::int64_t batches) {
+    torch::manual_seed(1);
+    for (std::int64_t k = 0; k < batches; ++k) {
+      sharded->zero_grad();
+      sharder->before_forward();
+      const at::Tensor loss = model->forward(torch::randn({4, 6})).pow(2).sum();
+      sharder->after_forward(true);
+      loss.backward();
+      sharder->end_of_backward(true);
+      sharded->step();
+    }
+  }
+  void epoch(std::int64_t) {}
+  std::string structural_problem() {
+    accel::GatheredParameters whole({sharder}, false);
+    for (const auto& t : model->parameters())
+      if (!inside_storage(t)) return "a parameter outside its storage";
+    for (const auto& t : model->buffers())
+      if (!inside_storage(t)) return "a buffer outside its storage";
+    return accel::optimizer_state_problem(sharded->inner());
+  }
+};
+
 }  // namespace
 
 // The forged-checkpoint campaign over the checkpoint a `J` saves after its first steps (J: a job's registered
@@ -617,6 +666,10 @@ TEST_CASE(
 
 TEST_CASE("forged checkpoints: a ZeRO partition of the optimizer state", "[fuzz][forged]") {
   forge<ZeroJob>("zero", 4);  // accel_checkpoint, model, process_0, zero_0_rank0
+}
+
+TEST_CASE("forged checkpoints: a fully sharded model's shards and its optimizer's pieces", "[fuzz][forged]") {
+  forge<FsdpJob>("fsdp", 4);  // accel_checkpoint, model_0_rank0, process_0, zero_0_rank0
 }
 
 TEST_CASE("hostile files: a model's safetensors file (save_model's, through load_model), then a training step",

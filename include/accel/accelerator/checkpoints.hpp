@@ -25,7 +25,6 @@ namespace accel {
 template <class... Policies>
 void Accelerator<Policies...>::save_state(const std::filesystem::path& dir) {
   for (const auto& hook : save_hooks_) hook(dir);
-  const auto whole = gather_all_models();  // full sharding: the models are written whole, as unsharded ones
   checkpointer_.save(dir, checkpoint_process(), accumulation_.step(), /*local_gradients=*/!sync_gradients(), settings(),
                      trackers_.position());
 }
@@ -139,19 +138,22 @@ std::filesystem::path Accelerator<Policies...>::logging_dir() const {
 
 template <class... Policies>
 checkpoint::Checkpointer::Process Accelerator<Policies...>::checkpoint_process() const {
-  return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); }};
+  return {process_index(), num_processes(), device(), [this] { wait_for_everyone(); },
+          [this](const std::string& problem) {
+            // not a step call: load_state's agreement, between steps
+            const auto problems = gather_object(comm(), problem);
+            for (std::size_t r = 0; r < problems.size(); ++r)
+              if (!problems[r].empty()) return "rank " + std::to_string(r) + ": " + problems[r];
+            return std::string();
+          }};
 }
 
 template <class... Policies>
 void Accelerator<Policies...>::restore(const std::filesystem::path& dir, std::optional<std::int64_t> latest,
                                        const LoadOptions& options) {
   std::optional<tracking::Position> trackers;
-  {
-    auto whole = gather_all_models();  // full sharding: loaded whole, then cut into this process's shards
-    accumulation_.set_step(
-        checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
-    whole.write_back();
-  }
+  accumulation_.set_step(
+      checkpointer_.load(dir, checkpoint_process(), settings(), options.allow_changed_settings, &trackers));
   resumed_ = true;
   if (!trackers_started_) trackers_ = tracking::Trackers::at(trackers);  // init_trackers goes on from there
   for (const auto& d : ddps_) d->forget_window();  // the checkpoint's weights: not a step outside accel

@@ -117,8 +117,8 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
               " SyncBatchNorm (or other "
               "module that communicates in its forward); under accel::tail::uneven a rank out of batches cannot "
               "take part in the others' batch statistics: use accel::tail::even (the default), or BatchNorm");
-    checkpointer_.add_model(module);
     if constexpr (one_process) {
+      checkpointer_.add_model(module);
       return U(std::forward<T>(x));
     } else {
       auto ddp = std::make_shared<DistributedModule>(
@@ -129,7 +129,12 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
                              .broadcast_buffers = opt_.broadcast_buffers,
                              .comm_hook = opt_.comm_hook});
       // not a step call: prepare shards the model's parameters by unit (its gathers go through the door)
-      if constexpr (config::zero_stage == 3) ddp->shard_parameters(opt_.sharding);
+      if constexpr (config::zero_stage == 3) {
+        ddp->shard_parameters(opt_.sharding);
+        checkpointer_.add_model(module, checkpoint::sharded_model(ddp->sharder()));
+      } else {
+        checkpointer_.add_model(module);
+      }
       ddps_.push_back(ddp);
       return PreparedModel<U>(std::forward<T>(x), std::move(ddp));
     }

@@ -25,6 +25,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/detail/linkage.hpp>
 #include <accel/error.hpp>
+#include <accel/model/unit_sharder.hpp>
 #include <accel/tracking/tracker.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -80,10 +81,36 @@ class Checkpointer {
     int count = 1;                                //!< the job's processes
     c10::Device device = c10::Device(c10::kCPU);  //!< where tensors are restored
     std::function<void()> barrier;                //!< waits for every process
+    //! Loading: every process passes what it found wrong with the checkpoint ("" if nothing) and receives the
+    //! first problem any process found ("" if none), so that either every process restores or none does. Unset:
+    //! this process alone decides.
+    std::function<std::string(const std::string&)> agree = {};
   };
 
-  //! Registers a model (`model.pt`, `model_1.pt`, ...), in prepare order.
-  void add_model(std::shared_ptr<torch::nn::Module> m) { models_.push_back(std::move(m)); }
+  //! A fully sharded model (`shard::parameters`, model/unit_sharder.hpp): how its state is written and read.
+  //! Which file a checkpoint holds decides how it is loaded: each process's shards, read without gathering (at
+  //! another number of processes, every saved process's shards, re-cut), or a whole `model.pt` (an unsharded job's,
+  //! or one saved with `write_shards` false), loaded into the gathered model and put back into the shards.
+  struct ShardedModel {
+    //! `save` writes each process's shards (`model_<i>_rank<r>.pt`, StateDictType::sharded); false: the whole
+    //! model, gathered, into `model.pt` (StateDictType::full).
+    bool write_shards = true;
+    std::function<void(torch::serialize::OutputArchive&)> save;  //!< writes this process's shards
+    //! Refuses an archive that is not rank `rank`'s shards among `processes` of this model, before anything is read.
+    std::function<void(torch::serialize::InputArchive&, std::int64_t processes, std::int64_t rank)> check;
+    std::function<void(torch::serialize::InputArchive&)> load;  //!< restores this process's shards (same size)
+    //! At another number of processes: restores this process's shards from every saved process's.
+    std::function<void(std::vector<torch::serialize::InputArchive>&)> load_all;
+    //! Gathers the whole model on every process (collective); the function it returns frees it again, first
+    //! putting what was loaded into the parameters back into the shards when given true.
+    std::function<std::function<void(bool)>()> gather;
+  };
+
+  //! Registers a model (`model.pt`, `model_1.pt`, ...), in prepare order; `sharded`: a fully sharded one.
+  void add_model(std::shared_ptr<torch::nn::Module> m, std::optional<ShardedModel> sharded = std::nullopt) {
+    models_.push_back(std::move(m));
+    sharded_.push_back(std::move(sharded));
+  }
   //! Registers an optimizer (`optimizer.pt`, ...), in prepare order.
   void add_optimizer(Saveable s) { optimizers_.push_back(std::move(s)); }
   //! A state every process saves and loads its own part of (a ZeRO partition of optimizer `i`'s state), into
@@ -109,12 +136,29 @@ class Checkpointer {
 
   //! Restores `dir` into the registered objects (in registration order); returns the accumulation counter. A
   //! checkpoint that records other training settings than `settings` is refused unless `allow_changed_settings`.
-  //! `trackers`, if given, receives the trackers' position the checkpoint recorded (none: not recorded).
-  ACCEL_DECL std::int64_t load(const std::filesystem::path& given, const Process& p, const Settings& settings = {},
-                               bool allow_changed_settings = false,
-                               std::optional<tracking::Position>* trackers = nullptr);
+  //! `trackers`, if given, receives the trackers' position the checkpoint recorded (none: not recorded). Every
+  //! file is checked before anything is restored, on every process (`Process::agree`): a checkpoint one process
+  //! refuses is restored by none.
+  std::int64_t load(const std::filesystem::path& given, const Process& p, const Settings& settings = {},
+                    bool allow_changed_settings = false, std::optional<tracking::Position>* trackers = nullptr) {
+    bool agreed = false;
+    auto agree = [&](const std::string& problem) {
+      agreed = true;
+      return p.agree ? p.agree(problem) : problem;
+    };
+    try {
+      return load_checked(given, p, settings, allow_changed_settings, trackers, agree);
+    } catch (const std::exception& e) {
+      if (!agreed) (void)agree(e.what());  // refused here: the other processes learn it before restoring
+      throw;
+    }
+  }
 
  private:
+  // `load`'s body: `agree` is called once every check passed, before anything is restored.
+  ACCEL_DECL std::int64_t load_checked(const std::filesystem::path& given, const Process& p, const Settings& settings,
+                                       bool allow_changed_settings, std::optional<tracking::Position>* trackers,
+                                       const std::function<std::string(const std::string&)>& agree);
   // Puts the complete checkpoint `tmp` at `dir` so that a crash at any moment leaves `dir` whole (the old one or
   // the new one): an atomic exchange where the file system has one (Linux renameat2), else two renames, after
   // which a crash between them leaves the old checkpoint at `<dir>.old`, where `load` looks too.
@@ -138,6 +182,21 @@ class Checkpointer {
   static std::string partition_file(std::size_t i, int rank) {
     return "zero_" + std::to_string(i) + "_rank" + std::to_string(rank) + ".pt";
   }
+  static std::string model_shard_file(std::size_t i, int rank) {
+    return "model_" + std::to_string(i) + "_rank" + std::to_string(rank) + ".pt";
+  }
+  // A fully sharded model gathered whole while it lives (`ShardedModel::gather`); `keep`: what was loaded goes
+  // back into the shards at its end.
+  struct Whole {
+    std::function<void(bool)> release;
+    bool keep = false;
+    explicit Whole(const ShardedModel& m) : release(m.gather()) {}
+    Whole(const Whole&) = delete;
+    Whole& operator=(const Whole&) = delete;
+    ~Whole() {
+      if (release) release(keep);
+    }
+  };
   static std::string grad_key(std::size_t model, const std::string& name) {
     return "grad_" + std::to_string(model) + "_" + name;
   }
@@ -156,12 +215,28 @@ class Checkpointer {
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<std::optional<ShardedModel>> sharded_;  // per model: how a fully sharded one is written and read
   std::vector<Saveable> optimizers_, schedulers_;
   std::vector<Partition> partitions_;
   std::vector<Loader> loaders_;
   std::optional<Saveable> scaler_;
   std::vector<Custom> custom_;
 };
+
+//! How a checkpoint writes and reads the fully sharded model `s` shards (`Checkpointer::add_model`): its shards, or the
+//! whole model as `ShardingOptions::state_dict_type` says.
+inline Checkpointer::ShardedModel sharded_model(const std::shared_ptr<UnitSharder>& s) {
+  return {.write_shards = s->options().state_dict_type == StateDictType::sharded,
+          .save = [s](auto& a) { s->save_shards(a); },
+          .check = [s](auto& a, std::int64_t processes, std::int64_t rank) { s->check_shards(a, processes, rank); },
+          .load = [s](auto& a) { s->load_shards(a); },
+          .load_all = [s](auto& parts) { s->load_resharded(parts); },
+          .gather =
+              [s] {
+                s->gather_all();
+                return std::function<void(bool)>([s](bool write_back) { s->release_all(write_back); });
+              }};
+}
 
 //! What the checkpoint in `dir` holds (its `accel_checkpoint.pt`, checked against the manifest): the number of
 //! processes that wrote it, the counts of prepared objects.

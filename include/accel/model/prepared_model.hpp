@@ -82,8 +82,9 @@ class PreparedModel {
         [&]() -> decltype(auto) {
           ddp_->before_forward();
           try {
-            decltype(auto) out = get()->forward(std::forward<Args>(args)...);
+            decltype(auto) out = get()->forward(cast_input(std::forward<Args>(args))...);
             ddp_->after_forward(grad);
+            if constexpr (std::is_same_v<decltype(out), at::Tensor>) cast_output(out);
             return out;
           } catch (...) {
             ddp_->forward_failed();  // under full sharding: a failed gather's own error, not the operator's
@@ -107,6 +108,28 @@ class PreparedModel {
   [[nodiscard]] const std::shared_ptr<DistributedModule>& distributed_ptr() const noexcept { return ddp_; }
 
  private:
+  // Full sharding's mixed precision (`MixedPrecisionPolicy::cast_forward_inputs`): a floating-point tensor given to
+  // the model is cast to the parameters' compute dtype. A tensor passed as a non-const lvalue (a `forward` taking
+  // `Tensor&`) is passed as it is.
+  template <class A>
+  decltype(auto) cast_input(A&& a) const {
+    if constexpr (std::is_same_v<std::remove_cvref_t<A>, at::Tensor> &&
+                  !(std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>)) {
+      if (const auto& s = ddp_->sharder())
+        if (const auto t = s->input_dtype(); t && a.defined() && a.is_floating_point() && a.scalar_type() != *t)
+          return at::Tensor(a.to(*t));
+      return at::Tensor(std::forward<A>(a));
+    } else {
+      return std::forward<A>(a);
+    }
+  }
+  // `MixedPrecisionPolicy::output_dtype`: a floating-point tensor output cast to it.
+  void cast_output(at::Tensor& out) const {
+    if (const auto& s = ddp_->sharder())
+      if (const auto t = s->options().mp_policy.output_dtype; t && out.defined() && out.is_floating_point())
+        out = out.to(*t);
+  }
+
   Holder holder_;
   std::shared_ptr<DistributedModule> ddp_;
 };

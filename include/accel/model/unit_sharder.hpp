@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -82,6 +83,32 @@ namespace accel {
 // Cost: while the callback is registered, every operator on the thread takes the dispatcher's observed path (its
 // inputs boxed, one registry lookup per tensor); benchmarks/ measures a step against DDP's.
 
+//! What `save_state` writes of a fully sharded model (`ShardingOptions::state_dict_type`, Accelerate's
+//! `fsdp_state_dict_type`).
+enum class StateDictType {
+  //! Each process writes its own shards (`model_<i>_rank<r>.pt`), nothing gathered: a process never holds more of
+  //! the model than in training (Accelerate's SHARDED_STATE_DICT). Resumes at any number of processes.
+  sharded,
+  //! The whole model, gathered on every process and written by the main one (`model.pt`), the file an unsharded
+  //! job writes (Accelerate's FULL_STATE_DICT): needs the whole model in each process's memory while saving.
+  full,
+};
+
+//! FSDP's `MixedPrecisionPolicy` (`ShardingOptions::mp_policy`): the shards, which the optimizer steps, keep the
+//! model's dtype; the gathered parameters that a forward and backward compute with are cast to `param_dtype`.
+struct MixedPrecisionPolicy {
+  //! The dtype of the gathered (unsharded) parameters, e.g. `at::kBFloat16`: each shard is cast to it before the
+  //! all-gather (half the bytes travel), and the parameters' gradients come in it. Unset: the model's dtype.
+  std::optional<c10::ScalarType> param_dtype{};
+  //! The dtype gradients are reduce-scattered in (e.g. `at::kFloat` for a sum that loses nothing), before they are
+  //! added to the gradient shards in the model's dtype. Unset: `param_dtype`.
+  std::optional<c10::ScalarType> reduce_dtype{};
+  //! The dtype the prepared model's tensor output is cast to. Unset: left as the forward returns it.
+  std::optional<c10::ScalarType> output_dtype{};
+  //! Cast the floating-point tensors given to the prepared model (`model(x)`) to `param_dtype`.
+  bool cast_forward_inputs = true;
+};
+
 //! How `shard::parameters` cuts a model into units (`Options::sharding`): a unit's parameters are gathered
 //! together and freed together. Units may nest; a parameter belongs to its innermost unit; what no unit holds
 //! belongs to the root unit. Several rules add up.
@@ -97,6 +124,10 @@ struct ShardingOptions {
   //! FSDP's `reshard_after_forward`: free each unit's parameters after its forward (gathered again for backward).
   //! false keeps them from the forward to the backward (less communication, more memory).
   bool reshard_after_forward = true;
+  //! What `save_state` writes of the model: each process's shards (the default), or the whole model.
+  StateDictType state_dict_type = StateDictType::sharded;
+  //! Mixed precision of the gathered parameters (FSDP's `MixedPrecisionPolicy`); by default none.
+  MixedPrecisionPolicy mp_policy{};
 };
 
 namespace detail {
@@ -190,6 +221,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     std::int64_t total = 0;      //!< elements of its parameters
     std::int64_t part = 0;       //!< P: elements per rank, ceil(total / N)
     at::Tensor full;             //!< N * P elements; its storage is the parameters' (no memory while freed)
+    at::Tensor exact;            //!< under `mp_policy`: N * P elements in the shards' dtype while `gather_all` holds it
     at::Tensor shard;            //!< this rank's P elements of the parameters
     at::Tensor grad;             //!< this rank's P elements of the averaged gradients (trainable units)
     std::size_t trainables = 0;  //!< its trainable parameters
@@ -278,6 +310,22 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! points now (loading may have replaced its memory) and making it an alias of its unit's buffer again.
   ACCEL_DECL void release_all(bool write_back);
 
+  // ---- a sharded checkpoint (StateDictType::sharded; Checkpointer's `model_<i>_rank<r>.pt`) ------------------
+
+  //! Writes this rank's shard of every unit (`fsdp_unit_<u>`), the layout they were cut from (the number of
+  //! processes, this rank, each unit's and parameter's name, size and place: `fsdp_*`) and the model's buffers
+  //! (`buffer.<name>`, which every process holds whole). Nothing is gathered.
+  ACCEL_DECL void save_shards(torch::serialize::OutputArchive& a) const;
+  //! Refuses, with an `InvalidArgument` that says what differs and the fix, an archive that is not rank `rank`'s
+  //! shards of this model cut into these units among `processes` processes (or whose tensors do not fit); reads
+  //! nothing into the model. `processes` is this job's when resuming at the same size.
+  ACCEL_DECL void check_shards(torch::serialize::InputArchive& a, std::int64_t processes, std::int64_t rank) const;
+  //! Restores this rank's shards and the buffers from an archive `check_shards` accepted (this job's size).
+  ACCEL_DECL void load_shards(torch::serialize::InputArchive& a);
+  //! Cuts this rank's shards out of the saved ranks' (each unit's elements [r * P, (r + 1) * P) for this P), and
+  //! takes the buffers from rank 0's archive.
+  ACCEL_DECL void load_resharded(std::vector<torch::serialize::InputArchive>& parts);
+
   //! Rethrows the error of a gather that failed inside an operator (Note [Intercepting a unit ...]); nothing else.
   void rethrow_failure() {
     std::exception_ptr e;
@@ -297,6 +345,10 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   [[nodiscard]] const std::vector<Unit>& units() const noexcept { return units_; }
   //! The options the units were cut by.
   [[nodiscard]] const ShardingOptions& options() const noexcept { return options_; }
+  //! The dtype the prepared model's floating-point inputs are cast to (`mp_policy`), if any.
+  [[nodiscard]] std::optional<c10::ScalarType> input_dtype() const noexcept {
+    return options_.mp_policy.cast_forward_inputs ? options_.mp_policy.param_dtype : std::nullopt;
+  }
   //! Bytes of full parameters gathered now, and the most at once since `reset_peak`.
   [[nodiscard]] std::int64_t gathered_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -328,21 +380,35 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   [[nodiscard]] int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
   [[nodiscard]] std::int64_t full_bytes(const Unit& u) const { return u.part * processes() * u.full.element_size(); }
   // Whether `p` no longer aliases its slice of the unit's buffer (given other memory: set_, set_data).
-  static bool moved(const Unit& u, const Param& p) {
+  static bool moved(const Unit& u, const Param& p) { return moved_from(u.full, p); }
+  static bool moved_from(const at::Tensor& buffer, const Param& p) {
     const at::Tensor& t = p.tensor;
-    return t.storage().unsafeGetStorageImpl() != u.full.storage().unsafeGetStorageImpl() ||
-           t.storage_offset() != u.full.storage_offset() + p.offset || !t.is_contiguous();
+    return t.storage().unsafeGetStorageImpl() != buffer.storage().unsafeGetStorageImpl() ||
+           t.storage_offset() != buffer.storage_offset() + p.offset || !t.is_contiguous() ||
+           t.scalar_type() != buffer.scalar_type();
   }
   // Takes a moved parameter's values (the whole parameter, on every process) into this rank's shard (and the
   // unit's buffer, if gathered), and makes it an alias of its slice again.
   ACCEL_DECL void adopt_moved(Unit& u, Param& p);
+  // Makes `p` an alias of its slice of `buffer` (the unit's full buffer, or its `exact` one), in that buffer's dtype.
+  ACCEL_DECL static void bind(const at::Tensor& buffer, Param& p);
+  // Fills the unit's gathered buffer (`full`, or `exact`) from every rank's shard (collective).
+  ACCEL_DECL void all_gather(Unit& u, at::Tensor& into);
   ACCEL_DECL void gather(Unit& u);
   ACCEL_DECL void free(Unit& u);
   // Reduce-scatters complete units in the fixed order (reverse unit order, the root last), stopping at the first
   // one not complete: every process issues them in the same order.
   ACCEL_DECL void reduce_ready();
   ACCEL_DECL void reduce(Unit& u);
+  // The unit layout a sharded checkpoint records: per parameter (unit, elements, offset in its unit), and the units'
+  // and parameters' names, one per line.
+  ACCEL_DECL at::Tensor layout() const;
+  ACCEL_DECL std::string layout_names() const;
+  // Reads the buffers of `a` into the model; regathers every unit gathered now (its shard changed).
+  ACCEL_DECL void load_buffers(torch::serialize::InputArchive& a);
+  ACCEL_DECL void regather();
 
+  torch::nn::Module* root_;  // the model (its buffers go into a sharded checkpoint)
   comm::Communicator* comm_;
   ShardingOptions options_;
   std::vector<Unit> units_;                        // [0] is the root unit, then the units in named_modules() order

@@ -62,13 +62,18 @@ at::Tensor flat_parameters(Acc& acc, const Model& model) {
   return torch::cat(flat);
 }
 
+// One golden case; `mixed`: under MixedPrecisionPolicy{bf16 parameters, fp32 reduction} (fsdp_mixed.json), the
+// loss taken in fp32 of the bf16 output, compared within `tol`.
 template <class Opt>
-void run_case(const nlohmann::json& c) {
-  const std::string name = c.at("optimizer").at("name").get<std::string>() + " " + c.at("variant").get<std::string>();
+void run_case(const nlohmann::json& c, bool mixed = false, double tol = 1e-6) {
+  const std::string name = c.at("optimizer").at("name").get<std::string>() + " " + c.at("variant").get<std::string>() +
+                           (mixed ? " (bf16 parameters)" : "");
   const int micro = c.at("micro_batches");
+  accel::MixedPrecisionPolicy policy;
+  if (mixed) policy = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat};
   Fsdp acc{accel::Options{.gradient_accumulation_steps = micro,
                           .scheduler_steps_once = true,
-                          .sharding = {.units = {"0", "2", "4"}},
+                          .sharding = {.units = {"0", "2", "4"}, .mp_policy = policy},
                           .comm = options(60000).comm}};
   const int rank = acc.process_index();
   tally.rank = rank;
@@ -102,7 +107,9 @@ void run_case(const nlohmann::json& c) {
       const at::Tensor x = floats(b.at("x")).to(at::kFloat).view({-1, 6}),
                        y = floats(b.at("y")).to(at::kFloat).view({-1, 4});
       auto scope = acc.accumulate(model);
-      const at::Tensor loss = torch::mse_loss(model(x), y);
+      const at::Tensor out = model(x);
+      if (mixed) check(out.scalar_type() == at::kBFloat16, name + ": the forward computes in bf16");
+      const at::Tensor loss = torch::mse_loss(out.to(at::kFloat), y);
       loss_err = std::max(loss_err, std::abs(loss.item<double>() -
                                              step.at("losses").at(std::size_t(rank)).at(std::size_t(m)).get<double>()));
       acc.backward(loss);
@@ -117,11 +124,11 @@ void run_case(const nlohmann::json& c) {
     check(sharder->gathered_bytes() == 0, name + ": nothing stays gathered after a step");
     param_err = std::max(param_err, worst(acc, model, step.at("params")));
   }
-  check(loss_err < 1e-6, name + ": every rank's losses equal fully_shard's (" + std::to_string(loss_err) + ")");
-  check(param_err < 1e-6,
+  check(loss_err < tol, name + ": every rank's losses equal fully_shard's (" + std::to_string(loss_err) + ")");
+  check(param_err < tol,
         name + ": the full parameters after every step equal fully_shard's (" + std::to_string(param_err) + ")");
   if (c.contains("clip"))
-    check(clip_err < 1e-6,
+    check(clip_err < tol,
           name + ": clip_grad_norm_ returns fully_shard's total norm (" + std::to_string(clip_err) + ")");
   // The final optimizer state: each rank's piece of every parameter's.
   double state_err = 0;
@@ -148,7 +155,7 @@ void run_case(const nlohmann::json& c) {
       state_err = std::max(state_err, std::abs(double(s.step()) - want.at("step").get<double>()));
     }
   }
-  check(state_err < 1e-6,
+  check(state_err < tol,
         name + ": this rank's part of the optimizer state equals fully_shard's (" + std::to_string(state_err) + ")");
 }
 
@@ -167,6 +174,25 @@ void fully_sharded(const Args& args) {
     ++cases;
   }
   check(cases == 8, "eight golden cases for this number of processes (" + std::to_string(cases) + ")");
+}
+
+// Under MixedPrecisionPolicy{bf16 parameters, fp32 reduction}: fully_shard's trajectories with the same policy
+// (tests/golden/generate_fsdp_mixed.py), which are up to 2e-2 from fp32 training's (bf16 matters), within 1e-6: the
+// same casts at the same places (the shard cast before the all-gather, fp32 gradients accumulated and averaged).
+void fully_sharded_mixed(const Args& args) {
+  std::ifstream in(arg(args, 0, "fsdp_mixed.json"));
+  const auto golden = nlohmann::json::parse(in);
+  const double tol = 1e-6;
+  int cases = 0;
+  for (const auto& c : golden.at("cases")) {
+    if (c.at("world_size").get<int>() != accel::detect_launch_env().world_size) continue;
+    if (c.at("optimizer").at("name") == "SGD")
+      run_case<torch::optim::SGD>(c, true, tol);
+    else
+      run_case<torch::optim::AdamW>(c, true, tol);
+    ++cases;
+  }
+  check(cases >= 4, "the mixed-precision golden cases for this number of processes (" + std::to_string(cases) + ")");
 }
 
 // What each rank keeps, what a bypassing forward does, a checkpoint's round trip, and the unit layouts refused.
@@ -309,6 +335,112 @@ void fully_sharded_bypass(const Args&) {
   mark("prepared");
   (void)model->forward(torch::randn({2, 6}));
   check(false, "model->forward(x) ran on freed parameters");
+}
+
+// Sharded checkpoints (StateDictType::sharded, the default): each process writes and reads its own shards, nothing
+// is gathered, and the job resumes bit for bit; a whole model.pt (StateDictType::full, or an unsharded job's) loads
+// into a sharded model and the reverse is refused naming the fix.
+void fully_sharded_checkpoints(const Args& args) {
+  const std::filesystem::path dir = arg(args, 0, "fsdp-checkpoints");
+  const auto comm = options(60000).comm;
+  Fsdp acc{accel::Options{.sharding = {.units = {"0", "2", "4"}}, .comm = comm}};
+  tally.rank = acc.process_index();
+  const int N = acc.num_processes();
+  torch::manual_seed(3);
+  auto net = mlp();
+  auto raw = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [model, opt] = acc.prepare(net, raw);
+  const auto sharder = model.distributed().sharder();
+  const at::Tensor x = torch::randn({4, 6}), y = torch::randn({4, 4});
+  auto steps = [&](auto& a, auto& m, auto& o, int k) {
+    for (int s = 0; s < k; ++s) {
+      a.backward(torch::mse_loss(m(x), y));
+      o.step();
+      o.zero_grad();
+    }
+    return flat_parameters(a, m);
+  };
+  (void)steps(acc, model, opt, 2);
+  const auto sharded_dir = dir / "sharded", full_dir = dir / "full";
+  sharder->reset_peak();
+  acc.save_state(sharded_dir);
+  check(sharder->peak_gathered_bytes() == 0,
+        "save_state gathers nothing (" + std::to_string(sharder->peak_gathered_bytes()) + " bytes gathered)");
+  bool files = !std::filesystem::exists(sharded_dir / "model.pt");
+  for (int r = 0; r < N; ++r)
+    files = files && std::filesystem::exists(sharded_dir / ("model_0_rank" + std::to_string(r) + ".pt"));
+  check(files, "each process wrote its own shards (model_0_rank<r>.pt), and no whole model.pt");
+  const at::Tensor first = steps(acc, model, opt, 2);
+  sharder->reset_peak();
+  acc.load_state(sharded_dir);
+  check(sharder->peak_gathered_bytes() == 0, "load_state of shards gathers nothing");
+  check(at::equal(first, steps(acc, model, opt, 2)),
+        "resumed from its shards, the same steps give the same parameters");
+
+  // StateDictType::full: the whole model in model.pt (an unsharded job's file); it loads into the sharded job.
+  {
+    torch::manual_seed(3);
+    auto net2 = mlp();
+    Fsdp full{accel::Options{.sharding = {.units = {"0", "2", "4"}, .state_dict_type = accel::StateDictType::full},
+                             .comm = comm}};
+    auto raw2 = std::make_shared<torch::optim::AdamW>(net2->parameters(), torch::optim::AdamWOptions(0.01));
+    auto [m2, o2] = full.prepare(net2, raw2);
+    (void)steps(full, m2, o2, 2);
+    full.save_state(full_dir);
+    check(std::filesystem::exists(full_dir / "model.pt") && !std::filesystem::exists(full_dir / "model_0_rank0.pt"),
+          "StateDictType::full writes the whole model.pt");
+    const at::Tensor expect = steps(full, m2, o2, 2);
+    // Loaded by the job that writes shards: the whole model goes into its shards; the same two steps follow.
+    acc.load_state(full_dir);
+    check(sharder->gathered_bytes() == 0, "a whole model.pt loaded into the sharded model leaves it sharded");
+    check(at::equal(expect, steps(acc, model, opt, 2)), "a whole model.pt resumes the sharded job exactly");
+    // And the job that writes whole models reads shards.
+    full.load_state(sharded_dir);
+    acc.load_state(sharded_dir);
+    check(at::equal(steps(full, m2, o2, 2), steps(acc, model, opt, 2)),
+          "StateDictType::full's job resumes from shards");
+  }
+  // An unsharded job cannot take a model's shards: refused before anything is restored, naming the fix.
+  {
+    using Ddp = accel::Accelerator<accel::dist::from_env, accel::batches::per_process>;
+    Ddp ddp{accel::Options{.comm = comm}};
+    auto m = mlp();
+    auto o = std::make_shared<torch::optim::AdamW>(m->parameters(), torch::optim::AdamWOptions(0.01));
+    auto prepared = ddp.prepare(m, o);
+    std::string message;
+    try {
+      ddp.load_state(sharded_dir);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    check(message.find("as the shards of") != std::string::npos &&
+              message.find("accel::shard::parameters") != std::string::npos,
+          "an unsharded job refuses a model's shards naming the fix (" + message + ")");
+  }
+  // A forged shard file (another rank's, as if copied over): refused naming the file, nothing restored.
+  if (N > 1) {
+    const auto forged = dir / "forged";
+    if (acc.is_main_process()) {
+      std::filesystem::remove_all(forged);
+      std::filesystem::copy(sharded_dir, forged);
+      std::filesystem::copy_file(forged / "model_0_rank1.pt", forged / "model_0_rank0.pt",
+                                 std::filesystem::copy_options::overwrite_existing);
+      accel::checkpoint::Manifest::of_directory(forged).write(forged);
+    }
+    acc.wait_for_everyone();
+    const at::Tensor before = flat_parameters(acc, model);
+    std::string message;
+    try {
+      acc.load_state(forged);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    if (acc.process_index() == 0)
+      check(
+          message.find("model_0_rank0.pt") != std::string::npos && message.find("rank 1's shards") != std::string::npos,
+          "another rank's shard file is refused naming it (" + message + ")");
+    check(at::equal(before, flat_parameters(acc, model)), "nothing restored from a refused checkpoint");
+  }
 }
 
 }  // namespace mp

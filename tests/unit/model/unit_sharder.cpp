@@ -2,17 +2,20 @@
 // a type predicate, names), the layouts refused, and the interception on one process: a forward and backward
 // through a sharded model gather each unit on its first use and free it after, and give the gradients a plain
 // model gets.
+#include <accel/checkpoint/checkpointer.hpp>
 #include <accel/model/distributed_module.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -92,4 +95,105 @@ TEST_CASE("UnitSharder: one process gathers each unit on use and gives a plain m
     CHECK(torch::allclose(piece->grad, item.value().grad().flatten(), 1e-6, 1e-7));
   }
   CHECK(sharder.peak_gathered_bytes() < 4 * (40 + 20 + 20 + 10) * 4);  // never the whole model twice
+}
+
+TEST_CASE("A fully sharded model's checkpoint holds its shards and buffers, and refuses another unit layout",
+          "[sharding]") {
+  namespace fs = std::filesystem;
+  auto make = [](std::uint64_t seed) {
+    torch::manual_seed(seed);
+    return torch::nn::Sequential(torch::nn::Linear(6, 5), torch::nn::BatchNorm1d(5), torch::nn::Linear(5, 3));
+  };
+  auto sharded = [](torch::nn::Sequential& net, Strings units) {
+    auto d = std::make_shared<accel::DistributedModule>(net.ptr(), nullptr);
+    d->shard_parameters({.units = std::move(units)});
+    return d;
+  };
+  const auto dir = fs::temp_directory_path() / ("accel_sharded_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const accel::checkpoint::Checkpointer::Process p{0, 1, c10::Device(c10::kCPU), [] {}};
+  auto net = make(1);
+  auto ddp = sharded(net, {"0", "2"});
+  ddp->before_forward();
+  const at::Tensor loss = net->forward(torch::randn({8, 6})).pow(2).sum();  // moves the running statistics
+  ddp->after_forward(true);
+  loss.backward();
+  accel::checkpoint::Checkpointer ck;
+  ck.add_model(net.ptr(), accel::checkpoint::sharded_model(ddp->sharder()));
+  ck.save(dir, p, 0, false);
+  CHECK(fs::exists(dir / "model_0_rank0.pt"));
+  CHECK_FALSE(fs::exists(dir / "model.pt"));
+  // Into another model of the same units: its parameters and buffers become the saved ones.
+  auto other = make(2);
+  auto ddp2 = sharded(other, {"0", "2"});
+  accel::checkpoint::Checkpointer ck2;
+  ck2.add_model(other.ptr(), accel::checkpoint::sharded_model(ddp2->sharder()));
+  ck2.load(dir, p);
+  {
+    accel::GatheredParameters a({ddp->sharder()}, false), b({ddp2->sharder()}, false);
+    for (const auto& item : net->named_parameters())
+      CHECK(at::equal(item.value(), other->named_parameters()[item.key()]));
+    for (const auto& item : net->named_buffers()) CHECK(at::equal(item.value(), other->named_buffers()[item.key()]));
+  }
+  CHECK(ddp2->sharder()->gathered_bytes() == 0);
+  // Into the same model cut into other units: refused naming the file and the fix, nothing restored.
+  auto third = make(3);
+  auto ddp3 = sharded(third, {"0"});
+  accel::checkpoint::Checkpointer ck3;
+  ck3.add_model(third.ptr(), accel::checkpoint::sharded_model(ddp3->sharder()));
+  const at::Tensor before = third->named_buffers()["1.running_mean"].clone();
+  CHECK_THROWS_WITH(ck3.load(dir, p), Catch::Contains("model_0_rank0.pt") && Catch::Contains("mismatched units") &&
+                                          Catch::Contains("has '2.weight' where the checkpoint's has 'unit 0'") &&
+                                          Catch::Contains("Options::sharding"));
+  CHECK(at::equal(before, third->named_buffers()["1.running_mean"]));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("MixedPrecisionPolicy: bf16 parameters compute, fp32 shards keep the model and take the gradients",
+          "[sharding]") {
+  torch::manual_seed(12);
+  auto net = mlp();
+  auto ref = mlp();
+  std::vector<at::Tensor> exact;
+  {
+    torch::NoGradGuard g;
+    auto a = net->parameters(), b = ref->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]), exact.push_back(a[i].clone());
+  }
+  ref->to(at::kBFloat16);  // what the policy computes with
+  accel::DistributedModule ddp(net.ptr(), nullptr);
+  ddp.shard_parameters({.units = {"0", "2"}, .mp_policy = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat}});
+  const auto& sharder = *ddp.sharder();
+  CHECK(sharder.input_dtype() == at::kBFloat16);
+  CHECK(net->parameters()[0].scalar_type() == at::kBFloat16);  // the parameters compute in bf16 ...
+  const auto* first = sharder.piece_of(net->parameters()[0]);
+  REQUIRE(first);
+  CHECK(first->shard.scalar_type() == at::kFloat);  // ... the shards keep fp32
+  // Gathered whole (a checkpoint, gather_parameters), the parameters read as the fp32 model, not a bf16 rounding.
+  {
+    accel::GatheredParameters whole({ddp.sharder()}, false);
+    auto p = net->parameters();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      CHECK(p[i].scalar_type() == at::kFloat);
+      CHECK(at::equal(p[i], exact[i]));
+    }
+  }
+  CHECK(net->parameters()[0].scalar_type() == at::kBFloat16);
+  CHECK(sharder.gathered_bytes() == 0);
+  const at::Tensor x = torch::randn({5, 6}).to(at::kBFloat16), y = torch::randn({5, 4});
+  ddp.before_forward();
+  const at::Tensor out = net->forward(x);
+  ddp.after_forward(true);
+  CHECK(out.scalar_type() == at::kBFloat16);
+  torch::mse_loss(out.to(at::kFloat), y).backward();
+  const at::Tensor want = ref->forward(x);
+  CHECK(at::equal(out, want));
+  torch::mse_loss(want.to(at::kFloat), y).backward();
+  // The bf16 gradients, cast to fp32 before the (one-process) reduction, land in the fp32 gradient shards.
+  for (const auto& item : ref->named_parameters()) {
+    const auto* piece = sharder.piece_of(net->named_parameters()[item.key()]);
+    REQUIRE(piece);
+    CHECK(piece->grad.scalar_type() == at::kFloat);
+    CHECK(at::equal(piece->grad, item.value().grad().to(at::kFloat).flatten()));
+  }
 }

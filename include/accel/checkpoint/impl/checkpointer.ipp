@@ -26,8 +26,20 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
                          std::int64_t(custom_.size()), trackers, settings});
         },
         tmp / meta_file);
-    for (std::size_t i = 0; i < models_.size(); ++i)
-      save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
+  }
+  // Models: the main process writes each whole; a fully sharded one is written by every process, its own shards, or
+  // gathered (collective: every process, in model order) for the main process to write whole.
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    const auto& sharded = sharded_[i];
+    if (sharded && sharded->write_shards) {
+      save_one(sharded->save, tmp / model_shard_file(i, p.index));
+      continue;
+    }
+    std::optional<Whole> whole;
+    if (sharded) whole.emplace(*sharded);
+    if (main) save_one([&](auto& a) { models_[i]->save(a); }, tmp / indexed("model", i));
+  }
+  if (main) {
     for (std::size_t i = 0; i < optimizers_.size(); ++i) save_one(optimizers_[i].save, tmp / indexed("optimizer", i));
     for (std::size_t i = 0; i < schedulers_.size(); ++i) save_one(schedulers_[i].save, tmp / indexed("scheduler", i));
     if (scaler_) save_one(scaler_->save, tmp / scaler_file);
@@ -58,9 +70,10 @@ ACCEL_DECL void Checkpointer::save(const std::filesystem::path& dir, const Proce
   p.barrier();
 }
 
-ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, const Process& p,
-                                           const Settings& settings, bool allow_changed_settings,
-                                           std::optional<tracking::Position>* trackers) {
+ACCEL_DECL std::int64_t Checkpointer::load_checked(const std::filesystem::path& given, const Process& p,
+                                                   const Settings& settings, bool allow_changed_settings,
+                                                   std::optional<tracking::Position>* trackers,
+                                                   const std::function<std::string(const std::string&)>& agree) {
   // A crash between the two renames of a save without an atomic exchange leaves the old checkpoint aside.
   const auto aside = std::filesystem::path(given.string() + ".old");
   const auto dir = !std::filesystem::exists(given) && std::filesystem::is_directory(aside) ? aside : given;
@@ -71,6 +84,7 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
   manifest.check_sizes(dir);
   const auto meta_path = (dir / meta_file).string();
   const Meta meta = read_meta(manifest.read(dir, meta_file), meta_path);
+  std::vector<char> shard_files(models_.size(), 0);  // per model: saved as each process's shards
   // Every process of the saving job wrote its record (and its ZeRO partitions): the description's count of
   // processes must match the files the manifest lists (a count from elsewhere would otherwise be blamed on a file
   // that is merely missing).
@@ -85,10 +99,15 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
                                      name + " (one of the two files is not this checkpoint's)");
     };
     if (std::uint64_t(meta.num_processes) > manifest.files.size()) missing(process_file(int(manifest.files.size())));
+    // A model saved as shards (model_<i>_rank<r>.pt) rather than whole (model.pt): each process wrote its own.
+    for (std::size_t i = 0; i < models_.size() && i < std::size_t(std::max<std::int64_t>(meta.models, 0)); ++i)
+      shard_files[i] = listed(model_shard_file(i, 0));
     for (std::int64_t r = 0; r < meta.num_processes; ++r) {
       if (!listed(process_file(int(r)))) missing(process_file(int(r)));
       for (std::size_t i = 0; i < partitions_.size(); ++i)
         if (!listed(partition_file(i, int(r)))) missing(partition_file(i, int(r)));
+      for (std::size_t i = 0; i < models_.size(); ++i)
+        if (shard_files[i] && !listed(model_shard_file(i, int(r)))) missing(model_shard_file(i, int(r)));
     }
   }
   const bool resized = meta.num_processes != p.count;
@@ -126,10 +145,33 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     if (s.check) reading(o.path, [&] { s.check(o.archive); });
     return o;
   };
-  std::vector<Opened> models, optimizers, schedulers;
+  std::vector<Opened> optimizers, schedulers;
+  std::vector<std::optional<Opened>> models(models_.size());
+  // A fully sharded model's shards: this process's own (each checked against the model's units), or at another
+  // number of processes every saved process's.
+  std::vector<std::vector<torch::serialize::InputArchive>> model_shards(models_.size());
+  std::vector<std::string> model_shards_path(models_.size());
   for (std::size_t i = 0; i < models_.size(); ++i) {
-    models.push_back(open(indexed("model", i), p.device));
-    check_module(*models_[i], models.back().archive, models.back().path, "");
+    if (!shard_files[i]) {
+      models[i] = open(indexed("model", i), p.device);
+      check_module(*models_[i], models[i]->archive, models[i]->path, "");
+      continue;
+    }
+    if (!sharded_[i])
+      throw InvalidArgument("accel::load_state: " + dir.string() + " holds model " + std::to_string(i) +
+                            " as the shards of " + std::to_string(meta.num_processes) + " process(es) (" +
+                            model_shard_file(i, 0) +
+                            ", ...), saved under accel::shard::parameters; this job's model is not fully sharded: "
+                            "resume with accel::shard::parameters and the same Options::sharding, or save the job "
+                            "with ShardingOptions::state_dict_type = StateDictType::full to get a whole model.pt");
+    const std::int64_t count = resized ? meta.num_processes : 1;
+    for (std::int64_t k = 0; k < count; ++k) {
+      const int rank = resized ? int(k) : p.index;
+      Opened o = open(model_shard_file(i, rank), p.device);
+      reading(o.path, [&] { sharded_[i]->check(o.archive, meta.num_processes, rank); });
+      if (k == 0) model_shards_path[i] = o.path;
+      model_shards[i].push_back(std::move(o.archive));
+    }
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i)
     optimizers.push_back(open_checked(indexed("optimizer", i), optimizers_[i]));
@@ -205,8 +247,16 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     for (std::size_t m = 0; m < models_.size(); ++m)
       for (const auto& param : models_[m]->named_parameters()) {
         at::Tensor g;
-        if (!resized && proc.archive.try_read(grad_key(m, param.key()), g))
-          check_layout(proc.path, "the gradient of " + param.key(), g, "the parameter's", param.value());
+        if (!resized && proc.archive.try_read(grad_key(m, param.key()), g)) {
+          // A gradient kept in another dtype than its parameter's (`set_grad_dtype`: full sharding's mixed precision)
+          // is compared with that dtype.
+          const auto& v = param.value();
+          const auto dtype = v.requires_grad() ? v.grad_dtype() : std::nullopt;
+          const at::Tensor want = dtype && *dtype != v.scalar_type()
+                                      ? at::empty(v.sizes(), v.options().dtype(*dtype).device(at::kMeta))
+                                      : v;
+          check_layout(proc.path, "the gradient of " + param.key(), g, "the parameter's", want);
+        }
         grads[m].push_back(g);
       }
   });
@@ -225,9 +275,25 @@ ACCEL_DECL std::int64_t Checkpointer::load(const std::filesystem::path& given, c
     differ("gradient_accumulation_steps", std::to_string(saved->gradient_accumulation_steps),
            std::to_string(settings.gradient_accumulation_steps), "gradient_accumulation_steps");
   }
+  // Every process has checked what it reads: a problem any of them found stops them all before anything is restored.
+  if (const auto problem = agree(""); !problem.empty())
+    throw InvalidArgument("accel::load_state: another process refused the checkpoint, so none restores it: " + problem);
   // Restoring: an archive of other keys or shapes than the object it is loaded into still names its file.
-  for (std::size_t i = 0; i < models_.size(); ++i)
-    reading(models[i].path, [&] { models_[i]->load(models[i].archive); });
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    if (shard_files[i]) {
+      reading(model_shards_path[i], [&] {
+        if (resized)
+          sharded_[i]->load_all(model_shards[i]);
+        else
+          sharded_[i]->load(model_shards[i].front());
+      });
+      continue;
+    }
+    std::optional<Whole> whole;  // a whole model.pt into a fully sharded model: loaded gathered, then cut
+    if (sharded_[i]) whole.emplace(*sharded_[i]);
+    reading(models[i]->path, [&] { models_[i]->load(models[i]->archive); });
+    if (whole) whole->keep = true;
+  }
   for (std::size_t i = 0; i < optimizers_.size(); ++i)
     reading(optimizers[i].path, [&] { optimizers_[i].load(optimizers[i].archive); });
   for (std::size_t i = 0; i < schedulers_.size(); ++i)

@@ -8,6 +8,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/serialize/archive.h>
 
 #include <atomic>
 #include <cstdio>
@@ -96,7 +97,7 @@ inline void watch_on_this_thread() {
 
 ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
                                     const std::vector<std::pair<std::string, at::Tensor>>& trainable)
-    : comm_(comm), options_(std::move(options)) {
+    : root_(&root), comm_(comm), options_(std::move(options)) {
   const auto names = plan_units(root, options_);
   units_.resize(names.size() + 1);
   for (std::size_t u = 0; u < names.size(); ++u) units_[u + 1].name = names[u];
@@ -164,13 +165,26 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
     if (unit.params.empty()) continue;  // a root unit with nothing of its own
     unit.part = (unit.total + n - 1) / n;
     const auto options = unit.params.front().tensor.options().requires_grad(false);
-    unit.full = at::zeros({unit.part * n}, options);
+    // Under mp_policy a floating unit computes in param_dtype: its full buffer (and so its parameters) in that
+    // dtype, its shard in the model's.
+    const auto compute = options_.mp_policy.param_dtype && at::isFloatingType(options.dtype().toScalarType())
+                             ? *options_.mp_policy.param_dtype
+                             : options.dtype().toScalarType();
+    at::Tensor whole = at::zeros({unit.part * n}, options);
     for (auto& p : unit.params) {
-      unit.full.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
-      detail::rebind_to(p.tensor, unit.full, p.offset);
+      whole.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
       if (p.trainable >= 0) unit_of_trainable_[std::size_t(p.trainable)] = u;
     }
-    unit.shard = unit.full.narrow(0, std::int64_t(r) * unit.part, unit.part).clone();
+    unit.shard = whole.narrow(0, std::int64_t(r) * unit.part, unit.part).clone();
+    unit.full = compute == whole.scalar_type() ? whole : whole.to(compute);
+    // The gradients come in the reduce dtype (FSDP's unsharded gradient dtype): a compute-dtype gradient is cast up
+    // as autograd accumulates it, so micro-batches accumulate in it too.
+    const auto reduce =
+        options_.mp_policy.reduce_dtype && at::isFloatingType(compute) ? *options_.mp_policy.reduce_dtype : compute;
+    for (auto& p : unit.params) {
+      bind(unit.full, p);
+      if (p.trainable >= 0 && reduce != compute) p.tensor.set_grad_dtype(reduce);
+    }
     if (unit.trainable()) unit.grad = at::zeros({unit.part}, options);
     // This rank's piece of each parameter, as aliases (not autograd views: an optimizer's parameter is a leaf).
     const std::int64_t lo = std::int64_t(r) * unit.part, hi = lo + unit.part;
@@ -233,7 +247,23 @@ ACCEL_DECL void UnitSharder::adopt_moved(Unit& u, Param& p) {
                      hi = std::min(p.offset + p.numel, (r + 1) * u.part);
   if (lo < hi) u.shard.narrow(0, lo - r * u.part, hi - lo).copy_(values.narrow(0, lo - p.offset, hi - lo));
   if (u.gathered) u.full.narrow(0, p.offset, p.numel).copy_(values);
-  detail::rebind_to(p.tensor, u.full, p.offset);
+  bind(u.full, p);
+}
+
+ACCEL_DECL void UnitSharder::bind(const at::Tensor& buffer, Param& p) {
+  if (p.tensor.scalar_type() == buffer.scalar_type())
+    detail::rebind_to(p.tensor, buffer, p.offset);
+  else  // mp_policy: the parameter takes the buffer's dtype (its TensorImpl, hooks and gradient slot kept)
+    p.tensor.set_data(detail::alias_of(buffer, p.offset, p.tensor.sizes()));
+}
+
+ACCEL_DECL void UnitSharder::all_gather(Unit& u, at::Tensor& into) {
+  // Under mp_policy the shard is cast before the all-gather: param_dtype's bytes travel (FSDP's order).
+  const at::Tensor part = u.shard.scalar_type() == into.scalar_type() ? u.shard : u.shard.to(into.scalar_type());
+  if (processes() > 1)
+    comm_->all_gather_into(into, part);
+  else
+    into.copy_(part);
 }
 
 ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
@@ -281,10 +311,7 @@ ACCEL_DECL void UnitSharder::gather(Unit& u) {
   u.gathered = true;
   gathered_bytes_ += std::int64_t(bytes);
   peak_bytes_ = std::max(peak_bytes_, gathered_bytes_);
-  if (processes() > 1)
-    comm_->all_gather_into(u.full, u.shard);
-  else
-    u.full.copy_(u.shard);
+  all_gather(u, u.full);
 }
 
 ACCEL_DECL void UnitSharder::free(Unit& u) {
@@ -310,28 +337,50 @@ ACCEL_DECL void UnitSharder::reduce(Unit& u) {
   c10::AutoGradMode no_grad(false);
   at::RecordFunctionGuard no_callbacks(false);
   const int n = processes();
-  at::Tensor flat = at::zeros({u.part * n}, u.grad.options());
-  const at::Scalar share = 1.0 / double(n);  // each gradient divided by N, then summed: DDP's average
+  // The reduce dtype: mp_policy's reduce_dtype, else the gradients' own (param_dtype's under a policy).
+  const auto& policy = options_.mp_policy;
+  const auto dtype =
+      policy.reduce_dtype && at::isFloatingType(u.grad.scalar_type()) ? *policy.reduce_dtype : u.full.scalar_type();
+  // The average, as FSDP2 takes it: the sum divided by N (ReduceOp.AVG) where the sum cannot overflow; in fp16 each
+  // gradient divided by N first.
+  const bool predivide = dtype == at::kHalf;
+  at::Tensor flat = at::zeros({u.part * n}, u.grad.options().dtype(dtype));
   for (auto& p : u.params) {
     if (p.trainable < 0) continue;
     auto& g = p.tensor.mutable_grad();
     if (!g.defined()) continue;  // unused: zeros
     at::Tensor slot = flat.narrow(0, p.offset, p.numel);
-    at::mul_out(slot, g.reshape({-1}), share);
+    slot.copy_(g.reshape({-1}));  // cast to the reduce dtype (exact when it is wider)
+    if (predivide) slot.div_(n);
     g = at::Tensor();  // the full gradient is released: this rank keeps its shard's
   }
-  at::Tensor mine = at::empty({u.part}, u.grad.options());
-  if (n > 1)
+  at::Tensor mine = at::empty({u.part}, flat.options());
+  if (n > 1) {
     comm_->reduce_scatter(mine, flat);
-  else
+    if (!predivide) mine.div_(n);
+  } else {
     mine.copy_(flat);
+  }
   u.grad.add_(mine);
 }
 
 ACCEL_DECL void UnitSharder::gather_all() {
   std::lock_guard<std::mutex> lock(mu_);
   gathering_all_ = true;
-  for (auto& u : units_) gather(u);
+  for (auto& u : units_) {
+    if (!u.full.defined() || u.full.scalar_type() == u.shard.scalar_type() || u.exact.defined()) {
+      gather(u);
+      continue;
+    }
+    // mp_policy: the whole model is read (a checkpoint, summon_full_params) in the shards' dtype, not param_dtype's.
+    c10::AutoGradMode no_grad(false);
+    at::RecordFunctionGuard no_callbacks(false);
+    u.exact = at::empty({u.part * processes()}, u.shard.options());
+    all_gather(u, u.exact);
+    for (auto& p : u.params) bind(u.exact, p);
+    gathered_bytes_ += std::int64_t(u.exact.nbytes());
+    peak_bytes_ = std::max(peak_bytes_, gathered_bytes_);
+  }
 }
 
 ACCEL_DECL void UnitSharder::release_all(bool write_back) {
@@ -341,6 +390,17 @@ ACCEL_DECL void UnitSharder::release_all(bool write_back) {
   c10::AutoGradMode no_grad(false);
   at::RecordFunctionGuard no_callbacks(false);
   for (auto& u : units_) {
+    if (u.exact.defined()) {  // mp_policy: the parameters go back to the compute dtype's (freed) buffer
+      for (auto& p : u.params) {
+        if (write_back && moved_from(u.exact, p))
+          u.exact.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
+        bind(u.full, p);
+      }
+      if (write_back) u.shard.copy_(u.exact.narrow(0, r * u.part, u.part));
+      gathered_bytes_ -= std::int64_t(u.exact.nbytes());
+      u.exact = at::Tensor();
+      continue;
+    }
     if (write_back && u.gathered) {
       for (auto& p : u.params)  // LibTorch's InputArchive::read (load_state's, torch::load's) calls set_ on them
         if (moved(u, p)) adopt_moved(u, p);
@@ -348,6 +408,172 @@ ACCEL_DECL void UnitSharder::release_all(bool write_back) {
     }
     if (!in_forward_ && !backward_due_) free(u);
   }
+}
+
+// ---- a sharded checkpoint ------------------------------------------------------------------------------------
+
+ACCEL_DECL at::Tensor UnitSharder::layout() const {
+  std::int64_t rows = 0;
+  for (const auto& u : units_) rows += std::int64_t(u.params.size());
+  at::Tensor t = at::empty({rows, 3}, at::TensorOptions().dtype(at::kLong));
+  auto v = t.accessor<std::int64_t, 2>();
+  std::int64_t i = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    for (const auto& p : units_[u].params) {
+      v[i][0] = std::int64_t(u), v[i][1] = p.numel, v[i][2] = p.offset;
+      ++i;
+    }
+  return t;
+}
+
+ACCEL_DECL std::string UnitSharder::layout_names() const {
+  std::string s;
+  for (const auto& u : units_) {
+    s += "unit " + u.name + "\n";
+    for (const auto& p : u.params) s += p.name + "\n";
+  }
+  return s;
+}
+
+ACCEL_DECL void UnitSharder::save_shards(torch::serialize::OutputArchive& a) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  a.write("fsdp_processes", c10::IValue(std::int64_t(processes())));
+  a.write("fsdp_rank", c10::IValue(std::int64_t(rank())));
+  a.write("fsdp_layout", layout());
+  a.write("fsdp_names", c10::IValue(layout_names()));
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].shard.defined()) a.write("fsdp_unit_" + std::to_string(u), units_[u].shard);
+  for (const auto& b : root_->named_buffers()) a.write("buffer." + b.key(), b.value());
+}
+
+ACCEL_DECL void UnitSharder::check_shards(torch::serialize::InputArchive& a, std::int64_t processes,
+                                          std::int64_t rank) const {
+  const std::string what = "rank " + std::to_string(rank) + "'s shards";
+  auto integer = [&](const char* key) {
+    c10::IValue v;
+    if (!a.try_read(key, v) || !v.isInt())
+      throw InvalidArgument(what + " are not a fully sharded model's (no integer '" + key +
+                            "'); resume with the configuration that saved them");
+    return v.toInt();
+  };
+  const std::int64_t saved_processes = integer("fsdp_processes"), saved_rank = integer("fsdp_rank");
+  if (saved_processes != processes || saved_rank != rank)
+    throw InvalidArgument(what + " hold rank " + std::to_string(saved_rank) + "'s shards of " +
+                          std::to_string(saved_processes) + " process(es), where rank " + std::to_string(rank) +
+                          "'s of " + std::to_string(processes) + " belong (one file is not this checkpoint's)");
+  // The layout: a model cut into other units, or with other parameters, would put the saved values on other
+  // elements.
+  at::Tensor saved;
+  c10::IValue names;
+  const bool has = a.try_read("fsdp_layout", saved) && a.try_read("fsdp_names", names);
+  const bool same_layout = has && saved.defined() && saved.scalar_type() == at::kLong && saved.dim() == 2 &&
+                           saved.layout() == at::kStrided && at::equal(saved.cpu().contiguous(), layout());
+  const std::string mine = layout_names();
+  if (!same_layout || !names.isString() || names.toStringRef() != mine) {
+    std::string differ;
+    if (names.isString()) {  // the first line that differs, to name the module
+      const std::string& theirs = names.toStringRef();
+      std::size_t at = 0;
+      while (at < mine.size() && at < theirs.size() && mine[at] == theirs[at]) ++at;
+      const std::size_t from = at == 0 ? 0 : mine.rfind('\n', at - 1) + 1;  // the line's start (npos + 1 is 0)
+      auto line = [&](const std::string& s) {
+        const std::string l = from < s.size() ? s.substr(from, s.find('\n', from) - from) : std::string();
+        return l.empty() ? std::string("nothing more") : "'" + l.substr(0, 200) + "'";
+      };
+      if (at < mine.size() || at < theirs.size())
+        differ = " (this model's layout has " + line(mine) + " where the checkpoint's has " + line(theirs) + ")";
+    }
+    throw InvalidArgument("accel::shard::parameters: mismatched units: " + what +
+                          " hold the shards of a model cut into other units (or with other parameters) than this "
+                          "one" +
+                          differ +
+                          "; resume with the same model and the same Options::sharding (units, min_num_params, "
+                          "unit_if)");
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const auto& unit = units_[u];
+    if (!unit.shard.defined()) continue;
+    const std::string key = "fsdp_unit_" + std::to_string(u);
+    at::Tensor t;
+    const std::int64_t part = (unit.total + processes - 1) / processes;
+    if (!a.try_read(key, t) || !t.defined())
+      throw InvalidArgument(what + " hold no '" + key + "' (the shard of " +
+                            (u == 0 ? std::string("the root unit") : "unit '" + unit.name + "'") + ")");
+    if (t.scalar_type() != unit.shard.scalar_type() || t.dim() != 1 || t.numel() != part ||
+        t.layout() != at::kStrided || (part > 1 && t.stride(0) != 1))
+      throw InvalidArgument(what + ": '" + key + "' (the shard of " +
+                            (u == 0 ? std::string("the root unit") : "unit '" + unit.name + "'") + ") is " +
+                            std::string(c10::toString(t.scalar_type())) + " of " + std::to_string(t.numel()) +
+                            " elements, not a dense " + std::string(c10::toString(unit.shard.scalar_type())) + " of " +
+                            std::to_string(part));
+  }
+  for (const auto& b : root_->named_buffers()) {
+    at::Tensor t;
+    if (!a.try_read("buffer." + b.key(), t) || !t.defined())
+      throw InvalidArgument(what + " hold no buffer '" + b.key() + "' of the model");
+    const auto& want = b.value();
+    bool dense = t.layout() == at::kStrided && t.is_contiguous();
+    if (t.scalar_type() != want.scalar_type() || t.sizes() != want.sizes() || !dense)
+      throw InvalidArgument(what + ": buffer '" + b.key() + "' is " + std::string(c10::toString(t.scalar_type())) +
+                            " " + c10::str(t.sizes()) + ", the model's is a dense " +
+                            std::string(c10::toString(want.scalar_type())) + " " + c10::str(want.sizes()));
+  }
+}
+
+ACCEL_DECL void UnitSharder::load_buffers(torch::serialize::InputArchive& a) {
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  for (auto& b : root_->named_buffers()) {
+    at::Tensor t;
+    a.read("buffer." + b.key(), t);
+    b.value().copy_(t);
+  }
+}
+
+ACCEL_DECL void UnitSharder::regather() {
+  for (auto& u : units_) {
+    if (u.gathered) all_gather(u, u.full);
+    if (u.exact.defined()) all_gather(u, u.exact);
+  }
+}
+
+ACCEL_DECL void UnitSharder::load_shards(torch::serialize::InputArchive& a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].shard.defined()) continue;
+    at::Tensor t;
+    a.read("fsdp_unit_" + std::to_string(u), t);
+    units_[u].shard.copy_(t);
+  }
+  load_buffers(a);
+  regather();
+}
+
+ACCEL_DECL void UnitSharder::load_resharded(std::vector<torch::serialize::InputArchive>& parts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  const std::int64_t n = std::int64_t(parts.size()), r = rank();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    auto& unit = units_[u];
+    if (!unit.shard.defined()) continue;
+    // This rank's elements [r * P, (r + 1) * P) of the unit, from saved rank k's [k * P', (k + 1) * P'); the
+    // padding past the unit's elements stays zero.
+    const std::int64_t saved_part = (unit.total + n - 1) / n, lo = r * unit.part,
+                       hi = std::min(lo + unit.part, unit.total);
+    unit.shard.zero_();
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int64_t a = std::max(lo, k * saved_part), b = std::min(hi, (k + 1) * saved_part);
+      if (a >= b) continue;
+      at::Tensor t;
+      parts[std::size_t(k)].read("fsdp_unit_" + std::to_string(u), t);
+      unit.shard.narrow(0, a - lo, b - a).copy_(t.narrow(0, a - k * saved_part, b - a));
+    }
+  }
+  load_buffers(parts.front());
+  regather();
 }
 
 }  // namespace accel
