@@ -52,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -369,6 +370,38 @@ class Accelerator {
   //! read as the whole model (FSDP's `summon_full_params`). Collective: every process opens it, at the same point.
   //! `write_back`: what is written into the parameters inside goes back into each process's shards at its end
   //! (otherwise it is dropped). Without full sharding every process holds the whole model: nothing to gather.
+  // [accelerate:accelerator.py Accelerator.get_state_dict]
+  //! The model's parameters and buffers by name, in `named_parameters()` then `named_buffers()` order (what
+  //! `checkpoint::save_safetensors_sharded` writes). Under `accel::shard::parameters` it is collective (every process
+  //! calls it): the units are gathered one at a time (at most one unit's whole parameters extra on each process) and
+  //! the main process alone receives the full state, copied in the shards' dtype; the others get none, as
+  //! Accelerate's FSDP path (full state dict, rank 0 only). Otherwise each process gets its own model's tensors,
+  //! detached (not copied).
+  template <class M>
+  requires ModuleHandle<M> || is_prepared_model<M>
+  [[nodiscard]] checkpoint::NamedTensors get_state_dict(const M& model) {
+    const auto module = module_of(unwrap_model(model));
+    checkpoint::NamedTensors out;
+    const auto d = distributed_of(model);
+    if (!d || !d->sharder()) {
+      for (const auto& p : module->named_parameters()) out.emplace_back(p.key(), p.value().detach());
+      for (const auto& b : module->named_buffers()) out.emplace_back(b.key(), b.value().detach());
+      return out;
+    }
+    const bool main = is_main_process();
+    std::unordered_map<std::string, at::Tensor> whole;
+    // not a step call: a full state dict is every process's call between steps
+    d->sharder()->for_each_unit_whole([&](const UnitSharder::Unit& unit, const at::Tensor& flat) {
+      if (!main) return;
+      for (const auto& p : unit.params)
+        whole[p.name] = flat.narrow(0, p.offset, p.numel).view(p.tensor.sizes()).clone();
+    });
+    if (!main) return out;
+    for (const auto& p : module->named_parameters()) out.emplace_back(p.key(), whole.at(p.key()));
+    for (const auto& b : module->named_buffers()) out.emplace_back(b.key(), b.value().detach().clone());
+    return out;
+  }
+
   template <class M>
   requires ModuleHandle<M> || is_prepared_model<M>
   [[nodiscard]] GatheredParameters gather_parameters(const M& model, bool write_back = false) {

@@ -303,6 +303,10 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   }
 
  public:
+  //! Collective: each unit's whole parameters in turn (`whole`: N * P elements in the shards' dtype, the unit's
+  //! parameters at their offsets), gathered into a buffer that lives only for `fn`'s call, so at most one unit's
+  //! whole parameters exist at once beyond what training holds (`Accelerator::get_state_dict`).
+  ACCEL_DECL void for_each_unit_whole(const std::function<void(const Unit&, const at::Tensor& whole)>& fn);
   //! Collective: gathers every unit (for reading or writing the whole model: a checkpoint, `unwrap_model`).
   ACCEL_DECL void gather_all();
   //! Frees every unit gathered; `write_back`: first copies each unit's part of this rank back into its shard (the

@@ -15,7 +15,10 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 #include <nlohmann/json.hpp>
@@ -305,6 +308,38 @@ void fully_sharded_edges(const Args& args) {
     const double diff = (a - b).abs().max().item<double>();
     check(diff < 1e-5, "bf16 autocast: full sharding trains as DDP does (max diff " + std::to_string(diff) + ")");
   }
+  // Every optimizer ZeRO shards steps the pieces as DDP steps the whole parameters (SGD and AdamW: the golden
+  // cases), and clip_grad_value_ clips each element of the gradient shards as DDP clips the whole gradients.
+  {
+    using Ddp = accel::Accelerator<accel::dist::from_env, accel::batches::per_process>;
+    auto versus_ddp = [&](auto make, const std::string& what, double clip_value) {
+      auto run = [&](auto& a, torch::nn::Sequential& m) {
+        auto [pm, po] = a.prepare(m, make(m->parameters()));
+        torch::manual_seed(31 + a.process_index());
+        for (int s = 0; s < 3; ++s) {
+          a.backward(torch::mse_loss(pm(torch::randn({4, 6})), torch::randn({4, 4})));
+          if (clip_value > 0) a.clip_grad_value_(pm, clip_value);
+          po.step();
+          po.zero_grad();
+        }
+        return flat_parameters(a, pm);
+      };
+      torch::manual_seed(9);
+      auto m1 = mlp();
+      torch::manual_seed(9);
+      auto m2 = mlp();
+      Ddp ddp{accel::Options{.comm = options(60000).comm}};
+      Fsdp fsdp{accel::Options{.sharding = {.units = {"0", "2", "4"}}, .comm = options(60000).comm}};
+      const at::Tensor a = run(ddp, m1), b = run(fsdp, m2);
+      const double diff = (a - b).abs().max().item<double>();
+      check(diff < 1e-6, what + " under full sharding equals DDP (max diff " + std::to_string(diff) + ")");
+    };
+    using Params = std::vector<at::Tensor>;
+    versus_ddp([](Params p) { return torch::optim::SGD(p, torch::optim::SGDOptions(0.1)); }, "clip_grad_value_", 0.02);
+    versus_ddp([](Params p) { return torch::optim::Adam(p, torch::optim::AdamOptions(0.01)); }, "Adam", 0);
+    versus_ddp([](Params p) { return torch::optim::RMSprop(p, torch::optim::RMSpropOptions(0.01)); }, "RMSprop", 0);
+    versus_ddp([](Params p) { return torch::optim::Adagrad(p, torch::optim::AdagradOptions(0.1)); }, "Adagrad", 0);
+  }
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,
                      bool freeze_first = false) {
@@ -376,6 +411,21 @@ void fully_sharded_checkpoints(const Args& args) {
   check(sharder->peak_gathered_bytes() == 0, "load_state of shards gathers nothing");
   check(at::equal(first, steps(acc, model, opt, 2)),
         "resumed from its shards, the same steps give the same parameters");
+  // get_state_dict: the full state, built unit by unit on the main process only.
+  {
+    const at::Tensor full = flat_parameters(acc, model);
+    sharder->reset_peak();
+    const auto state = acc.get_state_dict(model);
+    if (acc.is_main_process()) {
+      std::vector<at::Tensor> flat;
+      for (const auto& [name, t] : state) flat.push_back(t.flatten());
+      check(state.size() == 6 && state[0].first == "0.weight" && at::equal(torch::cat(flat), full),
+            "get_state_dict gives the main process the full parameters, by name");
+    } else {
+      check(state.empty(), "get_state_dict gives the other processes nothing");
+    }
+    check(sharder->peak_gathered_bytes() == 0, "get_state_dict leaves the model sharded");
+  }
 
   // StateDictType::full: the whole model in model.pt (an unsharded job's file); it loads into the sharded job.
   {
@@ -439,6 +489,10 @@ void fully_sharded_checkpoints(const Args& args) {
       check(
           message.find("model_0_rank0.pt") != std::string::npos && message.find("rank 1's shards") != std::string::npos,
           "another rank's shard file is refused naming it (" + message + ")");
+    else  // its own files are whole: it restores nothing either, and says which process refused and why
+      check(message.find("another process refused the checkpoint, so none restores it: rank 0:") != std::string::npos &&
+                message.find("model_0_rank0.pt") != std::string::npos,
+            "the other processes stop too, naming rank 0's refusal (" + message + ")");
     check(at::equal(before, flat_parameters(acc, model)), "nothing restored from a refused checkpoint");
   }
 }

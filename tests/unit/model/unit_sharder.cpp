@@ -197,3 +197,52 @@ TEST_CASE("MixedPrecisionPolicy: bf16 parameters compute, fp32 shards keep the m
     CHECK(at::equal(piece->grad, item.value().grad().to(at::kFloat).flatten()));
   }
 }
+
+namespace {
+// A module whose children live in a ModuleDict and are called through it.
+struct RouterImpl : torch::nn::Module {
+  RouterImpl() {
+    experts =
+        register_module("experts", torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<Module>>{
+                                       {"a", torch::nn::Linear(4, 4).ptr()}, {"b", torch::nn::Linear(4, 4).ptr()}}));
+    out = register_module("out", torch::nn::Linear(4, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = experts["a"]->as<torch::nn::Linear>()->forward(x) +
+                         torch::relu(experts["b"]->as<torch::nn::Linear>()->forward(x));
+    return out(h);
+  }
+  torch::nn::ModuleDict experts{nullptr};
+  torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(Router);
+}  // namespace
+
+TEST_CASE("UnitSharder: a ModuleDict's members as units give a plain model's gradients", "[sharding]") {
+  torch::manual_seed(13);
+  Router net, ref;
+  {
+    torch::NoGradGuard g;
+    auto a = net->parameters(), b = ref->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  accel::DistributedModule ddp(net.ptr(), nullptr);
+  // min_num_params never makes the ModuleDict itself a unit; its members (20 elements each) are.
+  ddp.shard_parameters({.min_num_params = 20});
+  const auto& sharder = *ddp.sharder();
+  REQUIRE(sharder.units().size() == 3);
+  CHECK(sharder.units()[1].name == "experts.a");
+  CHECK(sharder.units()[2].name == "experts.b");
+  const at::Tensor x = torch::randn({5, 4}), y = torch::randn({5, 2});
+  ddp.before_forward();
+  const at::Tensor loss = torch::mse_loss(net->forward(x), y);
+  ddp.after_forward(true);
+  loss.backward();
+  CHECK(sharder.gathered_bytes() == 0);
+  torch::mse_loss(ref->forward(x), y).backward();
+  for (const auto& item : ref->named_parameters()) {
+    const auto* piece = sharder.piece_of(net->named_parameters()[item.key()]);
+    REQUIRE(piece);
+    CHECK(at::equal(piece->grad, item.value().grad().flatten()));
+  }
+}

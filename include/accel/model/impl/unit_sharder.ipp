@@ -364,6 +364,18 @@ ACCEL_DECL void UnitSharder::reduce(Unit& u) {
   u.grad.add_(mine);
 }
 
+ACCEL_DECL void UnitSharder::for_each_unit_whole(const std::function<void(const Unit&, const at::Tensor& whole)>& fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  for (auto& u : units_) {
+    if (!u.shard.defined()) continue;
+    at::Tensor whole = at::empty({u.part * processes()}, u.shard.options());
+    all_gather(u, whole);
+    fn(u, whole);
+  }
+}
+
 ACCEL_DECL void UnitSharder::gather_all() {
   std::lock_guard<std::mutex> lock(mu_);
   gathering_all_ = true;
