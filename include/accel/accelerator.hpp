@@ -366,10 +366,6 @@ class Accelerator {
   requires ModuleHandle<M> || is_prepared_model<M>
   void save_model(const M& model, const std::filesystem::path& dir, const checkpoint::SaveModelOptions& options = {});
 
-  //! Under `accel::shard::parameters`: every unit of `model` gathered while the result lives, so its parameters
-  //! read as the whole model (FSDP's `summon_full_params`). Collective: every process opens it, at the same point.
-  //! `write_back`: what is written into the parameters inside goes back into each process's shards at its end
-  //! (otherwise it is dropped). Without full sharding every process holds the whole model: nothing to gather.
   // [accelerate:accelerator.py Accelerator.get_state_dict]
   //! The model's parameters and buffers by name, in `named_parameters()` then `named_buffers()` order (what
   //! `checkpoint::save_safetensors_sharded` writes). Under `accel::shard::parameters` it is collective (every process
@@ -402,6 +398,10 @@ class Accelerator {
     return out;
   }
 
+  //! Under `accel::shard::parameters`: every unit of `model` gathered while the result lives, so its parameters
+  //! read as the whole model (FSDP's `summon_full_params`). Collective: every process opens it, at the same point.
+  //! `write_back`: what is written into the parameters inside goes back into each process's shards at its end
+  //! (otherwise it is dropped). Without full sharding every process holds the whole model: nothing to gather.
   template <class M>
   requires ModuleHandle<M> || is_prepared_model<M>
   [[nodiscard]] GatheredParameters gather_parameters(const M& model, bool write_back = false) {
