@@ -13,6 +13,7 @@
 #include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
@@ -324,6 +325,21 @@ TEST_CASE("Checkpointed: a Sequential keeps the plain model's names and trains a
   CHECK_FALSE(ckpt[0]->as<accel::CheckpointedImpl<CkptBlockImpl>>()->module()->is_training());
   // Full sharding's unit_types<CkptBlock> takes a checkpointed block for a block.
   CHECK(accel::plan_units(*ckpt, {.unit_if = accel::unit_types<CkptBlock>()}) == std::vector<std::string>{"0", "2"});
+  // A ModuleList element: the names of the plain list ("1.fc1.weight"), called through its Impl type.
+  {
+    torch::manual_seed(9);
+    CkptBlock l0(8), l1(8);
+    torch::nn::ModuleList plain_list(l0, l1), ckpt_list(accel::checkpointed(l0), accel::checkpointed(l1));
+    CHECK(names(*ckpt_list) == names(*plain_list));
+    const at::Tensor xl = torch::randn({4, 8});
+    at::Tensor h = xl;
+    for (const auto& m : *ckpt_list) h = m->as<accel::CheckpointedImpl<CkptBlockImpl>>()->forward(h);
+    h.sum().backward();
+    const auto g1 = take_grads(*plain_list);
+    CHECK(at::equal(h, l1(l0(xl))));
+    l1(l0(xl)).sum().backward();
+    CHECK(same(g1, take_grads(*plain_list)));
+  }
   // A Sequential checkpointed whole (tensor to tensor); pretty printing names the wrapper.
   torch::manual_seed(6);
   torch::nn::Sequential seg(torch::nn::Linear(8, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8));
@@ -337,6 +353,22 @@ TEST_CASE("Checkpointed: a Sequential keeps the plain model's names and trains a
   std::ostringstream printed;
   printed << *whole;
   CHECK(printed.str().find("accel::Checkpointed(") == 0);
+}
+
+TEST_CASE("activation_checkpoint: nested checkpoints give the plain call's gradients", "[activation_checkpoint]") {
+  torch::manual_seed(10);
+  CkptBlock inner(8), outer(8);
+  const at::Tensor x = torch::randn({4, 8});
+  outer(inner(x)).pow(2).sum().backward();
+  const auto g_inner = take_grads(*inner), g_outer = take_grads(*outer);
+  // The outer call checkpoints the inner one: plain in the forward (under no grad), a checkpoint in the
+  // recomputation, itself recomputed inside the outer backward.
+  auto both = [inner, outer](const at::Tensor& t) mutable {
+    return outer(accel::activation_checkpoint([inner](const at::Tensor& u) mutable { return inner(u); }, t));
+  };
+  accel::activation_checkpoint(both, x).pow(2).sum().backward();
+  CHECK(same(take_grads(*inner), g_inner));
+  CHECK(same(take_grads(*outer), g_outer));
 }
 
 TEST_CASE("activation_checkpoint: misuse is an error that names the problem and the fix", "[activation_checkpoint]") {
