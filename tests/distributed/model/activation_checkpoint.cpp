@@ -1,9 +1,9 @@
 // Activation checkpointing (model/activation_checkpoint.hpp) under full sharding (accel::shard::parameters) and DDP:
 // a model whose blocks are checkpointed (accel::Checkpointed, with dropout) trains as the same model without
-// checkpointing, step by step (losses) and in its final parameters, to 1e-6 in fp32, on 2 and 3 processes (3 pads
-// every unit): units named or chosen by type (unit_types sees through the wrapper), reshard_after_forward on and off,
-// gradient accumulation; each recomputation gathers its unit again inside the backward, and no more than two units
-// and the root are gathered at once.
+// checkpointing, step by step (losses) and in its final parameters, to 1e-6, on 2 and 3 processes (3 pads every
+// unit): units named or chosen by type (unit_types sees through the wrapper), reshard_after_forward on and off,
+// gradient accumulation, bf16 parameters (MixedPrecisionPolicy); each recomputation gathers its unit again inside the
+// backward, and no more than two units and the root are gathered at once.
 #include "../harness.hpp"
 
 #include <accel/accelerator.hpp>
@@ -78,7 +78,7 @@ Run train(Acc& acc, torch::nn::Sequential net, int micro) {
     for (int k = 0; k < micro; ++k) {
       const at::Tensor x = torch::randn({6, width}), y = torch::randn({6, 3});
       auto scope = acc.accumulate(m);
-      const at::Tensor loss = torch::mse_loss(m(x), y);
+      const at::Tensor loss = torch::mse_loss(m(x).to(at::kFloat), y);  // (a bf16 output under mp_policy)
       if (sharder && out.after_forward < 0) out.after_forward = sharder->gathered_bytes();
       out.losses.push_back(loss.item<double>());
       acc.backward(loss);
@@ -152,6 +152,17 @@ void checkpointed_units(const Args&) {
     check(accel::plan_units(*net, so).size() == std::size_t(blocks), "unit_types finds the four checkpointed blocks");
     const Run ckpt = train(b, net, 2);
     same_training(plain, ckpt, "full sharding, units by type, 2 accumulation steps");
+  }
+  // FSDP's MixedPrecisionPolicy: bf16 gathered parameters (and inputs), fp32 reduction; the recomputation computes in
+  // bf16 as the forward did.
+  {
+    const accel::ShardingOptions so{.units = named,
+                                    .mp_policy = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat}};
+    FsdpAcc a{accel::Options{.sharding = so, .comm = options(60000).comm}};
+    const Run plain = train(a, model(false), 1);
+    FsdpAcc b{accel::Options{.sharding = so, .comm = options(60000).comm}};
+    const Run ckpt = train(b, model(true), 1);
+    same_training(plain, ckpt, "full sharding, bf16 parameters (mp_policy)");
   }
   // DDP: the parameters' hooks run in the outer backward, as without checkpointing; and DDP equals full sharding.
   {
