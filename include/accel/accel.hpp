@@ -44,6 +44,7 @@
 
 #include <accel/pipeline/plan_view.hpp>
 
+#include <accel/model/activation_checkpoint.hpp>
 #include <accel/model/autocast.hpp>
 #include <accel/model/distributed_module.hpp>
 #include <accel/model/prepared_model.hpp>

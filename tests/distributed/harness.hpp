@@ -79,6 +79,7 @@ void fully_sharded_edges(const Args&);        // model/fully_sharded.cpp
 void fully_sharded_bypass(const Args&);       // model/fully_sharded.cpp
 void fully_sharded_checkpoints(const Args&);  // model/fully_sharded.cpp
 void fully_sharded_mixed(const Args&);        // model/fully_sharded.cpp
+void checkpointed_units(const Args&);         // model/activation_checkpoint.cpp
 void comm_hooks(const Args&);                 // model/comm_hooks.cpp
 void sync_batch_norm(const Args&);            // model/sync_batch_norm.cpp
 void replicas(const Args&);                   // model/replicas.cpp

@@ -12,6 +12,7 @@
 //   batches ddp-buffers FILE               model/: DDP's buffer broadcast, against a PyTorch DDP job's golden vectors
 //   fsdp FILE | fsdp-edges SCRATCH  model/: full sharding against PyTorch's fully_shard; its memory, misuse,
 //   checkpoints comm-hooks                     model/: fp16 and bf16 gradient compression against the hook's average
+//   activation-checkpointing       model/: checkpointed blocks train as plain ones under full sharding and DDP
 //   sync-bn                        model/: SyncBatchNorm equals BatchNorm on the concatenated batch
 //   replicas                       model/: the door (model(x)), an unprepared optimizer, backward without
 //                                  accumulate, and replicas that drift, each found
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
                                                                {"fsdp-bypass", mp::fully_sharded_bypass},
                                                                {"fsdp-checkpoints", mp::fully_sharded_checkpoints},
                                                                {"fsdp-mixed", mp::fully_sharded_mixed},
+                                                               {"activation-checkpointing", mp::checkpointed_units},
                                                                {"comm-hooks", mp::comm_hooks},
                                                                {"sync-bn", mp::sync_batch_norm},
                                                                {"surface", mp::listening_surface},

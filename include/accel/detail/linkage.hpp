@@ -19,6 +19,9 @@
 //!   runtime's streams, events and guards;
 //! - `DistributedModule::ready` (model/distributed_module.hpp; model/impl/distributed_module.ipp): the autograd
 //!   engine (its callback queue);
+//! - activation checkpointing's `detail::save_call_state`, `detail::run_capturing` and the node's backward
+//!   (model/activation_checkpoint.hpp; model/impl/activation_checkpoint.ipp): the dispatcher's RecordFunction, the
+//!   autocast state and the autograd engine's `grad`;
 //! - `tracking::Trackers`' constructor (tracking/trackers.hpp; tracking/impl/trackers.ipp): the writers
 //!   (tracking/jsonl.hpp, csv.hpp, tensorboard.hpp);
 //! - the JSON function templates (Note [JSON at the call site]): `read_header` (checkpoint/safetensors_format.hpp;

@@ -139,15 +139,23 @@ template <class T>
 struct module_impl<T, std::void_t<typename T::ContainedType>> {
   using type = typename T::ContainedType;
 };
+// A module that stands for another one where it is (accel::Checkpointed): unit_types<...> sees the module it wraps.
+struct ModuleWrapper {
+  virtual ~ModuleWrapper() = default;
+  [[nodiscard]] virtual const torch::nn::Module& wrapped() const noexcept = 0;
+};
 }  // namespace detail
 
 //! A `ShardingOptions::unit_if` that makes every submodule of one of the given types a unit (holder or module
-//! types: `unit_types<torch::nn::Linear, Block>()`), as Accelerate's `transformer_layer_cls_to_wrap`.
+//! types: `unit_types<torch::nn::Linear, Block>()`), as Accelerate's `transformer_layer_cls_to_wrap`; an
+//! `accel::Checkpointed(block)` counts as the module it wraps.
 template <class... Modules>
 std::function<bool(const std::string&, const torch::nn::Module&)> unit_types() {
   static_assert(sizeof...(Modules) > 0, "accel::unit_types<...>: name at least one module type");
   return [](const std::string&, const torch::nn::Module& m) {
-    return (... || (dynamic_cast<const typename detail::module_impl<Modules>::type*>(&m) != nullptr));
+    const auto* w = dynamic_cast<const detail::ModuleWrapper*>(&m);
+    const torch::nn::Module& inner = w ? w->wrapped() : m;  // a checkpointed Block is a Block's unit
+    return (... || (dynamic_cast<const typename detail::module_impl<Modules>::type*>(&inner) != nullptr));
   };
 }
 
