@@ -77,6 +77,7 @@ void ddp_buffers(const Args&);           // model/ddp_buffers.cpp
 void fully_sharded(const Args&);         // model/fully_sharded.cpp
 void fully_sharded_edges(const Args&);   // model/fully_sharded.cpp
 void fully_sharded_bypass(const Args&);  // model/fully_sharded.cpp
+void fully_sharded_kill(const Args&);    // model/fully_sharded.cpp
 void comm_hooks(const Args&);            // model/comm_hooks.cpp
 void sync_batch_norm(const Args&);       // model/sync_batch_norm.cpp
 void replicas(const Args&);              // model/replicas.cpp
