@@ -126,8 +126,9 @@ void busy_peer(const Args& args) {
   check(same(t, F({float(N), float(2 * N)})), "the all_reduce after a busy peer");
 }
 
-// Ranks issue different collectives at the same point (ARG: op, kind, reduce-scatter, size or tiny); every rank must
-// stop with an error naming both operations (an unchecked one-element all_reduce: at the next checked collective).
+// Ranks issue different collectives at the same point (ARG: op, kind, reduce-scatter, gather-start, size or tiny);
+// every rank must stop with an error naming both operations (an unchecked one-element all_reduce: at the next checked
+// collective).
 void mismatch(const Args& args) {
   const std::string what = arg(args, 0, "op");
   auto o = options(60000);
@@ -160,6 +161,10 @@ void mismatch(const Args& args) {
       auto t = F({1, 2, 3, 4});
       comm->all_reduce(t);
     }
+  } else if (what == "gather-start") {  // all_gather_into_start of the same bytes, another dtype: found at finish
+    at::Tensor out = at::zeros({4 * state.num_processes()}, odd ? at::kInt : at::kFloat);
+    auto pending = comm->all_gather_into_start(out, at::ones({4}, out.options()));
+    comm->finish(pending);
   } else {  // sizes: Gloo aborts the process whose buffer is too small
     auto t = at::ones({odd ? 10 : 1000});
     comm->all_reduce(t);

@@ -77,6 +77,7 @@ void ddp_buffers(const Args&);                // model/ddp_buffers.cpp
 void fully_sharded(const Args&);              // model/fully_sharded.cpp
 void fully_sharded_edges(const Args&);        // model/fully_sharded.cpp
 void fully_sharded_bypass(const Args&);       // model/fully_sharded.cpp
+void fully_sharded_kill(const Args&);         // model/fully_sharded.cpp
 void fully_sharded_checkpoints(const Args&);  // model/fully_sharded.cpp
 void fully_sharded_mixed(const Args&);        // model/fully_sharded.cpp
 void checkpointed_units(const Args&);         // model/activation_checkpoint.cpp

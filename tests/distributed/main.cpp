@@ -29,9 +29,9 @@
 //   frozen one) files SCRATCH                  trackers and save_model: only rank 0 writes, every rank finds its files
 //   complete resize-loaders save|resume DIR [STOP]   data/: loaders checkpointed at one size, resumed at another
 //   (resize.sh) resize-training save|resume DIR [STOP]  data/: training checkpointed at one size, resumed at another
-//   (resize.sh) mismatch op|kind|reduce-scatter|size|tiny        odd ranks issue another collective than even ones
-//   (every rank must name both) elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every EVERY
-//   batches, resumed from DIR when it
+//   (resize.sh) mismatch op|kind|reduce-scatter|gather-start|size|tiny        odd ranks issue another collective than
+//   even ones (every rank must name both) elastic DIR [EPOCHS] [EVERY] [R:S[:G]]  training checkpointed to DIR every
+//   EVERY batches, resumed from DIR when it
 //                                  exists; rank R SIGKILLs itself before batch S in generations below G; prints the
 //                                  parameter checksum (accel-launch on several nodes, --max-restarts: launch.sh)
 //   preemptible PROJECT [EPOCHS] [PACE_MS] [R:S:SIGNAL]  training under a checkpoint policy and Options::preemption,
@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
                                                                {"fsdp-checkpoints", mp::fully_sharded_checkpoints},
                                                                {"fsdp-mixed", mp::fully_sharded_mixed},
                                                                {"activation-checkpointing", mp::checkpointed_units},
+                                                               {"fsdp-kill", mp::fully_sharded_kill},
                                                                {"comm-hooks", mp::comm_hooks},
                                                                {"sync-bn", mp::sync_batch_norm},
                                                                {"surface", mp::listening_surface},

@@ -91,7 +91,8 @@ class Communicator {
   //! Whether a collective failed: the group is unusable, every later call fails at once.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
 
-  //! An all-reduce in flight (`all_reduce_start`); `finish` waits for it with the timeout.
+  //! A collective in flight (`all_reduce_start`, `reduce_start`, `all_gather_into_start`); `finish` waits for it
+  //! with the timeout.
   struct Pending {
     std::uint64_t sequence = 0;    //!< the collective's number
     std::shared_ptr<void> native;  //!< the engine's own handle (Gloo: the c10d work; NCCL: the completion event)
@@ -108,7 +109,8 @@ class Communicator {
     at::Tensor data = buffer.narrow(0, 0, payload);
     return all_reduce_start(data);
   }
-  //! Waits for an all-reduce started by `all_reduce_start`.
+  //! Waits for a collective started by `all_reduce_start`, `reduce_start` or `all_gather_into_start` (nothing for
+  //! one already finished: `native` empty).
   virtual void finish(Pending& p) = 0;
   //! In place: every rank ends with the reduction of every rank's `t`.
   virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
@@ -149,6 +151,14 @@ class Communicator {
     for (int r = 0; r < size_; ++r)
       if (r != rank_)
         out.narrow(0, std::int64_t(r) * part.numel(), part.numel()).copy_(parts[std::size_t(r)].reshape({-1}));
+  }
+  //! Starts `all_gather_into(out, part)` and returns at once (full sharding's prefetch of the next unit overlaps
+  //! the caller's compute this way); `finish` waits for it, with the timeout and the checks of a blocking one, and
+  //! only then may `out` be read or freed. The caller keeps `part` unchanged until `finish`. The base class runs
+  //! the blocking one (nothing is left for `finish`); Gloo and NCCL run it in the background.
+  virtual Pending all_gather_into_start(at::Tensor& out, const at::Tensor& part) {
+    all_gather_into(out, part);
+    return {seq_, nullptr};
   }
   //! In place: every rank ends with `root`'s `tensors` (shapes and dtypes must already agree), in one collective:
   //! their bytes packed into one buffer (PyTorch's `_broadcast_coalesced`), so any mix of dtypes travels at once.

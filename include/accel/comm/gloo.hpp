@@ -76,6 +76,7 @@ class GlooCommunicator final : public Communicator {
     if (!p.native) return;
     auto f = std::static_pointer_cast<InFlight>(std::move(p.native));
     wait(f->id, f->work);
+    if (f->id.kind == OpKind::all_gather) return place_parts(*f);
     const bool result_here = f->id.kind != OpKind::reduce || f->id.root == rank();
     if (f->room && result_here && !read_check(f->buffer.narrow(0, f->payload, f->room), f->id, size()))
       mismatch_found(f->id, {});
@@ -177,6 +178,13 @@ class GlooCommunicator final : public Communicator {
   //! Gloo's native all-gather (c10d `allgather`) into the parts of `out`; small payloads carry the slots, as in
   //! `all_gather`, and are copied into place, large ones are preceded by a check and gathered in place.
   void all_gather_into(at::Tensor& out, const at::Tensor& part) override {
+    Pending p = all_gather_into_start(out, part);
+    finish(p);
+  }
+  //! The same in the background: the c10d work starts here (after the check collective of a large payload, which
+  //! waits for the peers), and `finish` waits for it as for every collective (the timeout, dead and frozen peers),
+  //! then checks each sender's slots and copies a small payload's parts into place.
+  Pending all_gather_into_start(at::Tensor& out, const at::Tensor& part) override {
     check_parts(part, out, "all_gather_into");
     auto id = begin(OpKind::all_gather, part.scalar_type(), part.numel());
     const std::int64_t n = part.numel(), room = slots(part.scalar_type());
@@ -184,20 +192,22 @@ class GlooCommunicator final : public Communicator {
     o.timeout = options().timeout;
     const bool frame = framing(id, part, room);
     // Gloo reads the input while it writes the outputs: a part that aliases `out` travels as a copy.
-    std::vector<at::Tensor> in{frame ? framed_copy(part, id, room) : part.clone()};
+    std::vector<at::Tensor> in{frame                   ? framed_copy(part, id, room)
+                               : part.is_alias_of(out) ? part.clone()
+                                                       : part.contiguous()};
     const bool direct = !frame && out.is_contiguous();
+    auto f = std::make_shared<InFlight>();
+    f->id = id, f->payload = n, f->room = frame ? room : 0;
     std::vector<std::vector<at::Tensor>> gathered(1);
     for (int r = 0; r < size(); ++r)
-      gathered[0].push_back(direct ? out.narrow(0, std::int64_t(r) * n, n)
-                                   : at::empty({n + (frame ? room : 0)}, part.options()));
-    run(id, [&] { return backend_->allgather(gathered, in, o); });
-    if (direct) return;
-    std::vector<int> differ;
-    for (int r = 0; r < size(); ++r)
-      if (frame && !read_check(gathered[0][std::size_t(r)].narrow(0, n, room), id, 1)) differ.push_back(r);
-    if (!differ.empty()) mismatch_found(id, differ);
-    for (int r = 0; r < size(); ++r)
-      out.narrow(0, std::int64_t(r) * n, n).copy_(gathered[0][std::size_t(r)].narrow(0, 0, n));
+      gathered[0].push_back(direct ? out.narrow(0, std::int64_t(r) * n, n) : at::empty({n + f->room}, part.options()));
+    try {
+      f->work = backend_->allgather(gathered, in, o);
+    } catch (const std::exception& e) {
+      fail(id, e.what());
+    }
+    if (!direct) f->parts = std::move(gathered[0]), f->copy_back = out;
+    return {id.seq, std::move(f)};
   }
   // broadcast_coalesced: the base class's packing into one native broadcast (checked as every broadcast).
 
@@ -214,9 +224,24 @@ class GlooCommunicator final : public Communicator {
   struct InFlight {
     CollectiveId id;
     c10::intrusive_ptr<c10d::Work> work;
-    at::Tensor buffer, copy_back;
+    at::Tensor buffer, copy_back;   // an all-gather's: none, and its `out` unless gathered in place
+    std::vector<at::Tensor> parts;  // an all-gather's outputs, unless gathered in place: each sender's part and slots
     std::int64_t payload = 0, room = 0;
   };
+
+  // An all-gather's end: each sender's slots checked (a mismatch names the senders that differ), its parts copied
+  // into `out`; nothing when it was gathered in place.
+  void place_parts(const InFlight& f) {
+    if (f.parts.empty()) return;
+    const std::int64_t n = f.payload;
+    std::vector<int> differ;
+    for (int r = 0; r < size(); ++r)
+      if (f.room && !read_check(f.parts[std::size_t(r)].narrow(0, n, f.room), f.id, 1)) differ.push_back(r);
+    if (!differ.empty()) mismatch_found(f.id, differ);
+    at::Tensor out = f.copy_back;
+    for (int r = 0; r < size(); ++r)
+      out.narrow(0, std::int64_t(r) * n, n).copy_(f.parts[std::size_t(r)].narrow(0, 0, n));
+  }
 
   // Starts the sum `kind` (all-reduce or reduce to `root`) of `buffer`'s first `payload` elements, its check's
   // slots after them (`check_room`).

@@ -195,6 +195,22 @@ class NcclCommunicator final : public comm::Communicator {
                            stream_);
     });
   }
+  //! The same queued on accel's stream after the caller's work and finished as `all_reduce_start` (`finish` polls
+  //! its event against the timeout, then orders the caller's stream after it); the tensors are held until then. An
+  //! `out` that is not contiguous is gathered by the blocking one.
+  Pending all_gather_into_start(at::Tensor& out, const at::Tensor& part) override {
+    const at::Tensor in = checked_parts(part, out, part, "all_gather_into");
+    if (!out.is_contiguous()) {
+      all_gather_into(out, part);
+      return {sequence(), nullptr};
+    }
+    Pending p = start(begin(comm::OpKind::all_gather, in.scalar_type(), in.numel()), [&] {
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_,
+                           stream_);
+    });
+    static_cast<InFlight*>(p.native.get())->held = {in, out};
+    return p;
+  }
   // broadcast_coalesced: the base class's packing into one ncclBroadcast of bytes.
 
   void barrier() override {
@@ -222,11 +238,12 @@ class NcclCommunicator final : public comm::Communicator {
       delete static_cast<cudaEvent_t*>(e);
     });
     check_cuda(cudaEventRecord(*done, stream_), "cudaEventRecord");
-    return {n.seq, std::make_shared<InFlight>(InFlight{n, std::move(event)})};
+    return {n.seq, std::make_shared<InFlight>(InFlight{n, std::move(event), {}})};
   }
   struct InFlight {
     comm::CollectiveId id;
     std::shared_ptr<void> event;
+    std::vector<at::Tensor> held;  // what the collective reads and writes, alive until `finish`
   };
 
   //! A reduce_scatter's or all_gather_into's tensors: on this GPU, `part` 1/N of `whole`; returns `input` contiguous.

@@ -263,7 +263,7 @@ class DistributedModule {
   //! is rethrown in place of the operator's (Note [Intercepting a unit without module hooks]).
   void forward_failed() {
     if (!state_->full) return;
-    state_->full->after_forward(false);
+    state_->full->after_forward(false, /*completed=*/false);
     state_->full->rethrow_failure();
   }
   //! A backward failed: the same for the units it gathered.
@@ -298,11 +298,15 @@ class DistributedModule {
     return s.opt.broadcast_buffers && !s.buffers.empty() && s.comm && s.comm->size() > 1;
   }
   //! After a forward: the next one broadcasts the buffers only if this one ran with gradients outside `no_sync`.
+  //! Under full sharding, rethrows the error of a prefetched all-gather that failed where no operator needed it.
   void after_forward(bool grad_enabled) {
     if (state_->full) state_->full->after_forward(grad_enabled);
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->buffers_due = grad_enabled && state_->sync;
-    if (grad_enabled) state_->entered = true;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->buffers_due = grad_enabled && state_->sync;
+      if (grad_enabled) state_->entered = true;
+    }
+    if (state_->full) state_->full->rethrow_failure();
   }
   //! After a backward under `no_sync` (inside an accumulation window): records the parameters' version counters
   //! (every in-place change moves them, an optimizer's step too) and the gradients the window's next backward adds

@@ -12,6 +12,8 @@
 //! - Gathered on its first use in a forward or a backward, freed after (Note [Intercepting a unit without module
 //!   hooks]); after a unit's backward its gradients are reduce-scattered into the gradient shards, averaged as DDP
 //!   averages (each divided by N, then summed), and the full gradients released.
+//! - The next unit's all-gather is started when a unit is gathered, so it runs while the unit computes (forward and
+//!   backward prefetch, Note [Prefetching the next unit]; `ShardingOptions::forward_prefetch`, `backward_prefetch`).
 
 #include <accel/comm/communicator.hpp>
 #include <accel/core/alias.hpp>
@@ -109,6 +111,34 @@ struct MixedPrecisionPolicy {
   bool cast_forward_inputs = true;
 };
 
+// Note [Prefetching the next unit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// As PyTorch's FSDP2 does, the next unit's all-gather is issued before the current unit computes, so that the
+// communication overlaps compute (Gloo runs it on its own threads, NCCL on accel's stream):
+// - Every forward records the order in which it gathers units (first gathers only; FSDP2 records the forward's
+//   order too), and so does every backward (a unit it finds gathered, the root kept since the forward, is not in
+//   it). When unit u is gathered in a forward, the unit after u in the previous forward's order is *prefetched*: its
+//   memory allocated and its all-gather started (`Communicator::all_gather_into_start`). In a backward, the unit
+//   after u in the previous backward's order (in the first backward, the forward's order reversed), so a unit whose
+//   parameters no backward reads (the first layer's weight, when the input needs no gradient) is prefetched in the
+//   first backward only. The first forward only records.
+// - A prefetched unit counts as gathered (its memory exists). Its all-gather is finished when an operator first
+//   touches it, or, if none does (the order changed), before its memory is freed and at the forward's end; nothing
+//   is freed while an engine may still write into it. One prefetch is in flight at a time.
+// - Memory (the goal: at most the two largest units gathered at once, and the root): in a forward, the units before
+//   u are freed before the next one is prefetched (`reshard_after_forward`); in a backward, the next unit is
+//   prefetched only when no unit but the root and those of the operator is gathered (the previous unit is freed once
+//   its gradients are accumulated, which autograd's engine runs before any other ready node), and otherwise
+//   gathered when touched, as without prefetching.
+// - Every process records the same orders and issues the same collectives in the same order: the orders and every
+//   decision follow from the sequence of operators alone, which is the same on every process (the gathers and the
+//   reduce-scatters without prefetching rely on it already).
+// - A prefetched all-gather that fails (a dead peer) is a failed gather: when an operator touches the unit it fails
+//   on a unit without memory, and the door rethrows the all-gather's error (`rethrow_failure`); one that fails when
+//   finished for another reason (freed unused, the forward's end) is kept and rethrown by the door after the forward
+//   or at the backward's end. Its memory is never freed (the engine may still write into it; the process group
+//   is unusable after a failure).
+
 //! How `shard::parameters` cuts a model into units (`Options::sharding`): a unit's parameters are gathered
 //! together and freed together. Units may nest; a parameter belongs to its innermost unit; what no unit holds
 //! belongs to the root unit. Several rules add up.
@@ -128,6 +158,14 @@ struct ShardingOptions {
   StateDictType state_dict_type = StateDictType::sharded;
   //! Mixed precision of the gathered parameters (FSDP's `MixedPrecisionPolicy`); by default none.
   MixedPrecisionPolicy mp_policy{};
+  //! FSDP's `forward_prefetch` (FSDP2: `set_modules_to_forward_prefetch` on every unit; on here, off in FSDP): in a
+  //! forward, when a unit is gathered, the all-gather of the unit the previous forward gathered next starts in the
+  //! background (Note [Prefetching the next unit]). false: each unit is gathered by the first operator that reads
+  //! it, which waits.
+  bool forward_prefetch = true;
+  //! FSDP's `backward_prefetch` (`BACKWARD_PRE`, FSDP2's default): the same in a backward, for the unit whose
+  //! backward comes next. false: each unit is gathered when its backward first reads it, which waits.
+  bool backward_prefetch = true;
 };
 
 namespace detail {
@@ -255,7 +293,10 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! Rank 0's values must already be on every rank (DistributedModule broadcasts them first).
   ACCEL_DECL UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
                          const std::vector<std::pair<std::string, at::Tensor>>& trainable);
-  ~UnitSharder() { unwatch(); }
+  ~UnitSharder() {
+    unwatch();
+    settle_prefetch();
+  }
   UnitSharder(const UnitSharder&) = delete;
   UnitSharder& operator=(const UnitSharder&) = delete;
 
@@ -266,10 +307,14 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! The prepared model's forward starts: gathering is armed; the callback is registered on this thread.
   ACCEL_DECL void before_forward();
   //! It ended: units freed as `reshard_after_forward` says; armed until the backward it enables ends (`grad`).
-  void after_forward(bool grad) {
+  //! `completed`: it returned (its order of units is the one the next forward prefetches by), not failed.
+  void after_forward(bool grad, bool completed = true) {
     std::lock_guard<std::mutex> lock(mu_);
     in_forward_ = false;
+    if (completed && !recording_.empty()) forward_order_ = recording_;
+    recording_.clear();
     if (grad) backward_due_ = true;
+    settle_prefetch();
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const bool keep = backward_due_ && (u == 0 || !options_.reshard_after_forward);
       if (!keep) free(units_[u]);
@@ -286,13 +331,16 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     if (sync) reduce_ready();
   }
   //! The end of a backward (`sync`: a synchronising one): units not completed contribute what their parameters
-  //! hold (zeros for a missing gradient), every reduce-scatter not issued is, and every unit is freed.
+  //! hold (zeros for a missing gradient), every reduce-scatter not issued is, and every unit is freed. Throws the
+  //! error of a prefetched all-gather that failed in it without an operator to fail (Note [Prefetching ...]).
   void end_of_backward(bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& u : units_)
       if (u.trainable()) u.complete = true;
     if (sync) reduce_ready();
+    if (!recording_.empty()) backward_order_ = recording_;
     reset();
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
   //! Forgets a backward that failed half-way (or one that ended: `end_of_backward`).
   void abandon() {
@@ -308,6 +356,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     }
     next_reduce_ = 0;
     backward_due_ = false;
+    recording_.clear();
   }
 
  public:
@@ -371,6 +420,27 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_bytes_;
   }
+  //! The units (indices into `units()`) in the order the last forward gathered them first (empty before a forward):
+  //! the order the next forward prefetches by (Note [Prefetching the next unit]).
+  [[nodiscard]] std::vector<std::size_t> forward_order() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return forward_order_;
+  }
+  //! The same for the last backward (units it gathered, not those it found gathered).
+  [[nodiscard]] std::vector<std::size_t> backward_order() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return backward_order_;
+  }
+  //! Units prefetched so far (their all-gathers started ahead of their use).
+  [[nodiscard]] std::int64_t prefetches() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prefetches_;
+  }
+  //! Prefetched units that an operator then touched (the others were freed unused).
+  [[nodiscard]] std::int64_t prefetches_used() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prefetches_used_;
+  }
   //! Starts a new peak from what is gathered now.
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -406,8 +476,29 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   ACCEL_DECL static void bind(const at::Tensor& buffer, Param& p);
   // Fills the unit's gathered buffer (`full`, or `exact`) from every rank's shard (collective).
   ACCEL_DECL void all_gather(Unit& u, at::Tensor& into);
+  [[nodiscard]] std::size_t index_of(const Unit& u) const noexcept { return std::size_t(&u - units_.data()); }
+  // Gives `u` its memory (not yet its values).
+  ACCEL_DECL void allocate(Unit& u);
+  // Gathers `u` (the all-gather in flight finished, if it is `u`'s).
   ACCEL_DECL void gather(Unit& u);
+  // Frees `u` (the all-gather in flight finished first, if it is `u`'s).
   ACCEL_DECL void free(Unit& u);
+  // The unit to prefetch once `touched` are gathered (Note [Prefetching the next unit]); npos: none.
+  [[nodiscard]] ACCEL_DECL std::size_t prefetch_target(const std::vector<std::size_t>& touched) const;
+  // Allocates unit `v` and starts its all-gather.
+  ACCEL_DECL void prefetch(std::size_t v);
+  // Waits for the all-gather in flight; if it fails, its unit is left without memory (`orphan`) and it throws.
+  ACCEL_DECL void finish_prefetch();
+  // The same, keeping a failure for the door instead of throwing (after an earlier failure: without waiting).
+  ACCEL_DECL void settle_prefetch() noexcept;
+  // Takes `u`'s memory away without freeing it (an engine that failed may still write into it).
+  ACCEL_DECL void orphan(Unit& u) noexcept;
+  // After a failed prefetch: what it was sending (`prefetch_part_`) is left alive too, for the same reason.
+  ACCEL_DECL void keep_sent() noexcept;
+  // Keeps the first failure for `rethrow_failure`.
+  void keep_failure(std::exception_ptr e) noexcept {
+    if (!failure_) failure_ = std::move(e);
+  }
   // Reduce-scatters complete units in the fixed order (reverse unit order, the root last), stopping at the first
   // one not complete: every process issues them in the same order.
   ACCEL_DECL void reduce_ready();
@@ -429,6 +520,14 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   std::size_t next_reduce_ = 0;                    // in the reduce order
   bool in_forward_ = false, backward_due_ = false, gathering_all_ = false, watching_ = false;
   std::int64_t gathered_bytes_ = 0, peak_bytes_ = 0;
+  // Note [Prefetching the next unit]: the orders of the last forward and backward, the one being recorded, the unit
+  // prefetched and not yet touched by an operator (npos: none) and its all-gather (empty once done).
+  std::vector<std::size_t> forward_order_, backward_order_, recording_;
+  static constexpr std::size_t npos = std::size_t(-1);
+  std::size_t inflight_ = npos;
+  comm::Communicator::Pending pending_;
+  at::Tensor prefetch_part_;  // what the prefetch in flight sends: the shard, or its copy in param_dtype
+  std::int64_t prefetches_ = 0, prefetches_used_ = 0;
   std::exception_ptr failure_;
   mutable std::mutex mu_;
 };

@@ -1,6 +1,6 @@
-// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into, broadcast_coalesced, reduce_start)
-// on N real processes, small (the check's slots after the data) and large (a check collective first), value by value;
-// and a reduce-scatter against another collective, which every rank must name.
+// The sharding collectives (comm/communicator.hpp: reduce_scatter, all_gather_into and all_gather_into_start,
+// broadcast_coalesced, reduce_start) on N real processes, small (the check's slots after the data) and large (a check
+// collective first), value by value; and a reduce-scatter against another collective, which every rank must name.
 #include "../harness.hpp"
 
 #include <accel/comm/communicator.hpp>
@@ -11,7 +11,9 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mp {
@@ -47,6 +49,42 @@ void sharding_collectives(const Args&) {
     for (int k = 0; k < N; ++k)
       ok = ok && same(inplace.narrow(0, k * n, n), at::full({n}, std::int64_t(k * 10 + 1), at::kLong));
     check(ok, "all_gather_into in place" + size);
+    // all_gather_into_start (full sharding's prefetch): two in flight at once, one in place, each equal to the
+    // blocking one's result once finished; one collective each.
+    const auto before = comm->sequence();
+    at::Tensor a = at::zeros({n * N}, at::kFloat), b = at::zeros({n * N}, at::kLong);
+    const at::Tensor part_a = at::arange(n, at::kFloat) + float(1000 * r);
+    b.narrow(0, r * n, n).fill_(r * 10 + 1);
+    auto pa = comm->all_gather_into_start(a, part_a);
+    auto pb = comm->all_gather_into_start(b, b.narrow(0, r * n, n));
+    check(comm->sequence() == before + 2, "all_gather_into_start: one collective each" + size);
+    comm->finish(pb);
+    comm->finish(pa);
+    comm->finish(pa);  // finished already: nothing
+    at::Tensor want_a = at::zeros({n * N}, at::kFloat);
+    comm->all_gather_into(want_a, part_a);
+    ok = same(b, inplace);
+    for (int k = 0; k < N; ++k) ok = ok && same(a.narrow(0, k * n, n), at::arange(n, at::kFloat) + float(1000 * k));
+    check(ok && same(a, want_a), "all_gather_into_start / finish equals all_gather_into" + size);
+  }
+  // all_gather_into_start returns before the other ranks have started theirs (it runs in the background); finish
+  // waits for them. The others start a second later; a small payload carries its check and does not wait at start.
+  {
+    at::Tensor out = at::zeros({3 * N}, at::kFloat);
+    if (r != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto p = comm->all_gather_into_start(out, at::full({3}, float(r), at::kFloat));
+    const auto started = std::chrono::steady_clock::now() - t0;
+    comm->finish(p);
+    const auto finished = std::chrono::steady_clock::now() - t0;
+    bool ok = true;
+    for (int k = 0; k < N; ++k) ok = ok && same(out.narrow(0, k * 3, 3), at::full({3}, float(k), at::kFloat));
+    check(ok, "all_gather_into_start with late peers: every rank's part");
+    if (r == 0)
+      check(started < std::chrono::milliseconds(300) && finished > std::chrono::milliseconds(500),
+            "all_gather_into_start returns at once, finish waits for the late peers (" +
+                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(started).count()) + " ms, " +
+                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(finished).count()) + " ms)");
   }
   // reduce_start (ZeRO stage 2's buckets): every root, overlapping (two in flight), with and without check room;
   // the root ends with the sum, the room holds no payload.

@@ -93,6 +93,11 @@ void communicator_ops(accel::comm::Communicator* c, int N, int r) {
   std::vector<int64_t> want;
   for (int q = 0; q < N; ++q) want.insert(want.end(), {q + 1, q + 1, q + 1});
   check(same(into.cpu(), T(want)), "all_gather_into in place");
+  // all_gather_into_start (full sharding's prefetch): queued on accel's stream, finished later, equal to the above.
+  auto later = at::zeros({3 * N}, l);
+  auto gathering = c->all_gather_into_start(later, at::full({3}, int64_t(r + 1), l));
+  c->finish(gathering);
+  check(same(later.cpu(), T(want)), "all_gather_into_start / finish");
   // broadcast_coalesced: tensors of several dtypes packed into one NCCL broadcast, from rank 1.
   std::vector<at::Tensor> mixed{at::full({3}, float(r), f), at::full({2, 2}, int64_t(10 + r), l),
                                 at::full({5}, double(r) / 4, at::TensorOptions().dtype(at::kDouble).device(dev))};

@@ -246,3 +246,44 @@ TEST_CASE("UnitSharder: a ModuleDict's members as units give a plain model's gra
     CHECK(at::equal(piece->grad, item.value().grad().flatten()));
   }
 }
+
+TEST_CASE("UnitSharder: prefetching records the forward's and the backward's order and changes no gradient",
+          "[sharding]") {
+  torch::manual_seed(12);
+  Tower net, ref;
+  {
+    torch::NoGradGuard g;
+    auto a = net->parameters(), b = ref->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  accel::DistributedModule on(net.ptr(), nullptr), off(ref.ptr(), nullptr);
+  on.shard_parameters({.units = {"body", "heads.0", "heads.1"}});
+  off.shard_parameters(
+      {.units = {"body", "heads.0", "heads.1"}, .forward_prefetch = false, .backward_prefetch = false});
+  const auto& sharder = *on.sharder();
+  using Order = std::vector<std::size_t>;
+  const at::Tensor x = torch::randn({5, 4}), y = torch::randn({5, 2});
+  for (int step = 0; step < 3; ++step) {
+    const auto started = sharder.prefetches(), used = sharder.prefetches_used();
+    for (auto* d : {&on, &off}) {
+      d->before_forward();
+      auto& m = d == &on ? net : ref;
+      const at::Tensor loss = torch::mse_loss(m->forward(x), y);
+      d->after_forward(true);
+      loss.backward();
+    }
+    // The root (out) comes last in the forward; in the backward it is gathered already (kept since the forward).
+    CHECK(sharder.forward_order() == Order{1, 2, 3, 0});
+    CHECK(sharder.backward_order() == Order{3, 2, 1});
+    // The first forward records only; its backward prefetches heads.0 and body by the forward's order reversed;
+    // later steps also prefetch heads.0, heads.1 and the root in their forward. Each is used.
+    CHECK(sharder.prefetches() - started == (step == 0 ? 2 : 5));
+    CHECK(sharder.prefetches_used() - used == sharder.prefetches() - started);
+    CHECK(sharder.gathered_bytes() == 0);
+    CHECK(off.sharder()->prefetches() == 0);
+  }
+  // The same gradient shards, bit for bit.
+  for (std::size_t u = 0; u < sharder.units().size(); ++u)
+    CHECK(torch::equal(sharder.units()[u].grad, off.sharder()->units()[u].grad));
+  CHECK(sharder.peak_gathered_bytes() <= (40 + 20 + 10) * 4);  // the root and two units at most
+}

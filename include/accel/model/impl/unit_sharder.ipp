@@ -232,6 +232,7 @@ ACCEL_DECL void UnitSharder::before_forward() {
   detail::watch_on_this_thread();
   std::lock_guard<std::mutex> lock(mu_);
   in_forward_ = true;
+  recording_.clear();
   // A parameter given other memory since (`p.set_data(...)` after prepare) would have the forward read it while the
   // optimizer steps the shards: its values are taken in first.
   for (auto& u : units_)
@@ -269,7 +270,7 @@ ACCEL_DECL void UnitSharder::all_gather(Unit& u, at::Tensor& into) {
 ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
   std::lock_guard<std::mutex> lock(mu_);
   bool missing = false;
-  for (auto u : touched) missing = missing || !units_[u].gathered;
+  for (auto u : touched) missing = missing || !units_[u].gathered || u == inflight_;
   if (!missing) return;
   if (!in_forward_ && !backward_due_ && !gathering_all_) {
     std::string names;
@@ -288,22 +289,55 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
     std::fflush(stderr);
     std::abort();
   }
+  // The order of first gathers (Note [Prefetching the next unit]).
+  if (in_forward_ || backward_due_)
+    for (auto u : touched)
+      if ((!units_[u].gathered || u == inflight_) &&
+          std::find(recording_.begin(), recording_.end(), u) == recording_.end())
+        recording_.push_back(u);
   try {
     for (auto u : touched) gather(units_[u]);
   } catch (...) {
     for (auto u : touched) free(units_[u]);
-    failure_ = std::current_exception();
+    keep_failure(std::current_exception());
     return;  // the operator fails on the freed storage; the door rethrows this
   }
+  const std::size_t next = prefetch_target(touched);
   if (in_forward_ && options_.reshard_after_forward)  // another unit's forward started: the others are done
     for (std::size_t u = 1; u < units_.size(); ++u)
-      if (std::find(touched.begin(), touched.end(), u) == touched.end()) free(units_[u]);
+      if (u != next && std::find(touched.begin(), touched.end(), u) == touched.end()) free(units_[u]);
+  if (next != npos) prefetch(next);
 }
 
-ACCEL_DECL void UnitSharder::gather(Unit& u) {
-  if (u.gathered || !u.full.defined()) return;
-  c10::AutoGradMode no_grad(false);
-  at::RecordFunctionGuard no_callbacks(false);
+ACCEL_DECL std::size_t UnitSharder::prefetch_target(const std::vector<std::size_t>& touched) const {
+  const bool forward = in_forward_;
+  if (forward ? !options_.forward_prefetch : !(options_.backward_prefetch && backward_due_)) return npos;
+  std::vector<std::size_t> reversed;
+  const std::vector<std::size_t>* order = forward ? &forward_order_ : &backward_order_;
+  if (!forward && backward_order_.empty()) {  // the first backward: the forward's order, reversed
+    reversed.assign(forward_order_.rbegin(), forward_order_.rend());
+    order = &reversed;
+  }
+  auto is_touched = [&](std::size_t u) { return std::find(touched.begin(), touched.end(), u) != touched.end(); };
+  std::size_t at = npos;
+  for (std::size_t i = 0; i < order->size(); ++i)
+    if (is_touched((*order)[i])) at = i;
+  if (at == npos) return npos;
+  std::size_t next = npos;
+  for (std::size_t i = at + 1; i < order->size() && next == npos; ++i) {
+    const std::size_t v = (*order)[i];
+    const auto& u = units_[v];
+    if (is_touched(v) || (u.gathered && v != inflight_) || (!forward && u.complete)) continue;  // not needed
+    next = v;
+  }
+  if (next == npos || forward || !options_.reshard_after_forward) return next;
+  // In a backward, only one unit ahead: none gathered but the root, the operator's and the next one.
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    if (units_[u].gathered && u != next && !is_touched(u)) return npos;
+  return next;
+}
+
+ACCEL_DECL void UnitSharder::allocate(Unit& u) {
   auto* storage = u.full.storage().unsafeGetStorageImpl();
   const auto bytes = std::size_t(full_bytes(u));
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
@@ -311,11 +345,102 @@ ACCEL_DECL void UnitSharder::gather(Unit& u) {
   u.gathered = true;
   gathered_bytes_ += std::int64_t(bytes);
   peak_bytes_ = std::max(peak_bytes_, gathered_bytes_);
+}
+
+ACCEL_DECL void UnitSharder::gather(Unit& u) {
+  if (u.gathered && index_of(u) == inflight_) {
+    finish_prefetch();
+    ++prefetches_used_;
+  }
+  if (u.gathered || !u.full.defined()) return;
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  allocate(u);
   all_gather(u, u.full);
+}
+
+ACCEL_DECL void UnitSharder::prefetch(std::size_t v) {
+  auto& u = units_[v];
+  if (u.gathered || !u.full.defined()) return;
+  settle_prefetch();  // one in flight at a time (a prediction that did not come true: kept gathered)
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);
+  allocate(u);
+  ++prefetches_;
+  if (processes() == 1) {
+    u.full.copy_(u.shard);
+    inflight_ = v;  // prefetched, nothing to wait for (`pending_` empty)
+    return;
+  }
+  try {
+    // Under mp_policy the shard travels cast (all_gather's order); the cast copy lives until the all-gather ends.
+    prefetch_part_ = u.shard.scalar_type() == u.full.scalar_type() ? u.shard : u.shard.to(u.full.scalar_type());
+    pending_ = comm_->all_gather_into_start(u.full, prefetch_part_);
+    inflight_ = v;
+  } catch (...) {  // it did not start: nothing writes into the memory
+    free(u);
+    keep_failure(std::current_exception());
+  }
+}
+
+ACCEL_DECL void UnitSharder::finish_prefetch() {
+  if (inflight_ == npos) return;
+  auto& u = units_[std::exchange(inflight_, npos)];
+  auto pending = std::exchange(pending_, {});
+  if (!pending.native) {  // done already (one process, or an engine without a background all-gather)
+    prefetch_part_ = at::Tensor();
+    return;
+  }
+  c10::AutoGradMode no_grad(false);
+  at::RecordFunctionGuard no_callbacks(false);  // the engine's copies into the unit must not call touch (mu_ is held)
+  try {
+    comm_->finish(pending);
+  } catch (...) {
+    orphan(u);
+    keep_sent();
+    throw;
+  }
+  prefetch_part_ = at::Tensor();
+}
+
+ACCEL_DECL void UnitSharder::settle_prefetch() noexcept {
+  if (inflight_ == npos) return;
+  if (pending_.native &&
+      comm_->broken()) {  // an earlier collective failed: its error is the one to report; nothing more to wait for
+    orphan(units_[std::exchange(inflight_, npos)]);
+    keep_sent();
+    pending_ = {};
+    return;
+  }
+  try {
+    finish_prefetch();
+  } catch (...) {
+    keep_failure(std::current_exception());
+  }
+}
+
+ACCEL_DECL void UnitSharder::keep_sent() noexcept {
+  // As `orphan`: an engine that gave up on the all-gather may still read what it was sending; its handle is left
+  // alive on purpose (the process group is unusable; the process ends soon).
+  if (prefetch_part_.defined()) (void)new at::Tensor(std::exchange(prefetch_part_, at::Tensor()));
+}
+
+ACCEL_DECL void UnitSharder::orphan(Unit& u) noexcept {
+  if (!u.gathered) return;
+  auto* storage = u.full.storage().unsafeGetStorageImpl();
+  // Not freed: the engine that gave up on the all-gather may still write into it (the process group is unusable).
+  (void)storage->set_data_ptr(at::DataPtr(nullptr, storage->device())).release_context();
+  storage->set_nbytes(0);
+  u.gathered = false;
+  gathered_bytes_ -= full_bytes(u);
 }
 
 ACCEL_DECL void UnitSharder::free(Unit& u) {
   if (!u.gathered) return;
+  if (index_of(u) == inflight_) {
+    settle_prefetch();  // unused: finished before its memory goes (a failure orphans it)
+    if (!u.gathered) return;
+  }
   auto* storage = u.full.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(0);
