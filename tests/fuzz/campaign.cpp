@@ -484,6 +484,14 @@ struct Job {
   }
 };
 
+// A ZeRO partition registered as the Accelerator registers it (accelerator/prepare.hpp).
+accel::checkpoint::Checkpointer::Partition partition_of(const std::shared_ptr<accel::ShardedOptimizer>& sharded) {
+  return {{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); },
+           [s = sharded](auto& a) { s->check(a); }},
+          [s = sharded](auto& parts) { s->check_resharded(parts); },
+          [s = sharded](auto& parts) { s->load_resharded(parts); }};
+}
+
 // A model whose Adam is sharded (ZeRO stage 1, one process): the checkpoint holds its partition, zero_0_rank0.pt.
 struct ZeroJob {
   torch::nn::Sequential model = small_model();
@@ -495,10 +503,7 @@ struct ZeroJob {
   ZeroJob() {
     sharded->build();
     ck.add_model(model.ptr());
-    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); },
-                       [s = sharded](auto& a) { s->check(a); }},
-                      [s = sharded](auto& parts) { s->check_resharded(parts); },
-                      [s = sharded](auto& parts) { s->load_resharded(parts); }});
+    ck.add_partition(partition_of(sharded));
   }
   void train(std::int64_t batches) {
     torch::manual_seed(1);
@@ -537,10 +542,7 @@ struct FsdpJob {
   FsdpJob() {
     sharded->build_over([s = sharder](const at::Tensor& p) { return s->piece_of(p); });
     ck.add_model(model.ptr(), accel::checkpoint::sharded_model(sharder));
-    ck.add_partition({{[s = sharded](auto& a) { s->save(a); }, [s = sharded](auto& a) { s->load(a); },
-                       [s = sharded](auto& a) { s->check(a); }},
-                      [s = sharded](auto& parts) { s->check_resharded(parts); },
-                      [s = sharded](auto& parts) { s->load_resharded(parts); }});
+    ck.add_partition(partition_of(sharded));
   }
   void train(std::int64_t batches) {
     torch::manual_seed(1);

@@ -132,15 +132,17 @@ def train(kind, rank, ws, mesh, opt_index, name, opts, variant):
     return {"steps": steps, "final_state": final, "shard_rows": rows if kind == "fsdp" else None}
 
 
-def worker(rank, ws, port, queue):
+def worker(rank, ws, port, queue, kinds=("fsdp", "ddp"), train_fn=None, case_list=None):
+    """One rank: every case of this world size, once per kind (`train_fn(kind, rank, ...)`, default `train`)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     mesh = init_device_mesh("cpu", (ws,))
+    train_fn = train_fn or train
     out = []
-    for w, i, name, opts, variant in cases():
+    for w, i, name, opts, variant in case_list if case_list is not None else cases():
         if w == ws:
-            out.append({k: train(k, rank, ws, mesh, i, name, opts, variant) for k in ("fsdp", "ddp")})
+            out.append({k: train_fn(k, rank, ws, mesh, i, name, opts, variant) for k in kinds})
     queue.put((rank, out))
     dist.destroy_process_group()
 
@@ -151,10 +153,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(ws, port):
+def run(ws, port, kinds=("fsdp", "ddp"), train_fn=None, case_list=None):
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=worker, args=(r, ws, port, queue)) for r in range(ws)]
+    procs = [ctx.Process(target=worker, args=(r, ws, port, queue, kinds, train_fn, case_list)) for r in range(ws)]
     for p in procs:
         p.start()
     results = [r for _, r in sorted(queue.get() for _ in procs)]

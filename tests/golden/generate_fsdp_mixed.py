@@ -24,15 +24,13 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from generate_fsdp import B, OPTIMIZERS, data, flat, free_port, make_optimizer, max_diff, model  # noqa: E402
+from generate_fsdp import run as run_cases  # noqa: E402
 
 POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 VARIANTS = ["plain", "accumulate"]
@@ -88,30 +86,9 @@ def train(kind, rank, ws, mesh, opt_index, name, opts, variant):
     return {"steps": steps, "final_state": final, "shard_rows": rows}
 
 
-def worker(rank, ws, port, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    mesh = init_device_mesh("cpu", (ws,))
-    out = []
-    for w, i, name, opts, variant in cases():
-        if w == ws:
-            out.append({k: train(k, rank, ws, mesh, i, name, opts, variant) for k in ("mixed", "fp32")})
-    queue.put((rank, out))
-    dist.destroy_process_group()
-
-
 def run(ws, port):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=worker, args=(r, ws, port, queue)) for r in range(ws)]
-    for p in procs:
-        p.start()
-    results = [r for _, r in sorted(queue.get() for _ in procs)]
-    for p in procs:
-        p.join()
-        assert p.exitcode == 0, p.exitcode
-    return results
+    """Every case of `ws` processes, mixed precision and fp32, through generate_fsdp's process spawning."""
+    return run_cases(ws, port, ("mixed", "fp32"), train, cases())
 
 
 def assemble(ws, opt_index, name, opts, variant, per_rank, diffs, loss_diffs, shard_rows):

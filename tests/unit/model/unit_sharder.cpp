@@ -23,6 +23,13 @@ namespace {
 
 using Strings = std::vector<std::string>;
 
+// `to` takes `from`'s parameter values (two models of one architecture).
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard g;
+  auto a = from.parameters(), b = to.parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+}
+
 torch::nn::Sequential mlp() {
   return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::Tanh(), torch::nn::Linear(10, 10),
                                torch::nn::Tanh(), torch::nn::Linear(10, 4));
@@ -66,11 +73,7 @@ TEST_CASE("plan_units follows FSDP's size-based rule, type predicates and names"
 TEST_CASE("UnitSharder: one process gathers each unit on use and gives a plain model's gradients", "[sharding]") {
   torch::manual_seed(11);
   Tower net, ref;
-  {
-    torch::NoGradGuard g;
-    auto a = net->parameters(), b = ref->parameters();
-    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-  }
+  copy_parameters(*net, *ref);
   accel::DistributedModule ddp(net.ptr(), nullptr);
   ddp.shard_parameters({.units = {"body", "heads.0", "heads.1"}});
   const auto& sharder = *ddp.sharder();
@@ -221,11 +224,7 @@ TORCH_MODULE(Router);
 TEST_CASE("UnitSharder: a ModuleDict's members as units give a plain model's gradients", "[sharding]") {
   torch::manual_seed(13);
   Router net, ref;
-  {
-    torch::NoGradGuard g;
-    auto a = net->parameters(), b = ref->parameters();
-    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-  }
+  copy_parameters(*net, *ref);
   accel::DistributedModule ddp(net.ptr(), nullptr);
   // min_num_params never makes the ModuleDict itself a unit; its members (20 elements each) are.
   ddp.shard_parameters({.min_num_params = 20});
@@ -251,11 +250,7 @@ TEST_CASE("UnitSharder: prefetching records the forward's and the backward's ord
           "[sharding]") {
   torch::manual_seed(12);
   Tower net, ref;
-  {
-    torch::NoGradGuard g;
-    auto a = net->parameters(), b = ref->parameters();
-    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-  }
+  copy_parameters(*net, *ref);
   accel::DistributedModule on(net.ptr(), nullptr), off(ref.ptr(), nullptr);
   on.shard_parameters({.units = {"body", "heads.0", "heads.1"}});
   off.shard_parameters(
