@@ -121,6 +121,12 @@ def train(kind, rank, ws, mesh, opt_index, name, opts, variant):
             sched.step()
         rec["params"] = {k: flat(p) for k, p in zip(names, net.parameters())}
         steps.append(rec)
+    final = final_state(name, opt, names, net)
+    return {"steps": steps, "final_state": final, "shard_rows": rows if kind == "fsdp" else None}
+
+
+def final_state(name, opt, names, net):
+    """Each parameter's full optimizer state at the end: SGD's momentum buffer, AdamW's moments and step."""
     final = {}
     for k, p in zip(names, net.parameters()):
         st = opt.state[p]
@@ -129,7 +135,7 @@ def train(kind, rank, ws, mesh, opt_index, name, opts, variant):
         else:
             final[k] = {"exp_avg": flat(st["exp_avg"]), "exp_avg_sq": flat(st["exp_avg_sq"]),
                         "step": flat(st["step"])[0]}
-    return {"steps": steps, "final_state": final, "shard_rows": rows if kind == "fsdp" else None}
+    return final
 
 
 def worker(rank, ws, port, queue, kinds=("fsdp", "ddp"), train_fn=None, case_list=None):

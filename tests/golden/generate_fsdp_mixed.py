@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from generate_fsdp import B, OPTIMIZERS, data, flat, free_port, make_optimizer, max_diff, model  # noqa: E402
-from generate_fsdp import run as run_cases  # noqa: E402
+from generate_fsdp import final_state, run as run_cases  # noqa: E402
 
 POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 VARIANTS = ["plain", "accumulate"]
@@ -75,14 +75,7 @@ def train(kind, rank, ws, mesh, opt_index, name, opts, variant):
         opt.step()
         steps.append({"losses": losses, "lr": opt.param_groups[0]["lr"],
                       "params": {k: flat(p) for k, p in zip(names, net.parameters())}})
-    final = {}
-    for k, p in zip(names, net.parameters()):
-        st = opt.state[p]
-        if name == "SGD":
-            final[k] = {"momentum_buffer": flat(st["momentum_buffer"])}
-        else:
-            final[k] = {"exp_avg": flat(st["exp_avg"]), "exp_avg_sq": flat(st["exp_avg_sq"]),
-                        "step": flat(st["step"])[0]}
+    final = final_state(name, opt, names, net)
     return {"steps": steps, "final_state": final, "shard_rows": rows}
 
 
