@@ -1,8 +1,8 @@
 // Collectives side by side: accel's API versus the raw c10d calls on the same Gloo process group, for a 4 B
-// and a 64 MiB float tensor, in 2 processes on loopback (run it under accel-launch). Blocks of raw and accel
-// iterations alternate; the median per-iteration time of each side is reported. Also the rendezvous time:
-// accel's ProcessState (rendezvous, heartbeat, Gloo mesh) versus a bare TCPStore + ProcessGroupGloo.
-// Rank 0 writes the entries of build/bench/results.json to argv[1].
+// and a 64 MiB float tensor (and full sharding's all-gather and reduce-scatter at one unit's size), in 2 processes on
+// loopback (run it under accel-launch). Blocks of raw and accel iterations alternate; the median per-iteration time of
+// each side is reported. Also the rendezvous time: accel's ProcessState (rendezvous, heartbeat, Gloo mesh) versus a
+// bare TCPStore + ProcessGroupGloo. Rank 0 writes the entries of build/bench/results.json to argv[1].
 #include <accel/comm/collectives.hpp>
 #include <accel/state/process_state.hpp>
 
@@ -120,6 +120,32 @@ int main(int argc, char** argv) {
                                                  std::vector<at::Tensor> v{x};
                                                  pg.broadcast(v)->wait();
                                                }));
+  }
+  // Full sharding's collectives at the size of one unit of the linear52M benchmark (Linear(2560, 2560): 26.2 MB
+  // gathered, 13.1 MB per rank on 2 processes): accel's point-to-point messages (Note [Point-to-point all-gather and
+  // reduce-scatter] in comm/gloo.hpp) against c10d Gloo's native all-gather and reduce-scatter of the same tensors.
+  {
+    const std::int64_t part = (2560 * 2561 + env.world_size - 1) / env.world_size;
+    at::Tensor mine = at::ones({part}), whole = at::empty({part * env.world_size}),
+               grads = at::ones({part * env.world_size});
+    add("all_gather_into_unit", compare(
+                                    comm, 3, 7, [&] { comm.all_gather_into(whole, mine); },
+                                    [&] {
+                                      std::vector<at::Tensor> in{mine};
+                                      std::vector<std::vector<at::Tensor>> out(1);
+                                      for (int r = 0; r < env.world_size; ++r)
+                                        out[0].push_back(whole.narrow(0, r * part, part));
+                                      pg.allgather(out, in)->wait();
+                                    }));
+    add("reduce_scatter_unit", compare(
+                                   comm, 3, 7, [&] { comm.reduce_scatter(mine, grads); },
+                                   [&] {
+                                     std::vector<at::Tensor> out{mine};
+                                     std::vector<std::vector<at::Tensor>> in(1);
+                                     for (int r = 0; r < env.world_size; ++r)
+                                       in[0].push_back(grads.narrow(0, r * part, part));
+                                     pg.reduce_scatter(out, in)->wait();
+                                   }));
   }
   add("rendezvous", {accel_rdzv, raw_rdzv},
       {{"note", "ProcessState (store, arrival census, heartbeat, Gloo mesh) vs TCPStore + ProcessGroupGloo"}});

@@ -63,6 +63,28 @@ void kill_mid_collective(const Args&) {
   check(false, "survived a dead peer");
 }
 
+// The last rank SIGKILLs (ARG kill) or SIGSTOPs (ARG freeze) itself right after starting the second of a series of
+// large all-gathers (point-to-point messages, Note [Point-to-point all-gather and reduce-scatter] in comm/gloo.hpp:
+// 32 MB per rank, which take tens of milliseconds to move, so the signal lands while they move): the survivors end
+// with that all-gather's error naming it (the peer timeout is 5 s), never hang.
+void large_all_gather_fault(const Args& args) {
+  const bool freeze = arg(args, 0, "kill") == "freeze";
+  auto o = options(120000);
+  o.comm.peer_timeout = std::chrono::seconds(5);
+  accel::ProcessState state(o);
+  tally.rank = state.process_index();
+  const int N = state.num_processes();
+  const std::int64_t n = std::int64_t(8) << 20;
+  const at::Tensor part = at::randn({n});
+  at::Tensor whole = at::empty({n * N});
+  for (int i = 0; i < 4; ++i) {
+    auto p = state.comm()->all_gather_into_start(whole, part);
+    if (i == 1 && tally.rank == N - 1) ::raise(freeze ? SIGSTOP : SIGKILL);
+    state.comm()->finish(p);
+  }
+  check(false, std::string("survived a ") + (freeze ? "frozen" : "dead") + " peer in a large all-gather");
+}
+
 // The others wait in an all_reduce that the last rank never joins; tests/distributed/fault.sh SIGKILLs it from
 // outside. They must leave the all_reduce at once with an error naming it, and say when ("left the all_reduce at
 // <ms since the epoch>"). With ARG `open`, the last rank first forks a child that keeps its sockets open for 10 s:

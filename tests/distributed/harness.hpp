@@ -91,6 +91,7 @@ void kill_mid_training(const Args&);          // faults.cpp
 void dead_peer(const Args&);                  // faults.cpp
 void rendezvous(const Args&);                 // faults.cpp
 void freeze_mid_training(const Args&);        // faults.cpp
+void large_all_gather_fault(const Args&);     // faults.cpp
 void busy_peer(const Args&);                  // faults.cpp
 void mismatch(const Args&);                   // faults.cpp
 void uneven(const Args&);                     // uneven.cpp

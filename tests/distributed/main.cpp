@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
                                                                {"elastic", mp::elastic},
                                                                {"preemptible", mp::preemptible},
                                                                {"freeze", mp::freeze_mid_training},
+                                                               {"large-gather-fault", mp::large_all_gather_fault},
                                                                {"busy", mp::busy_peer},
                                                                {"mismatch", mp::mismatch},
                                                                {"uneven", mp::uneven},

@@ -114,7 +114,7 @@ struct MixedPrecisionPolicy {
 // Note [Prefetching the next unit]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // As PyTorch's FSDP2 does, the next unit's all-gather is issued before the current unit computes, so that the
-// communication overlaps compute (Gloo runs it on its own threads, NCCL on accel's stream):
+// communication overlaps compute (Gloo moves it on its device thread, NCCL on accel's stream):
 // - Every forward records the order in which it gathers units (first gathers only; FSDP2 records the forward's
 //   order too), and so does every backward (a unit it finds gathered, the root kept since the forward, is not in
 //   it). When unit u is gathered in a forward, the unit after u in the previous forward's order is *prefetched*: its

@@ -66,6 +66,23 @@ void sharding_collectives(const Args&) {
     ok = same(b, inplace);
     for (int k = 0; k < N; ++k) ok = ok && same(a.narrow(0, k * n, n), at::arange(n, at::kFloat) + float(1000 * k));
     check(ok && same(a, want_a), "all_gather_into_start / finish equals all_gather_into" + size);
+    // Strided outputs and parts (large ones travel as point-to-point messages: into a contiguous copy, copied back),
+    // a reduce-scatter into its own input's slice, and bf16.
+    at::Tensor wide = at::zeros({2 * n * N}, at::kFloat), strided = wide.slice(0, 0, 2 * n * N, 2);
+    const at::Tensor every_other = (at::arange(2 * n, at::kFloat) + float(1000 * r)).slice(0, 0, 2 * n, 2);
+    comm->all_gather_into(strided, every_other);
+    ok = same(wide.slice(0, 1, 2 * n * N, 2), at::zeros({n * N}, at::kFloat));
+    for (int k = 0; k < N; ++k)
+      ok = ok &&
+           same(strided.narrow(0, k * n, n), (at::arange(2 * n, at::kFloat) + float(1000 * k)).slice(0, 0, 2 * n, 2));
+    check(ok, "all_gather_into a strided output from a strided part" + size);
+    at::Tensor own = base * float(r + 1);
+    at::Tensor slice = own.narrow(0, r * n, n);
+    comm->reduce_scatter(slice, own);
+    check(same(slice, want), "reduce_scatter into this rank's slice of its own input" + size);
+    at::Tensor halves = at::zeros({2 * n}, at::kBFloat16);  // as many bytes per rank as the floats
+    comm->reduce_scatter(halves, at::full({2 * n * N}, float(r + 1), at::kBFloat16));
+    check(same(halves, at::full({2 * n}, float(N * (N + 1) / 2), at::kBFloat16)), "reduce_scatter of bf16" + size);
   }
   // all_gather_into_start returns before the other ranks have started theirs (it runs in the background); finish
   // waits for them. The others start a second later; a small payload carries its check and does not wait at start.

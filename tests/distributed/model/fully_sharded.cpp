@@ -27,6 +27,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -386,6 +387,51 @@ void fully_sharded_edges(const Args& args) {
     versus_ddp([](Params p) { return torch::optim::Adam(p, torch::optim::AdamOptions(0.01)); }, "Adam", 0);
     versus_ddp([](Params p) { return torch::optim::RMSprop(p, torch::optim::RMSpropOptions(0.01)); }, "RMSprop", 0);
     versus_ddp([](Params p) { return torch::optim::Adagrad(p, torch::optim::AdagradOptions(0.1)); }, "Adagrad", 0);
+  }
+  // The GradScaler (fp16's; it runs on the CPU too, where fp16 autocast does not) unscales, checks and steps the
+  // gradient shards through the sharded optimizer: with a power-of-two scale the unscaled shards are exact, so the
+  // training equals DDP's with the same scaler; an inf in one gradient element that only the last rank holds (after
+  // the reduce-scatter) skips that step on every rank, and the scale backs off once, as under DDP.
+  {
+    using Ddp = accel::Accelerator<accel::dist::from_env, accel::batches::per_process>;
+    auto run = [&](auto& a, torch::nn::Sequential& m) {
+      auto [pm, po] = a.prepare(m, torch::optim::SGD(m->parameters(), torch::optim::SGDOptions(0.1)));
+      auto scaler = std::make_shared<accel::GradScaler>(c10::Device(c10::kCPU), a.comm(),
+                                                        accel::GradScalerOptions{.init_scale = 1024.0});
+      accel::AcceleratedOptimizer<torch::optim::SGD> scaled(po.shared(), scaler);
+      scaled.set_sharded(po.sharded());
+      torch::optim::Optimizer& holder =
+          po.sharded() ? po.sharded()->gradient_holder() : static_cast<torch::optim::Optimizer&>(po.inner());
+      torch::manual_seed(41 + a.process_index());
+      std::string skipped;
+      for (int s = 0; s < 3; ++s) {
+        a.backward(scaler->scale(torch::mse_loss(pm(torch::randn({4, 6})), torch::randn({4, 4}))));
+        if (s == 1 && a.process_index() == a.num_processes() - 1)
+          for (auto& p : holder.param_groups()[0].params())
+            if (p.grad().defined() && p.grad().numel() > 0) {
+              p.grad().reshape({-1})[0].fill_(std::numeric_limits<float>::infinity());
+              break;
+            }
+        scaled.step();
+        skipped += scaled.step_was_skipped() ? "s" : "-";
+        scaled.zero_grad();
+      }
+      return std::tuple{flat_parameters(a, pm), skipped, scaler->get_scale()};
+    };
+    torch::manual_seed(10);
+    auto m1 = mlp();
+    torch::manual_seed(10);
+    auto m2 = mlp();
+    Ddp ddp{accel::Options{.comm = options(60000).comm}};
+    Fsdp fsdp{accel::Options{.sharding = {.units = {"0", "2", "4"}}, .comm = options(60000).comm}};
+    const auto [a, a_skipped, a_scale] = run(ddp, m1);
+    const auto [b, b_skipped, b_scale] = run(fsdp, m2);
+    check(a_skipped == "-s-" && b_skipped == "-s-", "GradScaler: one rank's inf skips that step on every rank (DDP " +
+                                                        a_skipped + ", full sharding " + b_skipped + ")");
+    check(a_scale == 512.0 && b_scale == 512.0, "GradScaler: the scale backed off once under both");
+    const double diff = (a - b).abs().max().item<double>();
+    check(diff < 1e-6,
+          "GradScaler: full sharding trains as DDP does with the same scaler (max diff " + std::to_string(diff) + ")");
   }
   // Bad unit layouts, refused at prepare naming the module.
   auto refused = [&](accel::ShardingOptions so, const std::string& needle, const std::string& what,

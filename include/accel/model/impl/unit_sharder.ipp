@@ -469,12 +469,17 @@ ACCEL_DECL void UnitSharder::reduce(Unit& u) {
   // The average, as FSDP2 takes it: the sum divided by N (ReduceOp.AVG) where the sum cannot overflow; in fp16 each
   // gradient divided by N first.
   const bool predivide = dtype == at::kHalf;
-  at::Tensor flat = at::zeros({u.part * n}, u.grad.options().dtype(dtype));
+  // Every element written once: a gradient's slot by its copy, an unused (or frozen) parameter's and the padding by
+  // zeros.
+  at::Tensor flat = at::empty({u.part * n}, u.grad.options().dtype(dtype));
+  flat.narrow(0, u.total, u.part * n - u.total).zero_();
   for (auto& p : u.params) {
-    if (p.trainable < 0) continue;
-    auto& g = p.tensor.mutable_grad();
-    if (!g.defined()) continue;  // unused: zeros
     at::Tensor slot = flat.narrow(0, p.offset, p.numel);
+    auto& g = p.tensor.mutable_grad();
+    if (p.trainable < 0 || !g.defined()) {  // unused: zeros
+      slot.zero_();
+      continue;
+    }
     slot.copy_(g.reshape({-1}));  // cast to the reduce dtype (exact when it is wider)
     if (predivide) slot.div_(n);
     g = at::Tensor();  // the full gradient is released: this rank keeps its shard's
