@@ -104,7 +104,17 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
   constexpr auto kind = detail::classify<T>();
   if constexpr (kind == detail::Prepares::model) {
     auto module = module_of(x);
-    if constexpr (config::device_placement) module->to(device());
+    if constexpr (config::device_placement) {
+      if constexpr (config::zero_stage == 3 && !one_process) {
+        // Full sharding moves the parameters unit by unit as it shards them (Note [Sharding onto the device unit by
+        // unit]): a model that does not fit the device whole still gets there. Its buffers go now.
+        torch::NoGradGuard no_grad;
+        for (auto& b : module->buffers())
+          if (b.defined() && b.device() != device()) b.set_data(b.to(device()));
+      } else {
+        module->to(device());
+      }
+    }
     // not a step call: prepare hands the communicator to the model's collective modules
     const std::size_t collective =
         set_communicators(*module, state_.comm());  // its SyncBatchNorms use this job's processes
@@ -127,10 +137,12 @@ auto Accelerator<Policies...>::first_pass(T&& x) {
           DistributedOptions{.bucket_bytes = opt_.bucket_bytes,
                              .find_unused_parameters = opt_.find_unused_parameters,
                              .broadcast_buffers = opt_.broadcast_buffers,
-                             .comm_hook = opt_.comm_hook});
+                             .comm_hook = opt_.comm_hook,
+                             .broadcast_parameters = config::zero_stage != 3});
       // not a step call: prepare shards the model's parameters by unit (its gathers go through the door)
       if constexpr (config::zero_stage == 3) {
-        ddp->shard_parameters(opt_.sharding);
+        ddp->shard_parameters(opt_.sharding,
+                              config::device_placement ? std::optional<c10::Device>(device()) : std::nullopt);
         checkpointer_.add_model(module, checkpoint::sharded_model(ddp->sharder()));
       } else {
         checkpointer_.add_model(module);

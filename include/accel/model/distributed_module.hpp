@@ -48,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,9 @@ struct DistributedOptions {
   //! forward of the prepared model, when DDP does it (see `before_forward`); false keeps each rank's own.
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::none;  //!< gradient compression (see `CommHook`)
+  //! Whether the construction broadcasts rank 0's parameters; false where `shard_parameters` follows, which
+  //! broadcasts each unit as it cuts it (Note [Sharding onto the device unit by unit]).
+  bool broadcast_parameters = true;
 };
 
 class DistributedModule;
@@ -168,10 +172,11 @@ class DistributedModule {
     s.opt = opt;
     {
       torch::NoGradGuard no_grad;
-      for (auto& p : module_->named_parameters()) {
-        at::Tensor t = p.value();
-        broadcast(comm, t, 0);  // every process starts from rank 0's weights
-      }
+      if (opt.broadcast_parameters)
+        for (auto& p : module_->named_parameters()) {
+          at::Tensor t = p.value();
+          broadcast(comm, t, 0);  // every process starts from rank 0's weights
+        }
       for (auto& b : module_->named_buffers()) {
         at::Tensor t = b.value();
         broadcast(comm, t, 0);
@@ -246,12 +251,14 @@ class DistributedModule {
 
   //! Full sharding (`shard::parameters`): from now on each process keeps 1/N of every unit's parameters, gathered
   //! on use and freed after, and a synchronising backward reduce-scatters each unit's gradients into this rank's
-  //! gradient shard (model/unit_sharder.hpp). Every process calls it, after the construction's broadcast.
-  void shard_parameters(ShardingOptions options) {
+  //! gradient shard (model/unit_sharder.hpp). Every process calls it. Each unit is broadcast from rank 0 as it is
+  //! cut, and its shards and gathered memory live on `device` (by default where the parameters are): the model
+  //! may be on the host (Note [Sharding onto the device unit by unit]).
+  void shard_parameters(ShardingOptions options, std::optional<c10::Device> device = std::nullopt) {
     auto& s = *state_;
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : s.params) params.emplace_back(p.name, p.tensor);
-    s.full = std::make_shared<UnitSharder>(*module_, s.comm, std::move(options), params);
+    s.full = std::make_shared<UnitSharder>(*module_, s.comm, std::move(options), params, device);
     s.full->watch();
     s.buckets.clear();
     for (auto& p : s.params) p.bucket = 0;

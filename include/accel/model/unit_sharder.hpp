@@ -111,6 +111,18 @@ struct MixedPrecisionPolicy {
   bool cast_forward_inputs = true;
 };
 
+// Note [Sharding onto the device unit by unit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model meant for full sharding may not fit one device whole. So `prepare` does not move it to the device first (it
+// moves the buffers only); the sharder takes the units one at a time: it allocates the unit's flat memory on the
+// device, copies the unit's parameters into it from wherever they are (the host), broadcasts it from rank 0 (every
+// process starts from rank 0's values, as DDP's construction broadcasts them, one collective per unit instead of one
+// per parameter), cuts this rank's shard, and points the parameters into the unit's memory (`set_data` where the device
+// or the dtype changes: the parameter keeps its TensorImpl, hooks and gradient slot) before freeing it. The host's
+// copy of a parameter goes with its last reference. On the device the peak is the shards cut so far and one whole
+// unit; on the host, the model as the user built it (build it on the host, or load into it after `prepare`, through
+// `load_state` or inside `gather_parameters(model, true)`). On the CPU the device is the host and the same code runs.
+
 // Note [Prefetching the next unit]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // As PyTorch's FSDP2 does, the next unit's all-gather is issued before the current unit computes, so that the
@@ -290,9 +302,14 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
 
   //! Cuts `root` into the units `options` names and shards every parameter across `comm`'s processes. `trainable`:
   //! `DistributedModule`'s trainable parameters, in its order (their gradients' hooks report by that index).
-  //! Rank 0's values must already be on every rank (DistributedModule broadcasts them first).
+  //! Every process starts from rank 0's values: each unit is broadcast from rank 0 as it is cut (one collective per
+  //! unit). `device`: where the shards and the gathered units live (`Accelerator::device()`; by default where the
+  //! parameters are). The model may be anywhere else (on the host): each unit is copied there, broadcast and cut in
+  //! turn, and its parameters then point into the unit's memory there, so the device never holds more than the shards
+  //! cut so far and one whole unit (Note [Sharding onto the device unit by unit]).
   ACCEL_DECL UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
-                         const std::vector<std::pair<std::string, at::Tensor>>& trainable);
+                         const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                         std::optional<c10::Device> device = std::nullopt);
   ~UnitSharder() {
     unwatch();
     settle_prefetch();

@@ -388,6 +388,21 @@ void fully_sharded_edges(const Args& args) {
     versus_ddp([](Params p) { return torch::optim::RMSprop(p, torch::optim::RMSpropOptions(0.01)); }, "RMSprop", 0);
     versus_ddp([](Params p) { return torch::optim::Adagrad(p, torch::optim::AdagradOptions(0.1)); }, "Adagrad", 0);
   }
+  // Every process starts from rank 0's values: each unit is broadcast from rank 0 as it is cut (Note [Sharding onto
+  // the device unit by unit]; the construction's broadcast of every parameter is skipped under full sharding), here
+  // with a model built differently on every rank.
+  {
+    torch::manual_seed(5);
+    auto rank0 = mlp();
+    torch::manual_seed(5 + acc.process_index());
+    auto own = mlp();
+    Fsdp other{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
+    auto prepared = other.prepare(own);
+    std::vector<at::Tensor> want;
+    for (const auto& p : rank0->parameters()) want.push_back(p.detach().flatten());
+    check(same(flat_parameters(other, prepared), torch::cat(want)),
+          "every process's full parameters are rank 0's after prepare (units and the root unit)");
+  }
   // The GradScaler (fp16's; it runs on the CPU too, where fp16 autocast does not) unscales, checks and steps the
   // gradient shards through the sharded optimizer: with a power-of-two scale the unscaled shards are exact, so the
   // training equals DDP's with the same scaler; an inf in one gradient element that only the last rank holds (after

@@ -96,7 +96,8 @@ inline void watch_on_this_thread() {
 }  // namespace detail
 
 ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator* comm, ShardingOptions options,
-                                    const std::vector<std::pair<std::string, at::Tensor>>& trainable)
+                                    const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                                    std::optional<c10::Device> device)
     : root_(&root), comm_(comm), options_(std::move(options)) {
   const auto names = plan_units(root, options_);
   units_.resize(names.size() + 1);
@@ -164,7 +165,9 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
     auto& unit = units_[u];
     if (unit.params.empty()) continue;  // a root unit with nothing of its own
     unit.part = (unit.total + n - 1) / n;
-    const auto options = unit.params.front().tensor.options().requires_grad(false);
+    // On the device, one unit at a time (Note [Sharding onto the device unit by unit]).
+    const auto& first = unit.params.front().tensor;
+    const auto options = first.options().device(device.value_or(first.device())).requires_grad(false);
     // Under mp_policy a floating unit computes in param_dtype: its full buffer (and so its parameters) in that
     // dtype, its shard in the model's.
     const auto compute = options_.mp_policy.param_dtype && at::isFloatingType(options.dtype().toScalarType())
@@ -175,6 +178,7 @@ ACCEL_DECL UnitSharder::UnitSharder(torch::nn::Module& root, comm::Communicator*
       whole.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
       if (p.trainable >= 0) unit_of_trainable_[std::size_t(p.trainable)] = u;
     }
+    if (n > 1) comm_->broadcast(whole, 0);  // every process starts from rank 0's values
     unit.shard = whole.narrow(0, std::int64_t(r) * unit.part, unit.part).clone();
     unit.full = compute == whole.scalar_type() ? whole : whole.to(compute);
     // The gradients come in the reduce dtype (FSDP's unsharded gradient dtype): a compute-dtype gradient is cast up
@@ -252,9 +256,10 @@ ACCEL_DECL void UnitSharder::adopt_moved(Unit& u, Param& p) {
 }
 
 ACCEL_DECL void UnitSharder::bind(const at::Tensor& buffer, Param& p) {
-  if (p.tensor.scalar_type() == buffer.scalar_type())
+  if (p.tensor.scalar_type() == buffer.scalar_type() && p.tensor.device() == buffer.device())
     detail::rebind_to(p.tensor, buffer, p.offset);
-  else  // mp_policy: the parameter takes the buffer's dtype (its TensorImpl, hooks and gradient slot kept)
+  else  // mp_policy, or moved to the device: the parameter takes the buffer's dtype and device (its TensorImpl, hooks
+        // and gradient slot kept)
     p.tensor.set_data(detail::alias_of(buffer, p.offset, p.tensor.sizes()));
 }
 
