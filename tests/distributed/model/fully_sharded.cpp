@@ -496,12 +496,22 @@ void fully_sharded_kill(const Args&) {
 
 // A forward around the prepared model (model->forward(x), LibTorch's habit) reads freed parameters: every rank
 // stops with the message that says what to call instead, never computes on freed memory.
-void fully_sharded_bypass(const Args&) {
+// With ARG `retain`: a second backward through a graph kept with retain_graph reads parameters freed after the
+// first backward; it stops the job with its own message (run the forward again), not the bypass's.
+void fully_sharded_bypass(const Args& args) {
   Fsdp acc{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
   tally.rank = acc.process_index();
   auto net = mlp();
   auto model = acc.prepare(net);
   mark("prepared");
+  if (arg(args, 0, "") == "retain") {
+    const at::Tensor loss = model(torch::randn({2, 6})).pow(2).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    mark("first backward");
+    loss.backward();
+    check(false, "a second backward through a retained graph ran on freed parameters");
+    return;
+  }
   (void)model->forward(torch::randn({2, 6}));
   check(false, "model->forward(x) ran on freed parameters");
 }

@@ -8,6 +8,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/serialize/archive.h>
 
 #include <atomic>
@@ -284,6 +285,16 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
         names += (names.empty() ? "" : ", ") + (u == 0 ? std::string("the root unit") : "'" + units_[u].name + "'");
     // The operator's kernel would read freed memory next, and the dispatcher swallows a callback's exception:
     // stop here, saying why, rather than crash on it.
+    if (torch::autograd::get_current_graph_task_id() != -1) {  // inside a backward whose forward's backward ended
+      std::fprintf(stderr,
+                   "accel: error: accel::shard::parameters: a second backward through a retained graph "
+                   "(retain_graph = true) read the parameters of %s, which the first backward freed (each unit is "
+                   "freed after its backward, as FSDP frees it); run the forward again before each backward (or keep "
+                   "the parameters whole: accel::shard::gradients)\n",
+                   names.c_str());
+      std::fflush(stderr);
+      std::abort();
+    }
     std::fprintf(stderr,
                  "accel: error: accel::shard::parameters: an operator read the parameters of %s, which are sharded "
                  "(each process holds 1/N of them), outside a forward through the prepared model and its backward; "
