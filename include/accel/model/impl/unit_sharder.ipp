@@ -278,6 +278,10 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
   bool missing = false;
   for (auto u : touched) missing = missing || !units_[u].gathered || u == inflight_;
   if (!missing) return;
+  // A second backward through a retained graph (retain_graph = true; the first one's end disarmed gathering and freed
+  // every unit): armed again, as FSDP2 gathers each unit again; its gradients accumulate onto the first's.
+  if (!in_forward_ && !backward_due_ && !gathering_all_ && torch::autograd::get_current_graph_task_id() != -1)
+    backward_due_ = true;
   if (!in_forward_ && !backward_due_ && !gathering_all_) {
     std::string names;
     for (auto u : touched)
@@ -285,16 +289,6 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
         names += (names.empty() ? "" : ", ") + (u == 0 ? std::string("the root unit") : "'" + units_[u].name + "'");
     // The operator's kernel would read freed memory next, and the dispatcher swallows a callback's exception:
     // stop here, saying why, rather than crash on it.
-    if (torch::autograd::get_current_graph_task_id() != -1) {  // inside a backward whose forward's backward ended
-      std::fprintf(stderr,
-                   "accel: error: accel::shard::parameters: a second backward through a retained graph "
-                   "(retain_graph = true) read the parameters of %s, which the first backward freed (each unit is "
-                   "freed after its backward, as FSDP frees it); run the forward again before each backward (or keep "
-                   "the parameters whole: accel::shard::gradients)\n",
-                   names.c_str());
-      std::fflush(stderr);
-      std::abort();
-    }
     std::fprintf(stderr,
                  "accel: error: accel::shard::parameters: an operator read the parameters of %s, which are sharded "
                  "(each process holds 1/N of them), outside a forward through the prepared model and its backward; "
