@@ -33,8 +33,9 @@ namespace accel::comm {
 // straight from the part and into its place in the output (10 ms for the same 26 MB); in a reduce-scatter each rank
 // sends every other rank that rank's slice of its input and sums the N slices it receives, in rank order (12-16 ms).
 // Each rank sends the bytes the ring algorithms send, with N - 1 messages in flight. The check collective before the
-// messages has made every rank agree on the operation, so each message has its match; they are tagged with the
-// collective's number. A Gloo send or receive cannot be polled (a wait that times out breaks the whole context):
+// messages has made every rank agree on the operation, so each message has its match (with the check turned off,
+// `CommOptions::check_collectives`, ranks that disagree fail in Gloo instead); they are tagged with the collective's
+// number. A Gloo send or receive cannot be polled (a wait that times out breaks the whole context):
 // a waiter thread waits for them (`Exchange`), and `finish` waits for that thread as for every collective
 // (Communicator::await: watched after a second, bounded by the timeout); after a failure the messages still posted
 // are aborted and their buffers left alive (the process group is unusable; the process ends soon).
@@ -187,7 +188,7 @@ class GlooCommunicator final : public Communicator {
     o.timeout = options().timeout;
     const bool frame = framing(id, out, room);
     const at::Tensor whole = input.contiguous();
-    if (!frame && size() > 1) return reduce_scatter_messages(id, out, whole);
+    if (!frame && size() > 1 && messages(out)) return reduce_scatter_messages(id, out, whole);
     std::vector<std::vector<at::Tensor>> in(1);
     for (int r = 0; r < size(); ++r) {
       const at::Tensor part = whole.narrow(0, std::int64_t(r) * n, n);
@@ -218,7 +219,7 @@ class GlooCommunicator final : public Communicator {
     c10d::AllgatherOptions o;
     o.timeout = options().timeout;
     const bool frame = framing(id, part, room);
-    if (!frame && size() > 1) return all_gather_messages(id, out, part);
+    if (!frame && size() > 1 && messages(part)) return all_gather_messages(id, out, part);
     // Gloo reads the input while it writes the outputs: a part that aliases `out` travels as a copy.
     std::vector<at::Tensor> in{frame                   ? framed_copy(part, id, room)
                                : part.is_alias_of(out) ? part.clone()
@@ -253,7 +254,7 @@ class GlooCommunicator final : public Communicator {
   //! all-gather and reduce-scatter]).
   class Exchange {
    public:
-    explicit Exchange(std::vector<c10::intrusive_ptr<c10d::Work>> works) : works_(std::move(works)) {
+    explicit Exchange(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) : works_(works) {
       waiter_ = std::thread([this] {
         std::exception_ptr error;
         try {
@@ -310,6 +311,9 @@ class GlooCommunicator final : public Communicator {
     std::int64_t payload = 0, room = 0;
   };
 
+  // Whether a part of `t`'s size travels as point-to-point messages: over 1 MiB (with the collective check on, those
+  // are the ones preceded by a check collective); smaller ones, checked or not, take Gloo's native path.
+  static bool messages(const at::Tensor& t) { return t.numel() * std::int64_t(t.element_size()) > kFramedBytes; }
   // The point-to-point messages' tag: the collective's number (every rank numbers its collectives alike).
   static int tag_of(const CollectiveId& id) { return int(id.seq % (std::uint64_t(1) << 30)); }
   // Posts `recvs` (from each rank r != this one, into `into[r]`) and `sends` (`from[r]` to rank r), then starts the
@@ -325,12 +329,12 @@ class GlooCommunicator final : public Communicator {
         works.push_back(backend_->recv(in, s, tag));
         works.push_back(backend_->send(out, r, tag));
       }
+      return std::make_shared<Exchange>(works);  // its waiter thread started
     } catch (const std::exception& e) {
       for (auto& w : works) w->abort();
       (void)new std::vector<c10::intrusive_ptr<c10d::Work>>(std::move(works));  // posted: left alive
       fail(id, e.what());
     }
-    return std::make_shared<Exchange>(std::move(works));
   }
   // A large all-gather as messages: `part` to every other rank, theirs straight into `out` (or a contiguous copy
   // of it, copied back by `finish`).

@@ -341,6 +341,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   //! gradients reduce-scattered in their turn.
   void ready(std::size_t k, bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
+    rearmed_ = false;  // a gradient accumulated: the prepared model's end of backward ends this one
     auto& unit = units_[unit_of_trainable_[k]];
     if (unit.complete || ++unit.ready < unit.trainables) return;
     unit.complete = true;
@@ -372,7 +373,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
       free(u);
     }
     next_reduce_ = 0;
-    backward_due_ = false;
+    backward_due_ = false, rearmed_ = false;
     recording_.clear();
   }
 
@@ -536,6 +537,7 @@ class UnitSharder : public std::enable_shared_from_this<UnitSharder> {
   std::unordered_map<const void*, Piece> pieces_;  // by the parameter's TensorImpl
   std::size_t next_reduce_ = 0;                    // in the reduce order
   bool in_forward_ = false, backward_due_ = false, gathering_all_ = false, watching_ = false;
+  bool rearmed_ = false;  // a retained graph's backward armed gathering again and no gradient has accumulated yet
   std::int64_t gathered_bytes_ = 0, peak_bytes_ = 0;
   // Note [Prefetching the next unit]: the orders of the last forward and backward, the one being recorded, the unit
   // prefetched and not yet touched by an operator (npos: none) and its all-gather (empty once done).

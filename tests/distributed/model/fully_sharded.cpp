@@ -11,6 +11,7 @@
 #include <accel/optim/schedulers.hpp>
 
 #include <ATen/ops/tensor.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/functional.h>
@@ -420,6 +421,24 @@ void fully_sharded_edges(const Args& args) {
     const double diff = (twice - ddp).abs().max().item<double>();
     check(diff < 1e-6, "a second backward through a retained graph: full sharding equals DDP (max diff " +
                            std::to_string(diff) + ")");
+  }
+  // torch::autograd::grad with respect to the input, through a graph the backward kept: the units are gathered again
+  // for it (as for a second backward), no parameter's gradient accumulates, and they are freed at its end.
+  {
+    Fsdp other{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
+    torch::manual_seed(14);
+    auto plain = mlp();
+    torch::manual_seed(14);
+    auto m = mlp();
+    auto pm = other.prepare(m);
+    const at::Tensor x = torch::randn({4, 6}).requires_grad_(true);
+    const at::Tensor loss = pm(x).pow(2).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    const auto gx = torch::autograd::grad({loss}, {x});
+    const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+    const auto want = torch::autograd::grad({plain->forward(x2).pow(2).sum()}, {x2});
+    check(at::allclose(gx[0], want[0], 1e-6, 1e-6) && pm.distributed().sharder()->gathered_bytes() == 0,
+          "autograd::grad of the input through a retained graph: the plain model's gradient, nothing left gathered");
   }
   // Every process starts from rank 0's values: each unit is broadcast from rank 0 as it is cut (Note [Sharding onto
   // the device unit by unit]; the construction's broadcast of every parameter is skipped under full sharding), here

@@ -8,6 +8,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/serialize/archive.h>
 
@@ -280,8 +281,20 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
   if (!missing) return;
   // A second backward through a retained graph (retain_graph = true; the first one's end disarmed gathering and freed
   // every unit): armed again, as FSDP2 gathers each unit again; its gradients accumulate onto the first's.
-  if (!in_forward_ && !backward_due_ && !gathering_all_ && torch::autograd::get_current_graph_task_id() != -1)
+  if (!in_forward_ && !backward_due_ && !gathering_all_ && torch::autograd::get_current_graph_task_id() != -1) {
     backward_due_ = true;
+    rearmed_ = true;
+    // Its end: where a parameter's gradient accumulated, the prepared model's end of backward (queued by the
+    // gradient's hook, after this) reduces and resets; where none did (`torch::autograd::grad` with respect to the
+    // inputs), this one frees the units and disarms.
+    std::weak_ptr<UnitSharder> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        if (self->rearmed_) self->reset();
+      }
+    });
+  }
   if (!in_forward_ && !backward_due_ && !gathering_all_) {
     std::string names;
     for (auto u : touched)
@@ -308,7 +321,8 @@ ACCEL_DECL void UnitSharder::touch(const std::vector<std::size_t>& touched) {
   try {
     for (auto u : touched) gather(units_[u]);
   } catch (...) {
-    for (auto u : touched) free(units_[u]);
+    // A failed engine may still write into a unit's memory (a message still posted): kept, not freed (`orphan`).
+    for (auto u : touched) comm_ && comm_->broken() ? orphan(units_[u]) : free(units_[u]);
     keep_failure(std::current_exception());
     return;  // the operator fails on the freed storage; the door rethrows this
   }
@@ -387,8 +401,8 @@ ACCEL_DECL void UnitSharder::prefetch(std::size_t v) {
     prefetch_part_ = u.shard.scalar_type() == u.full.scalar_type() ? u.shard : u.shard.to(u.full.scalar_type());
     pending_ = comm_->all_gather_into_start(u.full, prefetch_part_);
     inflight_ = v;
-  } catch (...) {  // it did not start: nothing writes into the memory
-    free(u);
+  } catch (...) {  // it did not start; a failed engine may still hold what it posted: kept, not freed (`orphan`)
+    comm_->broken() ? orphan(u) : free(u);
     keep_failure(std::current_exception());
   }
 }
