@@ -143,6 +143,7 @@ class DistributedModule {
     bool sync = true;
     bool buffers_due = true;  // DDP's require_forward_param_sync: broadcast the buffers before the next forward
     bool entered = false;     // a forward with gradients went through the door since the last backward
+    bool keep_graph = false;  // this backward keeps its graph (retain_graph): another may go through it
     // After a backward under no_sync (an open accumulation window, `open_window`; empty: none): the parameters'
     // version counters and each gradient's (-1: none).
     std::vector<std::uint32_t> versions;
@@ -450,7 +451,10 @@ class DistributedModule {
   static void end_of_backward(State& s) {
     {
       std::lock_guard<std::mutex> lock(s.mu);
-      s.entered = false;
+      // A backward that keeps its graph (retain_graph = true) leaves it open to another backward through the same
+      // forward, which went through the door.
+      s.entered = s.entered && s.keep_graph;
+      s.keep_graph = false;
       if (!s.sync) {
         s.callback_queued = false;
         if (s.full) s.full->end_of_backward(false);  // units freed, their gradients kept (accumulating)

@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -421,6 +422,36 @@ void fully_sharded_edges(const Args& args) {
     const double diff = (twice - ddp).abs().max().item<double>();
     check(diff < 1e-6, "a second backward through a retained graph: full sharding equals DDP (max diff " +
                            std::to_string(diff) + ")");
+    // With buffers (the door broadcasts them before each forward), a backward that kept its graph leaves the door
+    // open to the next backward through it, under DDP and full sharding; a forward around the door after a backward
+    // that did not keep it is still refused (mp.fsdp.bypass_stops, and DDP's bypass tests).
+    auto with_buffers = [&](auto& a, bool twice2) {
+      torch::manual_seed(15);
+      auto m = torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 4));
+      auto [pm, po] = a.prepare(m, torch::optim::SGD(m->parameters(), torch::optim::SGDOptions(0.1)));
+      torch::manual_seed(16 + a.process_index());
+      const at::Tensor loss = pm(torch::randn({4, 6})).pow(2).sum();
+      if (twice2) {
+        loss.backward({}, /*retain_graph=*/true);
+        loss.backward();
+      } else {
+        (loss * 2).backward();
+      }
+      po.step();
+      return flat_parameters(a, pm);
+    };
+    Fsdp f3{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
+    Fsdp f4{accel::Options{.sharding = {.units = {"0", "2"}}, .comm = options(60000).comm}};
+    Ddp d2{accel::Options{.comm = options(60000).comm}};
+    Ddp d3{accel::Options{.comm = options(60000).comm}};
+    const at::Tensor a2 = with_buffers(f3, true), b2 = with_buffers(f4, false);
+    const at::Tensor c2 = with_buffers(d2, true), e2 = with_buffers(d3, false);
+    // (Within 1e-6, not bit for bit: DDP all-reduces the second backward's gradients onto the first's average.)
+    const double d_full = (a2 - b2).abs().max().item<double>(), d_ddp = (c2 - e2).abs().max().item<double>();
+    check(d_full < 1e-6 && d_ddp < 1e-6,
+          "with buffers: a second backward through a retained graph accumulates as a backward of twice the loss "
+          "(full sharding and DDP; max diff " +
+              std::to_string(d_full) + ", " + std::to_string(d_ddp) + ")");
   }
   // torch::autograd::grad with respect to the input, through a graph the backward kept: the units are gathered again
   // for it (as for a second backward), no parameter's gradient accumulates, and they are freed at its end.

@@ -7,6 +7,7 @@
 #include <accel/model/distributed_module.hpp>
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@ namespace accel {
 ACCEL_DECL void DistributedModule::ready(const std::shared_ptr<State>& sp, std::size_t index) {
   auto& s = *sp;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.keep_graph = torch::autograd::get_current_graph_task_keep_graph();
   if (!s.entered && needs_door(s))
     throw InvalidArgument(
         "accel: a backward through the prepared model followed a forward that did not go through it "
