@@ -267,7 +267,7 @@ ACCEL_DECL void UnitSharder::bind(const at::Tensor& buffer, Param& p) {
 
 ACCEL_DECL void UnitSharder::all_gather(Unit& u, at::Tensor& into) {
   // Under mp_policy the shard is cast before the all-gather: param_dtype's bytes travel (FSDP's order).
-  const at::Tensor part = u.shard.scalar_type() == into.scalar_type() ? u.shard : u.shard.to(into.scalar_type());
+  const at::Tensor part = u.shard.to(into.scalar_type());  // the shard itself when the dtypes agree
   if (processes() > 1)
     comm_->all_gather_into(into, part);
   else
@@ -398,7 +398,7 @@ ACCEL_DECL void UnitSharder::prefetch(std::size_t v) {
   }
   try {
     // Under mp_policy the shard travels cast (all_gather's order); the cast copy lives until the all-gather ends.
-    prefetch_part_ = u.shard.scalar_type() == u.full.scalar_type() ? u.shard : u.shard.to(u.full.scalar_type());
+    prefetch_part_ = u.shard.to(u.full.scalar_type());
     pending_ = comm_->all_gather_into_start(u.full, prefetch_part_);
     inflight_ = v;
   } catch (...) {  // it did not start; a failed engine may still hold what it posted: kept, not freed (`orphan`)
